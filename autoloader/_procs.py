@@ -1,0 +1,107 @@
+"""Worker processes of a trial: find them, read what they cost (psutil), and make sure none outlives the trial.
+
+# NOTE [ Process cleanup ]
+# A trial's DataLoader workers are reaped in three steps, in this order, in the trial's ``finally``:
+# 1. Drop every reference to the DataLoader iterator, including the ones a pending exception's traceback holds
+#    through its frames (``traceback.clear_frames``), then ``gc.collect()``. The iterator's ``__del__`` runs the
+#    DataLoader's own shutdown: it signals the workers, joins them and reaps them. This is the public way; we never
+#    call ``_shutdown_workers`` ourselves.
+# 2. ``reap()`` then checks, with psutil, the processes that appeared during the trial. Any still running after a
+#    grace period (a worker stuck in uninterruptible user code) gets SIGTERM, then SIGKILL.
+# 3. We never ``waitpid`` a worker ourselves: multiprocessing owns that, and reaping a pid behind its back would let it
+#    signal a recycled pid later. ``multiprocessing.active_children()`` lets it collect what is left.
+# The trial only ever touches children that did not exist when it started, so a user's own children are safe
+# (unless another thread of the user's starts processes during a trial, which autoloader cannot tell apart).
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import time
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Set
+
+import psutil
+
+log = logging.getLogger("autoloader.trial")
+
+
+def child_pids() -> Set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def new_children(before: Set[int]) -> List[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_gone(procs: Iterable[psutil.Process], timeout: float) -> List[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if _running(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [p for p in alive if _running(p)]
+    return alive
+
+
+def reap(procs: Iterable[psutil.Process], *, grace: float = 5.0) -> int:
+    """Make sure ``procs`` have exited (see NOTE [ Process cleanup ]). Returns how many had to be signalled."""
+    alive = _wait_gone(procs, grace)
+    signalled = len(alive)
+    for sig_name in ("terminate", "kill"):
+        if not alive:
+            break
+        log.warning("trial workers %s did not exit; sending %s", [p.pid for p in alive], sig_name.upper())
+        for proc in alive:
+            try:
+                getattr(proc, sig_name)()
+            except psutil.NoSuchProcess:
+                continue
+        alive = _wait_gone(alive, 2.0)
+    multiprocessing.active_children()
+    return signalled
+
+
+@dataclass(frozen=True)
+class WorkerSample:
+    """Cumulative counters of a set of workers at one instant."""
+
+    cpu_s: float
+    read_bytes: Optional[int]
+    max_rss: Optional[int]
+    max_uss: Optional[int]
+    uss_by_pid: Dict[int, int]
+
+
+def sample_workers(procs: Iterable[psutil.Process], *, memory: bool = True) -> WorkerSample:
+    """CPU seconds, bytes read and memory of ``procs``; a figure the platform refuses to report is None."""
+    cpu = 0.0
+    read: Optional[int] = 0
+    rss: Optional[int] = None
+    uss: Dict[int, int] = {}
+    for proc in procs:
+        try:
+            with proc.oneshot():
+                times = proc.cpu_times()
+                cpu += times.user + times.system
+                if read is not None:
+                    try:
+                        read += proc.io_counters().read_chars
+                    except (psutil.AccessDenied, AttributeError, NotImplementedError):
+                        read = None
+                if memory:
+                    try:
+                        info = proc.memory_full_info()
+                        uss[proc.pid] = info.uss
+                        rss = max(rss or 0, info.rss)
+                    except (psutil.AccessDenied, AttributeError, NotImplementedError):
+                        rss = max(rss or 0, proc.memory_info().rss)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return WorkerSample(cpu, read, rss, max(uss.values()) if uss else None, uss)

@@ -1,0 +1,198 @@
+"""The tuner's decisions, as pure functions of measurements: easy to read, and tested with tables of fake trials.
+
+Nothing here runs a trial, reads the machine or the clock; ``tuner.py`` feeds these functions what it measured.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Optional, Sequence
+
+from .results import Bottleneck, TrialResult
+
+DEFAULT_TOLERANCE = 0.05
+HEADROOM = 1.2
+"""Aim for this much more loading capacity than the consumer eats, so jitter does not stall it."""
+FIRST_STEP_WORKERS = 8
+"""The first worker trial starts at most at max(this, 2 x usable CPUs): it measures per-worker cost before a big jump."""
+SHM_MARGIN = 0.9
+
+
+def select(trials: Sequence[TrialResult], *, tolerance: float = DEFAULT_TOLERANCE) -> Optional[TrialResult]:
+    """Of the configs within ``tolerance`` of the best measured rate: fewest workers, then smallest prefetch_factor.
+
+    Ties beyond that keep the faster one. None when no trial measured a rate.
+    """
+    ok = [t for t in trials if t.ok]
+    if not ok:
+        return None
+    best = max(t.samples_per_s for t in ok)
+    near = [t for t in ok if t.samples_per_s >= (1.0 - tolerance) * best]
+    return min(near, key=lambda t: (t.config.num_workers, t.config.prefetch_factor or 0, -t.samples_per_s))
+
+
+def default_max_workers(*, usable_cpus: Optional[int], nofile: Optional[int]) -> int:
+    """The upper bound on workers when the user sets none.
+
+    Waiting workers may far exceed the cores (latency-bound reads want several times the core count), so the bound is
+    not the core count: 64, or fewer when each worker's share of ``ulimit -n`` would drop below 32 descriptors.
+    """
+    bound = max(64, 8 * (usable_cpus or 1))
+    if nofile is not None:
+        bound = min(bound, max(1, nofile // 32))
+    return bound
+
+
+def predict_from_serial(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float, usable_cpus: int,
+                        cap: int) -> int:
+    """Workers to try first, from the ``num_workers=0`` trial.
+
+    A worker makes one batch per ``fetch_s`` seconds and keeps a CPU busy ``fetch_cpu_s / fetch_s`` of the time.
+    Loading meets the consumer at ``fetch_s / consumer_s`` workers (with headroom) and saturates the usable CPUs at
+    ``usable / cpu_fraction``; the first trial is the smaller of the two, and at most ``FIRST_STEP_WORKERS`` (or
+    twice the CPUs) so a large jump is only taken once per-worker costs are measured.
+    """
+    if fetch_s <= 0:
+        return 1
+    cpu_fraction = min(1.0, max(0.01, fetch_cpu_s / fetch_s))
+    by_cpu = usable_cpus / cpu_fraction
+    by_consumer = HEADROOM * fetch_s / consumer_s if consumer_s > 0 else math.inf
+    first_step = max(FIRST_STEP_WORKERS, 2 * usable_cpus)
+    return _clamp(math.ceil(min(by_cpu, by_consumer, first_step) - 1e-9), cap)
+
+
+def predict_from_workers(trial: TrialResult, *, batch_size: int, consumer_s: float, usable_cpus: int,
+                         cap: int) -> Optional[int]:
+    """Workers that should meet the consumer or fill the CPUs, extrapolated from a trial with workers.
+
+    Assumes throughput grows with the worker count at the measured per-worker rate, until the measured CPU use per
+    worker fills the usable CPUs. None when the trial lacks the figures.
+    """
+    n = trial.config.num_workers
+    if not trial.ok or n == 0:
+        return None
+    per_worker = trial.samples_per_s / n
+    target = HEADROOM * batch_size / consumer_s if consumer_s > 0 else math.inf
+    by_consumer = target / per_worker if per_worker > 0 else math.inf
+    util = trial.worker_cpu_util
+    by_cpu = usable_cpus / max(util, 0.01) if util is not None else math.inf
+    estimate = min(by_consumer, by_cpu)
+    if math.isinf(estimate):
+        return None
+    return _clamp(round(estimate) if estimate == by_cpu else math.ceil(estimate - 1e-9), cap)
+
+
+def cpu_saturated(trial: TrialResult, *, usable_cpus: int, level: float = 0.85) -> bool:
+    """True when the workers and the main process together keep ``level`` of the usable CPUs busy."""
+    used = (trial.worker_cpu_util or 0.0) * trial.config.num_workers + (trial.main_cpu_util or 0.0)
+    return used >= level * usable_cpus
+
+
+def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int, saturated: Mapping[int, bool],
+                      tolerance: float = DEFAULT_TOLERANCE) -> Optional[int]:
+    """The next worker count to try, from the rates measured so far (None = failed or skipped); None when done.
+
+    Climb (double) while the best is the largest count tried, still gaining more than ``tolerance`` over the count
+    below it, and not CPU-saturated. Then descend: between the fewest workers within ``tolerance`` of the best and the
+    largest count below it, try the (geometric) middle until they are within a factor of 1.5 or adjacent.
+    """
+    measured = {n: r for n, r in rates.items() if r is not None}
+    if not measured:
+        return None
+    best_rate = max(measured.values())
+    best = min(n for n, r in measured.items() if r == best_rate)
+    if best > 0 and best == max(measured) and best < cap and not saturated.get(best, False):
+        below = [r for n, r in measured.items() if n < best]
+        if not below or best_rate > (1.0 + tolerance) * max(below):
+            candidate = min(cap, 2 * best)
+            if candidate not in rates:
+                return candidate
+    good = min(n for n, r in measured.items() if r >= (1.0 - tolerance) * best_rate)
+    lower = max((n for n in rates if n < good), default=None)
+    if lower is None or good - lower <= 1:
+        return None
+    if lower == 0:
+        middle = good // 2
+    else:
+        if good / lower <= 1.5:
+            return None
+        middle = round(math.sqrt(good * lower))
+    middle = min(max(middle, lower + 1), good - 1)
+    return None if middle in rates else middle
+
+
+def memory_guard(num_workers: int, *, per_worker_bytes: Optional[int], budget_bytes: Optional[int]) -> Optional[str]:
+    """Why ``num_workers`` would not fit in RAM, or None when it fits (or either figure is unknown)."""
+    if not num_workers or per_worker_bytes is None or budget_bytes is None:
+        return None
+    need = num_workers * per_worker_bytes
+    if need > budget_bytes:
+        return (f"memory: {num_workers} workers x {_mib(per_worker_bytes)} MiB = {_mib(need)} MiB "
+                f"exceeds the memory budget of {_mib(budget_bytes)} MiB")
+    return None
+
+
+def shm_guard(num_workers: int, prefetch_factor: Optional[int], *, batch_bytes: Optional[int],
+              shm_free_bytes: Optional[int]) -> Optional[str]:
+    """Why the batches in flight would not fit in /dev/shm, or None.
+
+    Workers hand batches over through shared memory: up to ``num_workers * prefetch_factor`` queued, plus the one
+    being pinned and the one being consumed.
+    """
+    if not num_workers or batch_bytes is None or shm_free_bytes is None:
+        return None
+    need = (num_workers * (prefetch_factor or 2) + 2) * batch_bytes
+    if need > SHM_MARGIN * shm_free_bytes:
+        return (f"/dev/shm: {num_workers} workers x prefetch {prefetch_factor} batches of {_mib(batch_bytes)} MiB "
+                f"need {_mib(need)} MiB, only {_mib(shm_free_bytes)} MiB free (Docker: --shm-size)")
+    return None
+
+
+def keep_workers_alive(num_workers: int, *, per_worker_bytes: Optional[int], budget_bytes: Optional[int]) -> bool:
+    """``persistent_workers``: on with workers, unless they would hold more than half the memory budget between epochs."""
+    if num_workers == 0:
+        return False
+    if per_worker_bytes is None or budget_bytes is None:
+        return True
+    return num_workers * per_worker_bytes <= budget_bytes // 2
+
+
+def worth_more_prefetch(chosen: TrialResult, *, consumer_samples_per_s: Optional[float]) -> bool:
+    """A deeper queue only helps when loading keeps up on average but the consumer still waits (jitter)."""
+    if chosen.config.num_workers == 0 or consumer_samples_per_s is None or chosen.stall_fraction is None:
+        return False
+    return chosen.stall_fraction > 0.05 and chosen.samples_per_s >= 0.8 * consumer_samples_per_s
+
+
+def bottleneck(chosen: TrialResult, trials: Sequence[TrialResult], *, consumer_samples_per_s: Optional[float],
+               usable_cpus: int, memory_limited: bool) -> Bottleneck:
+    """What limits the chosen configuration, from what it measured."""
+    if consumer_samples_per_s and chosen.samples_per_s >= 0.9 * consumer_samples_per_s:
+        return "consumer"
+    if chosen.stall_fraction is not None and chosen.stall_fraction < 0.1 and consumer_samples_per_s:
+        return "consumer"
+    if memory_limited:
+        return "memory"
+    n = chosen.config.num_workers
+    if n == 0:
+        slower_with_workers = any(t.ok and t.config.num_workers > 0 for t in trials)
+        if slower_with_workers:
+            return "ipc"
+        fetch, cpu = chosen.fetch_s_per_batch, chosen.fetch_cpu_s_per_batch
+        if fetch and cpu is not None and cpu / fetch < 0.5:
+            return "io"
+        return "cpu"
+    if cpu_saturated(chosen, usable_cpus=usable_cpus):
+        return "cpu"
+    if (chosen.main_cpu_util or 0.0) >= 0.9:
+        return "ipc"
+    if chosen.worker_cpu_util is not None and chosen.worker_cpu_util < 0.5:
+        return "io"
+    return "cpu"
+
+
+def _clamp(n: int, cap: int) -> int:
+    return max(1, min(int(n), cap)) if cap >= 1 else 0
+
+
+def _mib(n: int) -> int:
+    return int(round(n / 2**20))

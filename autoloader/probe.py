@@ -1,0 +1,307 @@
+"""Facts about the machine a loader runs on: usable CPUs, memory, /dev/shm, disk, GPUs. No decisions.
+
+Every figure is measured or read from the system; one that cannot be is None, never a guess.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import multiprocessing
+import os
+import platform
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+import psutil
+import torch
+
+from . import _cgroup
+from ._disk import DiskInfo, measure_disk
+from ._fs import atomic_write_json, default_cache_dir
+from ._gpu import GpuInfo, probe_gpus
+from .errors import AutoloaderWarning
+
+__all__ = ["CpuInfo", "MemoryInfo", "ShmInfo", "DiskInfo", "GpuInfo", "MachineProfile", "probe_machine",
+           "save_profile", "load_profile"]
+
+logger = logging.getLogger("autoloader.probe")
+
+SCHEMA = 1
+PROFILE_FILE = "machine.json"
+SHM_PATH = "/dev/shm"
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """``usable``: CPUs this process may run on at once (affinity, capped by the cgroup quota rounded up).
+    ``quota``: the cgroup CPU quota in CPUs; None = no quota (or unreadable)."""
+
+    usable: Optional[int]
+    logical: Optional[int]
+    physical: Optional[int]
+    model: Optional[str]
+    affinity: Optional[int]
+    quota: Optional[float]
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """``limit_bytes``: the tightest cgroup memory limit (None = none). ``budget_bytes``: what this process tree can
+    still allocate before either the machine runs out (``available_bytes``) or the cgroup limit is hit (limit
+    minus the cgroup's working set); the ceiling for extra workers' memory."""
+
+    total_bytes: Optional[int]
+    available_bytes: Optional[int]
+    limit_bytes: Optional[int]
+    budget_bytes: Optional[int]
+
+
+@dataclass(frozen=True)
+class ShmInfo:
+    """Size and free space of the shared-memory filesystem DataLoader workers pass batches through."""
+
+    path: str
+    total_bytes: Optional[int]
+    free_bytes: Optional[int]
+
+
+@dataclass(frozen=True)
+class MachineProfile:
+    """Everything ``probe_machine`` found. ``disk``/``gpus`` are None when not probed (or, for GPUs, unknown)."""
+
+    cpu: CpuInfo
+    memory: MemoryInfo
+    shm: ShmInfo
+    disk: Optional[DiskInfo]
+    gpus: Optional[Tuple[GpuInfo, ...]]
+    start_method: Optional[str]
+    torch_version: str
+    python_version: str
+    thread_env: Dict[str, str]
+    created: float
+
+    def to_dict(self) -> dict:
+        """A JSON-able dict (``"schema": 1``); ``from_dict`` reads it back."""
+        data = asdict(self)
+        data["gpus"] = None if self.gpus is None else [asdict(g) for g in self.gpus]
+        data["thread_env"] = dict(self.thread_env)
+        data["schema"] = SCHEMA
+        return data
+
+    @classmethod
+    def from_dict(cls, data: object) -> "MachineProfile":
+        """Rebuild a profile from ``to_dict`` output; raises ``ValueError`` on anything else."""
+        return _from_dict(data)
+
+
+def probe_machine(data_dir: "str | os.PathLike[str] | None" = None, *, disk: bool = True, gpus: bool = True,
+                  disk_seconds: float = 5.0) -> MachineProfile:
+    """Probe this machine. With ``disk=False, gpus=False`` it only reads files and takes milliseconds.
+
+    ``disk``: measure read speed (about ``disk_seconds``) under ``data_dir``, else under the cache directory.
+    ``gpus``: list GPUs without initialising CUDA in this process (see NOTE [ Probing GPUs without initialising
+    CUDA ] in ``_gpu.py``).
+    """
+    for name, value in (("disk", disk), ("gpus", gpus)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    if isinstance(disk_seconds, bool) or not isinstance(disk_seconds, (int, float)) or not 0 < disk_seconds < 3600:
+        raise ValueError(f"disk_seconds must be a number of seconds in (0, 3600), got {disk_seconds!r}")
+    memory = psutil.virtual_memory()
+    proc_cgroup = _cgroup.read_proc_cgroup()
+    disk_info = _probe_disk(data_dir, disk_seconds) if disk else None
+    return MachineProfile(
+        cpu=_probe_cpu(proc_cgroup),
+        memory=_probe_memory(proc_cgroup, int(memory.total), int(memory.available)),
+        shm=_probe_shm(),
+        disk=disk_info,
+        gpus=probe_gpus() if gpus else None,
+        start_method=_start_method(),
+        torch_version=str(torch.__version__),
+        python_version=platform.python_version(),
+        thread_env={k: os.environ[k] for k in THREAD_ENV_VARS if k in os.environ},
+        created=time.time(),
+    )
+
+
+def _probe_cpu(proc_cgroup: str) -> CpuInfo:
+    logical = os.cpu_count()
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    quota = _cgroup.cpu_quota(proc_cgroup)
+    # Without an affinity API (macOS, Windows) every logical CPU is schedulable.
+    candidates = [n for n in (affinity if affinity is not None else logical,
+                              math.ceil(quota) if quota is not None else None) if n is not None]
+    physical, model = _static_cpu_facts()
+    return CpuInfo(usable=min(candidates) if candidates else None, logical=logical, physical=physical,
+                   model=model, affinity=affinity, quota=quota)
+
+
+@functools.lru_cache(maxsize=1)
+def _static_cpu_facts() -> Tuple[Optional[int], Optional[str]]:
+    """(physical cores, model name): fixed for the life of the process, and slow to read on big machines."""
+    return psutil.cpu_count(logical=False), _cpu_model()
+
+
+def _cpu_model() -> Optional[str]:
+    found: Dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, sep, value = line.partition(":")
+                key, value = key.strip(), value.strip()
+                if sep and value and key in ("model name", "Hardware", "Model", "CPU part", "cpu model"):
+                    found.setdefault(key, value)
+                    if key == "model name":
+                        break
+    except OSError as exc:
+        logger.debug("cannot read /proc/cpuinfo: %s", exc)
+    for key in ("model name", "Hardware", "Model", "cpu model"):
+        if key in found:
+            return found[key]
+    if "CPU part" in found:
+        return f"CPU part {found['CPU part']}"
+    return platform.processor() or None
+
+
+def _probe_memory(proc_cgroup: str, total: int, available: int) -> MemoryInfo:
+    limit = _cgroup.memory_limit(proc_cgroup, total_bytes=total)
+    headroom = _cgroup.memory_headroom(proc_cgroup, total_bytes=total)
+    budget = available if headroom is None else min(available, headroom)
+    return MemoryInfo(total_bytes=total, available_bytes=available, limit_bytes=limit, budget_bytes=budget)
+
+
+def _probe_shm() -> ShmInfo:
+    try:
+        st = os.statvfs(SHM_PATH)
+    except OSError as exc:
+        logger.debug("cannot stat %s: %s", SHM_PATH, exc)
+        return ShmInfo(SHM_PATH, None, None)
+    return ShmInfo(SHM_PATH, st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize)
+
+
+def _probe_disk(data_dir: "str | os.PathLike[str] | None", seconds: float) -> DiskInfo:
+    if data_dir is None:
+        data_dir = default_cache_dir()
+        try:
+            Path(data_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            logger.info("cannot create the cache directory %s for the disk probe: %s", data_dir, exc)
+    return measure_disk(data_dir, seconds=seconds)
+
+
+def _start_method() -> Optional[str]:
+    """The start method set for this process, else the platform default; never fixes the context as a side effect
+    (``multiprocessing.get_start_method()``/``get_context()`` without arguments would)."""
+    method = multiprocessing.get_start_method(allow_none=True)
+    if method is None:
+        methods = multiprocessing.get_all_start_methods()  # documented: the first is the default
+        method = methods[0] if methods else None
+    return method
+
+
+def save_profile(profile: MachineProfile, cache_dir: "str | os.PathLike[str] | None" = None) -> Path:
+    """Write ``profile`` to ``machine.json`` in ``cache_dir`` (default: the autoloader cache) atomically."""
+    if not isinstance(profile, MachineProfile):
+        raise TypeError(f"profile must be a MachineProfile, got {type(profile).__name__}")
+    path = Path(cache_dir if cache_dir is not None else default_cache_dir()) / PROFILE_FILE
+    atomic_write_json(path, profile.to_dict())
+    return path
+
+
+def load_profile(cache_dir: "str | os.PathLike[str] | None" = None) -> Optional[MachineProfile]:
+    """The saved profile, or None when there is none; an unreadable or corrupt one also gives None, with an
+    ``AutoloaderWarning``."""
+    path = Path(cache_dir if cache_dir is not None else default_cache_dir()) / PROFILE_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        warnings.warn(f"cannot read the machine profile {path}: {exc}", AutoloaderWarning, stacklevel=2)
+        return None
+    try:
+        return MachineProfile.from_dict(json.loads(text))
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError
+        warnings.warn(f"ignoring the corrupt machine profile {path} ({exc}); run `autotune probe` to redo it",
+                      AutoloaderWarning, stacklevel=2)
+        return None
+
+
+def _from_dict(data: object) -> MachineProfile:
+    d = _mapping(data, "profile", {"cpu", "memory", "shm", "disk", "gpus", "start_method", "torch_version",
+                                   "python_version", "thread_env", "created", "schema"})
+    if d["schema"] != SCHEMA or isinstance(d["schema"], bool):
+        raise ValueError(f"unsupported machine profile schema {d['schema']!r} (expected {SCHEMA})")
+    cpu = _mapping(d["cpu"], "cpu", {"usable", "logical", "physical", "model", "affinity", "quota"})
+    mem = _mapping(d["memory"], "memory", {"total_bytes", "available_bytes", "limit_bytes", "budget_bytes"})
+    shm = _mapping(d["shm"], "shm", {"path", "total_bytes", "free_bytes"})
+    disk = None
+    if d["disk"] is not None:
+        dd = _mapping(d["disk"], "disk", {"path", "seq_read_mb_s", "rand_read_iops", "cached_seq_read_mb_s",
+                                          "bypass"})
+        if dd["bypass"] not in (None, "o_direct", "fadvise"):
+            raise ValueError(f"disk.bypass must be 'o_direct', 'fadvise' or null, got {dd['bypass']!r}")
+        disk = DiskInfo(_str(dd, "path", "disk", optional=False), _num(dd, "seq_read_mb_s", "disk"),
+                        _num(dd, "rand_read_iops", "disk"), _num(dd, "cached_seq_read_mb_s", "disk"), dd["bypass"])
+    gpus = None
+    if d["gpus"] is not None:
+        if not isinstance(d["gpus"], list):
+            raise ValueError(f"gpus must be a list or null, got {type(d['gpus']).__name__}")
+        gpus = tuple(
+            GpuInfo(_int(g, "index", "gpu", optional=False), _str(g, "name", "gpu", optional=False),
+                    _int(g, "total_bytes", "gpu", optional=False))
+            for g in (_mapping(item, "gpu", {"index", "name", "total_bytes"}) for item in d["gpus"]))
+    env = d["thread_env"]
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ValueError("thread_env must map variable names to strings")
+    return MachineProfile(
+        cpu=CpuInfo(_int(cpu, "usable", "cpu"), _int(cpu, "logical", "cpu"), _int(cpu, "physical", "cpu"),
+                    _str(cpu, "model", "cpu"), _int(cpu, "affinity", "cpu"), _num(cpu, "quota", "cpu")),
+        memory=MemoryInfo(*(_int(mem, k, "memory") for k in ("total_bytes", "available_bytes", "limit_bytes",
+                                                             "budget_bytes"))),
+        shm=ShmInfo(_str(shm, "path", "shm", optional=False), _int(shm, "total_bytes", "shm"),
+                    _int(shm, "free_bytes", "shm")),
+        disk=disk, gpus=gpus, start_method=_str(d, "start_method", "profile"),
+        torch_version=_str(d, "torch_version", "profile", optional=False),
+        python_version=_str(d, "python_version", "profile", optional=False),
+        thread_env=dict(env), created=_num(d, "created", "profile", optional=False))
+
+
+def _mapping(value: object, where: str, keys: set) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be a JSON object, got {type(value).__name__}")
+    if set(value) != keys:
+        raise ValueError(f"{where} has keys {sorted(value)}, expected {sorted(keys)}")
+    return value
+
+
+def _int(d: dict, key: str, where: str, *, optional: bool = True) -> Optional[int]:
+    value = d[key]
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{where}.{key} must be an int >= 0{' or null' if optional else ''}, got {value!r}")
+    return value
+
+
+def _num(d: dict, key: str, where: str, *, optional: bool = True) -> Optional[float]:
+    value = d[key]
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"{where}.{key} must be a finite number >= 0{' or null' if optional else ''}, "
+                         f"got {value!r}")
+    return float(value)
+
+
+def _str(d: dict, key: str, where: str, *, optional: bool = True) -> Optional[str]:
+    value = d[key]
+    if (value is None and optional) or isinstance(value, str):
+        return value
+    raise ValueError(f"{where}.{key} must be a string{' or null' if optional else ''}, got {value!r}")

@@ -1,0 +1,181 @@
+"""The frozen records autoloader produces: a loader configuration, one trial's measurements, a tuning result.
+
+They carry facts and decisions, never behaviour, and round-trip through plain JSON (``to_dict``/``from_dict``) so
+the cache stores them without pickle.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, Optional, Tuple
+
+Bottleneck = Literal["consumer", "cpu", "io", "ipc", "memory"]
+Source = Literal["tuned", "cache", "fallback"]
+TrialStatus = Literal["ok", "skipped", "failed"]
+
+BOTTLENECKS: Tuple[str, ...] = ("consumer", "cpu", "io", "ipc", "memory")
+SOURCES: Tuple[str, ...] = ("tuned", "cache", "fallback")
+TRIAL_STATUSES: Tuple[str, ...] = ("ok", "skipped", "failed")
+
+BOTTLENECK_WORDS = {
+    "consumer": "the training step: loading keeps up, more workers would not help",
+    "cpu": "CPU: the usable cores are busy decoding/augmenting samples",
+    "io": "waiting: workers mostly sleep on storage or network reads",
+    "ipc": "inter-process transfer: handing batches between processes costs more than loading them",
+    "memory": "memory: more workers would not fit in RAM or /dev/shm",
+}
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """The DataLoader knobs autoloader tunes. ``prefetch_factor`` is None when ``num_workers == 0``."""
+
+    num_workers: int
+    prefetch_factor: Optional[int] = None
+    pin_memory: bool = False
+    persistent_workers: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_workers == 0 and (self.prefetch_factor is not None or self.persistent_workers):
+            raise ValueError("prefetch_factor and persistent_workers need num_workers > 0")
+
+    def loader_kwargs(self) -> dict:
+        """The keywords to pass to ``torch.utils.data.DataLoader`` for this configuration."""
+        kwargs: dict = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
+        if self.num_workers > 0:
+            kwargs["prefetch_factor"] = self.prefetch_factor
+            kwargs["persistent_workers"] = self.persistent_workers
+        return kwargs
+
+    def label(self) -> str:
+        text = f"workers={self.num_workers}"
+        if self.num_workers > 0:
+            text += f" prefetch={self.prefetch_factor}"
+        if self.pin_memory:
+            text += " pin"
+        return text
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """What one candidate configuration measured (or why it did not run).
+
+    Rates are steady-state: ``samples_per_s`` excludes start-up (``startup_s``, the time to the first batch) and the
+    burst of prefetched batches (see NOTE [ Trial timing ] in ``trial.py``). Per-worker figures are None for
+    ``num_workers == 0`` or when the platform does not report them.
+    """
+
+    config: LoaderConfig
+    status: TrialStatus = "ok"
+    reason: Optional[str] = None
+    samples_per_s: Optional[float] = None
+    batches: int = 0
+    window_s: float = 0.0
+    startup_s: Optional[float] = None
+    elapsed_s: float = 0.0
+    stall_fraction: Optional[float] = None
+    fetch_s_per_batch: Optional[float] = None
+    fetch_cpu_s_per_batch: Optional[float] = None
+    consumer_s_per_batch: Optional[float] = None
+    worker_cpu_util: Optional[float] = None
+    worker_cpu_s_per_batch: Optional[float] = None
+    main_cpu_util: Optional[float] = None
+    read_bytes_per_batch: Optional[float] = None
+    worker_rss_bytes: Optional[int] = None
+    worker_uss_bytes: Optional[int] = None
+    worker_uss_growth_bytes: Optional[int] = None
+    batch_bytes: Optional[int] = None
+    steady: bool = True
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.samples_per_s is not None
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["config"] = dataclasses.asdict(self.config)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TrialResult":
+        data = dict(data)
+        data["config"] = LoaderConfig(**data["config"])
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown TrialResult fields {sorted(unknown)}")
+        if data.get("status", "ok") not in TRIAL_STATUSES:
+            raise ValueError(f"bad trial status {data.get('status')!r}")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """The chosen DataLoader configuration, why it was chosen, and every trial behind it."""
+
+    num_workers: int
+    prefetch_factor: Optional[int]
+    pin_memory: bool
+    persistent_workers: bool
+    samples_per_s: Optional[float]
+    bottleneck: Optional[Bottleneck]
+    source: Source
+    trials: Tuple[TrialResult, ...] = ()
+    consumer_samples_per_s: Optional[float] = None
+    seconds: float = 0.0
+    reason: str = ""
+    created: Optional[float] = field(default=None, compare=False)
+
+    @property
+    def config(self) -> LoaderConfig:
+        return LoaderConfig(self.num_workers, self.prefetch_factor, self.pin_memory, self.persistent_workers)
+
+    def with_source(self, source: Source) -> "TuneResult":
+        return dataclasses.replace(self, source=source)
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["trials"] = [t.to_dict() for t in self.trials]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TuneResult":
+        """Rebuild from ``to_dict`` output; raises ``ValueError``/``TypeError``/``KeyError`` on malformed data."""
+        data = dict(data)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown TuneResult fields {sorted(unknown)}")
+        data["trials"] = tuple(TrialResult.from_dict(t) for t in data.get("trials", ()))
+        result = cls(**data)
+        _check_types(result)
+        return result
+
+    def __str__(self) -> str:
+        from .report import format_tune_result
+
+        return format_tune_result(self)
+
+
+def _check_types(result: TuneResult) -> None:
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not is_int(result.num_workers) or result.num_workers < 0:
+        raise ValueError(f"num_workers must be an int >= 0, got {result.num_workers!r}")
+    if result.prefetch_factor is not None and (not is_int(result.prefetch_factor) or result.prefetch_factor < 1):
+        raise ValueError(f"prefetch_factor must be None or an int >= 1, got {result.prefetch_factor!r}")
+    if (result.num_workers == 0) != (result.prefetch_factor is None):
+        raise ValueError("prefetch_factor must be None exactly when num_workers == 0")
+    for name in ("pin_memory", "persistent_workers"):
+        if not isinstance(getattr(result, name), bool):
+            raise TypeError(f"{name} must be a bool")
+    if result.samples_per_s is not None and (
+        not isinstance(result.samples_per_s, (int, float)) or not math.isfinite(result.samples_per_s)
+    ):
+        raise ValueError(f"samples_per_s must be a finite number, got {result.samples_per_s!r}")
+    if result.bottleneck is not None and result.bottleneck not in BOTTLENECKS:
+        raise ValueError(f"bottleneck must be one of {BOTTLENECKS}, got {result.bottleneck!r}")
+    if result.source not in SOURCES:
+        raise ValueError(f"source must be one of {SOURCES}, got {result.source!r}")

@@ -1,0 +1,140 @@
+"""Checks of what users pass to ``make_loader``/``tune``: each error names the argument, its value and the fix."""
+from __future__ import annotations
+
+import inspect
+import numbers
+import os
+from typing import Any, Mapping, Optional
+
+from torch.utils.data import DataLoader, IterableDataset
+
+from .consumer import check_step
+
+_DATALOADER_ARGS = frozenset(inspect.signature(DataLoader.__init__).parameters) - {"self", "dataset"}
+_OURS = frozenset({"batch_size", "shuffle"})
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_batch_size(batch_size: Any) -> None:
+    if not _is_int(batch_size):
+        raise TypeError(f"batch_size must be a positive int such as batch_size=32, got {batch_size!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1 (e.g. batch_size=32)")
+
+
+def check_budget(budget: Any) -> None:
+    if budget is None:
+        return
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
+        raise TypeError(f"budget must be a number of seconds such as budget=30, got {budget!r}")
+    if not budget > 0:
+        raise ValueError(f"budget={budget!r} must be > 0 seconds; pass num_workers=... to skip tuning instead")
+
+
+def check_max_workers(max_workers: Any) -> None:
+    if max_workers is None:
+        return
+    if not _is_int(max_workers):
+        raise TypeError(f"max_workers must be an int >= 0 or None, got {max_workers!r}")
+    if max_workers < 0:
+        raise ValueError(f"max_workers={max_workers} must be >= 0 (0 means no worker processes)")
+
+
+def check_dataset(dataset: Any) -> Optional[int]:
+    """The dataset's length (None for an IterableDataset without one); raises for what no DataLoader can load."""
+    iterable = isinstance(dataset, IterableDataset)
+    if not iterable and not hasattr(dataset, "__getitem__"):
+        raise TypeError(f"dataset must be a torch.utils.data.Dataset (with __getitem__ and __len__) or an "
+                        f"IterableDataset, got {type(dataset).__name__}")
+    try:
+        length = len(dataset)
+    except TypeError:
+        if not iterable:
+            raise TypeError(f"dataset {type(dataset).__name__} has no __len__; map-style datasets need one "
+                            f"(or make it an IterableDataset)") from None
+        return None
+    if length == 0:
+        raise ValueError(f"dataset {type(dataset).__name__} is empty (len 0): there is nothing to load or tune")
+    return length
+
+
+def check_loader_kwargs(dataset: Any, *, batch_size: int, shuffle: Any, kwargs: Mapping[str, Any]) -> None:
+    """The DataLoader's own rules, checked before any trial so the message names our argument."""
+    unknown = sorted(set(kwargs) - _DATALOADER_ARGS - _OURS)
+    if unknown:
+        raise TypeError(f"make_loader got unexpected keyword argument(s) {unknown}: every keyword other than "
+                        f"make_loader's own must be a torch.utils.data.DataLoader argument")
+    if not isinstance(shuffle, bool):
+        raise TypeError(f"shuffle must be True or False, got {shuffle!r}")
+    if shuffle and kwargs.get("sampler") is not None:
+        raise ValueError("shuffle=True cannot be combined with sampler=...: the sampler decides the order. "
+                         "Use shuffle=False, or a shuffling sampler such as RandomSampler")
+    if kwargs.get("batch_sampler") is not None:
+        if batch_size != 1 or shuffle or kwargs.get("sampler") is not None or kwargs.get("drop_last"):
+            raise ValueError("batch_sampler=... decides batches itself: leave batch_size=1, shuffle=False, "
+                             "sampler=None and drop_last=False")
+    if isinstance(dataset, IterableDataset) and (shuffle or kwargs.get("sampler") is not None
+                                                 or kwargs.get("batch_sampler") is not None):
+        raise ValueError("an IterableDataset decides its own order: use shuffle=False and no sampler/batch_sampler "
+                         "(shuffle inside the dataset's __iter__ instead)")
+    workers = kwargs.get("num_workers")
+    if workers is not None and (not _is_int(workers) or workers < 0):
+        raise ValueError(f"num_workers={workers!r} must be an int >= 0; leave it out to let autoloader tune it")
+    prefetch = kwargs.get("prefetch_factor")
+    if prefetch is not None:
+        if not _is_int(prefetch) or prefetch < 1:
+            raise ValueError(f"prefetch_factor={prefetch!r} must be an int >= 1; leave it out to let autoloader "
+                             f"tune it")
+        if workers == 0:
+            raise ValueError("prefetch_factor needs num_workers > 0; drop prefetch_factor or num_workers=0")
+    for name in ("pin_memory", "persistent_workers", "drop_last"):
+        if name in kwargs and not isinstance(kwargs[name], bool):
+            raise TypeError(f"{name} must be True or False, got {kwargs[name]!r}")
+    if kwargs.get("persistent_workers") and workers == 0:
+        raise ValueError("persistent_workers=True needs num_workers > 0; drop one of them")
+
+
+def check_common(*, batch_size: Any, step: Any, budget: Any, max_workers: Any, key: Any, cache: Any) -> None:
+    check_batch_size(batch_size)
+    check_step(step)
+    check_budget(budget)
+    check_max_workers(max_workers)
+    if key is not None and not isinstance(key, str):
+        raise TypeError(f"key must be a str naming the dataset for the cache (e.g. key='imagenet-train'), "
+                        f"got {type(key).__name__}")
+    if not isinstance(cache, (bool, str, os.PathLike)):
+        raise TypeError(f"cache must be True (default location), False (no cache) or a directory path, got {cache!r}")
+
+
+def worker_start_method(multiprocessing_context: Any) -> str:
+    """How the DataLoader will start workers: the context the user passed, else the process default."""
+    import multiprocessing
+
+    if multiprocessing_context is None:
+        return multiprocessing.get_context().get_start_method()
+    if isinstance(multiprocessing_context, str):
+        return multiprocessing_context
+    return multiprocessing_context.get_start_method()
+
+
+def check_picklable(*, start_method: str, objects: Mapping[str, Any]) -> None:
+    """Under spawn/forkserver every worker unpickles the dataset, collate_fn and worker_init_fn; fail before any
+    worker starts, naming the object, rather than in a worker with a traceback about pickling."""
+    if start_method == "fork":
+        return
+    import pickle
+
+    for name, obj in objects.items():
+        if obj is None:
+            continue
+        try:
+            pickle.dumps(obj)
+        except (pickle.PicklingError, TypeError, AttributeError) as err:
+            raise ValueError(
+                f"{name}={obj!r} cannot be pickled ({err}), and the '{start_method}' start method sends it to every "
+                f"worker. Define it at module level (not a lambda or a local function), or pass "
+                f"multiprocessing_context='fork' (Linux), or num_workers=0"
+            ) from err

@@ -1,0 +1,634 @@
+"""Fingerprints, cache keys and the JSON tuning store (autoloader.fingerprint, autoloader.cache)."""
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from torch.utils.data import BatchSampler, Dataset, IterableDataset, RandomSampler, SequentialSampler
+
+from autoloader.cache import SCHEMA_VERSION, CacheEntry, TuneCache, resolve_cache
+from autoloader.errors import AutoloaderWarning
+from autoloader.fingerprint import (
+    cache_key,
+    callable_identity,
+    dataset_fingerprint,
+    machine_fingerprint,
+    step_descriptor,
+)
+from autoloader.results import LoaderConfig, TrialResult, TuneResult
+
+GiB = 2**30
+KEY = "0123456789abcdef0123456789abcdef"
+OTHER_KEY = "fedcba9876543210fedcba9876543210"
+Pair = collections.namedtuple("Pair", ["left", "right"])
+
+
+# ---------------------------------------------------------------- helpers
+
+
+class CountingDataset(Dataset):
+    def __init__(self, n=100, shape=(3, 8, 8)):
+        self.n, self.shape, self.calls, self.pids = n, shape, 0, []
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        self.calls += 1
+        self.pids.append(os.getpid())
+        return torch.zeros(self.shape), index % 10
+
+
+class NestedDataset(Dataset):
+    def __init__(self, shape=(4, 4), value=0.0):
+        self.shape, self.value = shape, value
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, index):
+        return {
+            "image": torch.full(self.shape, self.value),
+            "pair": Pair(np.zeros((2,), dtype=np.int64), "some text %s" % self.value),
+            "meta": [1, 2.5, None, b"raw"],
+        }
+
+
+class Stream(IterableDataset):
+    def __init__(self, n=50):
+        self.n, self.yielded, self.closed, self.worker_infos = n, 0, False, []
+
+    def __iter__(self):
+        self.worker_infos.append(torch.utils.data.get_worker_info())
+        try:
+            for i in range(self.n):
+                self.yielded += 1
+                yield torch.arange(3, dtype=torch.float64) + i
+        finally:
+            self.closed = True
+
+
+class SizedStream(Stream):
+    def __len__(self):
+        return self.n
+
+
+class RootDataset(CountingDataset):
+    def __init__(self, root, **kwargs):
+        super().__init__(**kwargs)
+        self.root = root
+
+
+class FakeImage:
+    def __init__(self, size, mode):
+        self.size, self.mode = size, mode
+
+
+class ImageDataset(Dataset):
+    def __init__(self, size=(32, 24), mode="RGB"):
+        self.size_, self.mode_ = size, mode
+
+    def __len__(self):
+        return 5
+
+    def __getitem__(self, index):
+        return FakeImage(self.size_, self.mode_), 3
+
+
+class BrokenDataset(Dataset):
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, index):
+        raise RuntimeError("user dataset is broken")
+
+
+def train_step(batch):
+    return None
+
+
+def other_step(batch):
+    return None
+
+
+def custom_collate(batch):
+    return batch
+
+
+def profile(**changes):
+    """A duck-typed stand-in for probe.MachineProfile."""
+    values = dict(model="Intel Xeon Gold 6338", usable=16, budget=int(23.1 * GiB),
+                  gpus=("NVIDIA H100", "NVIDIA A100"), torch_version="2.3.0", hostname="node-01")
+    values.update(changes)
+    gpus = values["gpus"]
+    if gpus is not None:
+        gpus = tuple(SimpleNamespace(name=name, total_bytes=80 * GiB) for name in gpus)
+    return SimpleNamespace(
+        cpu=SimpleNamespace(usable=values["usable"], model=values["model"]),
+        memory=SimpleNamespace(budget_bytes=values["budget"]),
+        gpus=gpus,
+        torch_version=values["torch_version"],
+        hostname=values["hostname"],
+    )
+
+
+def key_inputs(dataset=None, **changes):
+    dataset = dataset if dataset is not None else CountingDataset()
+    inputs = dict(dataset_fp=dataset_fingerprint(dataset), batch_size=32, collate_fn=None, sampler=None,
+                  batch_sampler=None, drop_last=False, step=None, device_type="cuda",
+                  machine_fp=machine_fingerprint(profile()), extra=None)
+    inputs.update(changes)
+    return inputs
+
+
+def make_result(num_workers=2, samples_per_s=1234.5, **changes):
+    trials = (
+        TrialResult(config=LoaderConfig(0), samples_per_s=310.25, batches=12, window_s=0.5, startup_s=0.01,
+                    elapsed_s=0.6, stall_fraction=0.9, consumer_s_per_batch=None),
+        TrialResult(config=LoaderConfig(2, 2, True, False), samples_per_s=1234.5, batches=40, window_s=0.5,
+                    worker_cpu_util=0.93, worker_rss_bytes=123456789, steady=False),
+        TrialResult(config=LoaderConfig(8, 4), status="failed", reason="timed out after 5.0 s"),
+    )
+    values = dict(num_workers=num_workers, prefetch_factor=2 if num_workers else None, pin_memory=True,
+                  persistent_workers=False, samples_per_s=samples_per_s, bottleneck="cpu", source="tuned",
+                  trials=trials, consumer_samples_per_s=None, seconds=3.25, reason="fewest workers within 3% of best")
+    values.update(changes)
+    return TuneResult(**values)
+
+
+def autoloader_warnings(call, *args, **kwargs):
+    """Run ``call`` and return (its value, the AutoloaderWarnings it issued); any exception fails the test."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = call(*args, **kwargs)
+    return value, [w for w in caught if issubclass(w.category, AutoloaderWarning)]
+
+
+def entry_payload(key=KEY, **result_changes):
+    return {"schema": SCHEMA_VERSION, "key": key, "created": 1700000000.0, "meta": {"batch_size": 32},
+            "result": make_result(**result_changes).to_dict()}
+
+
+# ---------------------------------------------------------------- cache keys
+
+
+@pytest.mark.parametrize("change", [
+    dict(batch_size=64),
+    dict(step=0.01),
+    dict(step=train_step),
+    dict(collate_fn=custom_collate),
+    dict(sampler=RandomSampler(range(100))),
+    dict(batch_sampler=BatchSampler(SequentialSampler(range(100)), 32, False)),
+    dict(drop_last=True),
+    dict(device_type="cpu"),
+    dict(extra={"num_workers": 4}),
+    dict(dataset_fp=dataset_fingerprint(CountingDataset(n=200))),
+    dict(dataset_fp=dataset_fingerprint(CountingDataset(), key="imagenet-train")),
+], ids=lambda c: next(iter(c)) + ":" + type(next(iter(c.values()))).__name__)
+def test_key_changes_with_each_input(change):
+    base = cache_key(**key_inputs())
+    assert cache_key(**key_inputs(**change)) != base
+    assert cache_key(**key_inputs(**change)) == cache_key(**key_inputs(**change))
+
+
+def test_key_step_kinds_are_distinct():
+    keys = {cache_key(**key_inputs(step=s)) for s in (None, 0.01, 0.02, train_step, other_step)}
+    assert len(keys) == 5
+    assert cache_key(**key_inputs(step=1)) == cache_key(**key_inputs(step=1.0))
+
+
+def test_key_sampler_identity_is_its_class_not_the_instance():
+    first = cache_key(**key_inputs(sampler=SequentialSampler(range(100))))
+    assert first == cache_key(**key_inputs(sampler=SequentialSampler(range(100))))
+    assert first != cache_key(**key_inputs(sampler=RandomSampler(range(100))))
+
+
+def test_key_user_key_replaces_the_dataset():
+    named_a = cache_key(**key_inputs(dataset_fp=dataset_fingerprint(CountingDataset(n=10), key="a")))
+    assert named_a == cache_key(**key_inputs(dataset_fp=dataset_fingerprint(CountingDataset(n=99), key="a")))
+    assert named_a != cache_key(**key_inputs(dataset_fp=dataset_fingerprint(CountingDataset(n=10), key="b")))
+
+
+def test_key_is_hex_and_rejects_non_json_extra():
+    key = cache_key(**key_inputs())
+    assert len(key) == 32 and int(key, 16) >= 0
+    with pytest.raises(TypeError, match="extra"):
+        cache_key(**key_inputs(extra={"normalize": object()}))
+    with pytest.raises(TypeError, match="batch_size"):
+        cache_key(**key_inputs(batch_size="32"))
+
+
+@pytest.mark.parametrize("change", [
+    dict(model="AMD EPYC 7763"), dict(usable=8), dict(gpus=("NVIDIA H100",)), dict(gpus=None),
+    dict(torch_version="2.4.0"), dict(budget=64 * GiB),
+], ids=lambda c: next(iter(c)))
+def test_machine_fingerprint_changes_the_key(change):
+    base = cache_key(**key_inputs(machine_fp=machine_fingerprint(profile())))
+    assert cache_key(**key_inputs(machine_fp=machine_fingerprint(profile(**change)))) != base
+
+
+def test_machine_fingerprint_ignores_hostname_small_memory_changes_and_gpu_order(monkeypatch):
+    base = machine_fingerprint(profile())
+    monkeypatch.setattr(socket, "gethostname", lambda: "another-node")
+    assert machine_fingerprint(profile(hostname="node-02")) == base
+    assert machine_fingerprint(profile(budget=int(23.4 * GiB))) == base
+    assert machine_fingerprint(profile(gpus=("NVIDIA A100", "NVIDIA H100"))) == base
+    assert "node-01" not in json.dumps(base)
+    assert machine_fingerprint(profile(budget=None))["memory_gib_bucket"] is None
+
+
+def test_key_is_stable_across_processes(tmp_path):
+    code = (
+        "import torch\n"
+        "from torch.utils.data import TensorDataset, RandomSampler, default_collate\n"
+        "from autoloader.fingerprint import cache_key, dataset_fingerprint\n"
+        "ds = TensorDataset(torch.zeros(10, 3), torch.ones(10, dtype=torch.long))\n"
+        "print(cache_key(dataset_fp=dataset_fingerprint(ds), batch_size=4, collate_fn=default_collate,\n"
+        "                sampler=RandomSampler(ds), batch_sampler=None, drop_last=True, step=0.5,\n"
+        "                device_type='cpu', machine_fp={'cpu_usable': 2}, extra={'pin_memory': True}))\n"
+    )
+    env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         check=True)
+    ds = torch.utils.data.TensorDataset(torch.zeros(10, 3), torch.ones(10, dtype=torch.long))
+    here = cache_key(dataset_fp=dataset_fingerprint(ds), batch_size=4, collate_fn=torch.utils.data.default_collate,
+                     sampler=RandomSampler(ds), batch_sampler=None, drop_last=True, step=0.5, device_type="cpu",
+                     machine_fp={"cpu_usable": 2}, extra={"pin_memory": True})
+    assert out.stdout.strip() == here
+
+
+# ---------------------------------------------------------------- dataset fingerprints
+
+
+def test_fingerprint_reads_one_sample_in_this_process_and_starts_nothing():
+    ds = CountingDataset()
+    before = psutil.Process().children(recursive=True)
+    fp = dataset_fingerprint(ds)
+    assert ds.calls == 1 and ds.pids == [os.getpid()]
+    assert psutil.Process().children(recursive=True) == before == []
+    assert fp["class"].endswith("test_cache.CountingDataset")
+    assert fp["len"] == 100 and fp["root"] is None
+    image, label = fp["sample"]["items"]
+    assert image == {"type": "torch.Tensor", "shape": [3, 8, 8], "dtype": "torch.float32"}
+    assert label == {"type": "builtins.int"}
+
+
+def test_fingerprint_with_key_reads_nothing():
+    ds = CountingDataset()
+    assert dataset_fingerprint(ds, key="mine") == {"key": "mine"}
+    assert ds.calls == 0
+    for bad in (3, b"bytes"):
+        with pytest.raises(TypeError, match="key"):
+            dataset_fingerprint(ds, key=bad)
+    with pytest.raises(ValueError, match="key"):
+        dataset_fingerprint(ds, key="")
+
+
+def test_fingerprint_of_iterable_dataset():
+    ds = Stream()
+    fp = dataset_fingerprint(ds)
+    assert ds.yielded == 1 and ds.closed and ds.worker_infos == [None]
+    assert fp["len"] is None and fp["iterable"] is True
+    assert fp["sample"] == {"type": "torch.Tensor", "shape": [3], "dtype": "torch.float64"}
+    assert dataset_fingerprint(SizedStream(n=7))["len"] == 7
+    assert dataset_fingerprint(Stream(n=0))["sample"] is None
+
+
+def test_fingerprint_of_dataset_with_root(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    fp = dataset_fingerprint(RootDataset("data/train"))
+    assert fp["root"] == str((tmp_path / "data" / "train").resolve())
+    assert dataset_fingerprint(RootDataset(tmp_path / "data" / "train"))["root"] == fp["root"]
+    assert dataset_fingerprint(RootDataset("data/val")) != fp
+
+
+def test_fingerprint_of_nested_samples_records_structure_not_values():
+    fp = dataset_fingerprint(NestedDataset())
+    sample = fp["sample"]
+    assert sample["type"] == "builtins.dict"
+    assert sample["items"]["'image'"] == {"type": "torch.Tensor", "shape": [4, 4], "dtype": "torch.float32"}
+    pair = sample["items"]["'pair'"]
+    assert pair["type"].endswith("test_cache.Pair")
+    assert pair["fields"]["left"] == {"type": "numpy.ndarray", "shape": [2], "dtype": "int64"}
+    assert pair["fields"]["right"] == {"type": "builtins.str"}
+    assert [i["type"] for i in sample["items"]["'meta'"]["items"]] == [
+        "builtins.int", "builtins.float", "builtins.NoneType", "builtins.bytes"]
+    assert dataset_fingerprint(NestedDataset(value=7.0)) == fp
+    assert dataset_fingerprint(NestedDataset(shape=(4, 5))) != fp
+
+
+def test_fingerprint_of_pil_like_samples():
+    fp = dataset_fingerprint(ImageDataset())
+    image = fp["sample"]["items"][0]
+    assert image["type"].endswith("FakeImage") and image["size"] == [32, 24] and image["mode"] == "RGB"
+    assert dataset_fingerprint(ImageDataset(mode="L")) != fp
+    assert dataset_fingerprint(ImageDataset(size=(64, 64))) != fp
+
+
+def test_fingerprint_lets_the_dataset_error_propagate():
+    with pytest.raises(RuntimeError, match="user dataset is broken"):
+        dataset_fingerprint(BrokenDataset())
+
+
+def test_fingerprint_of_empty_dataset_reads_nothing():
+    ds = CountingDataset(n=0)
+    assert dataset_fingerprint(ds)["sample"] is None and ds.calls == 0
+
+
+def test_callable_identity():
+    assert callable_identity(None) is None
+    assert callable_identity(custom_collate) == f"{__name__}.custom_collate"
+    assert callable_identity(CountingDataset) == f"{__name__}.CountingDataset"
+    assert callable_identity(CountingDataset()) == callable_identity(CountingDataset(n=5))
+    assert callable_identity(CountingDataset()) == f"{__name__}.CountingDataset"
+    assert callable_identity(len) == "builtins.len"
+    assert callable_identity(lambda b: b).endswith("test_callable_identity.<locals>.<lambda>")
+    assert callable_identity(CountingDataset().__getitem__) == f"{__name__}.CountingDataset.__getitem__"
+    part = callable_identity(functools.partial(custom_collate, 3, pad=(0, 1)))
+    assert part == f"partial({__name__}.custom_collate, 3, pad=(0, 1))"
+    assert callable_identity(functools.partial(custom_collate, 4)) != part
+    assert "0x" not in callable_identity(functools.partial(custom_collate, object()))
+
+
+def test_step_descriptor():
+    assert step_descriptor(None) == "none"
+    assert step_descriptor(0.01) == "sleep:0.01"
+    assert step_descriptor(np.float32(0.5)) == "sleep:0.5"
+    assert step_descriptor(train_step) == f"callable:{__name__}.train_step"
+    for bad in ("0.01", True, [1]):
+        with pytest.raises(TypeError, match="step"):
+            step_descriptor(bad)
+
+
+# ---------------------------------------------------------------- the store
+
+
+def test_round_trip_through_the_store(tmp_path):
+    cache = TuneCache(tmp_path / "c")
+    result = make_result()
+    path = cache.put(KEY, result, meta={"dataset": "CountingDataset", "batch_size": 32})
+    assert path == tmp_path / "c" / f"{KEY}.json" and path.is_file()
+    loaded, caught = autoloader_warnings(cache.get, KEY, max_workers=16)
+    assert caught == []
+    assert loaded == result.with_source("cache") and loaded.source == "cache"
+    assert loaded.trials == result.trials and isinstance(loaded.trials, tuple)
+    assert loaded.created is not None
+    data = json.loads(path.read_text())
+    assert data["schema"] == SCHEMA_VERSION and data["key"] == KEY and data["meta"]["batch_size"] == 32
+    assert isinstance(data["created"], float) and data["result"]["source"] == "tuned"
+    assert cache.get(KEY, max_workers=2) is not None  # the bound is inclusive
+
+
+def test_miss_is_silent(tmp_path):
+    assert autoloader_warnings(TuneCache(tmp_path / "absent").get, KEY, max_workers=4) == (None, [])
+    assert autoloader_warnings(TuneCache(tmp_path).get, KEY, max_workers=4) == (None, [])
+
+
+def _set(path, text=None, payload=None):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if payload is not None:
+        text = json.dumps(payload)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+
+
+def _with_result(**raw):
+    """A valid entry whose stored result dict has ``raw`` fields overwritten (bypassing TuneResult's checks)."""
+    return dict(entry_payload(), result=dict(make_result().to_dict(), **raw))
+
+
+BAD_ENTRIES = {
+    "corrupt": lambda p: _set(p, "{this is not json"),
+    "truncated": lambda p: _set(p, json.dumps(entry_payload())[:150]),
+    "empty": lambda p: _set(p, ""),
+    "binary": lambda p: _set(p, b"\x80\x81\xfe\xff" * 10),
+    "wrong_schema": lambda p: _set(p, payload=dict(entry_payload(), schema=SCHEMA_VERSION + 1)),
+    "bool_schema": lambda p: _set(p, payload=dict(entry_payload(), schema=True)),
+    "foreign_list": lambda p: _set(p, payload=[1, 2, 3]),
+    "foreign_dict": lambda p: _set(p, payload={"hello": "world"}),
+    "key_mismatch": lambda p: _set(p, payload=entry_payload(key=OTHER_KEY)),
+    "too_many_workers": lambda p: _set(p, payload=entry_payload(num_workers=8)),
+    "negative_workers": lambda p: _set(p, payload=_with_result(num_workers=-1)),
+    "bad_type": lambda p: _set(p, payload=_with_result(pin_memory="yes")),
+    "unknown_field": lambda p: _set(p, payload=_with_result(pickle=1)),
+    "bad_trial": lambda p: _set(p, payload=_with_result(trials=[5])),
+    "result_not_object": lambda p: _set(p, payload=dict(entry_payload(), result="2 workers")),
+    "deeply_nested": lambda p: _set(p, "[" * 100000 + "]" * 100000),
+    "directory": lambda p: p.mkdir(parents=True),
+    "fifo": lambda p: (p.parent.mkdir(parents=True), os.mkfifo(p)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_ENTRIES))
+def test_bad_entry_is_a_miss_with_one_warning(tmp_path, name):
+    cache = TuneCache(tmp_path / "c")
+    path = cache.path_for(KEY)
+    BAD_ENTRIES[name](path)
+    result, caught = autoloader_warnings(cache.get, KEY, max_workers=4)
+    assert result is None
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    message = str(caught[0].message)
+    assert str(path) in message and "ignoring" in message and "autotune clear" in message
+    assert caught[0].filename == __file__  # stacklevel points at the caller, not into autoloader
+    entry, = cache.entries()
+    assert entry.key == KEY and entry.path == path
+    if name == "too_many_workers":  # valid in itself; only this machine's bound rejects it
+        assert entry.error is None and entry.result.num_workers == 8
+    else:
+        assert entry.result is None and entry.error
+
+
+def test_unreadable_entry_is_a_miss_with_one_warning(tmp_path, monkeypatch):
+    cache = TuneCache(tmp_path)
+    path = cache.put(KEY, make_result())
+    real_open = os.open
+
+    def deny(target, *args, **kwargs):
+        if Path(target) == path:
+            raise PermissionError(13, "Permission denied", str(target))
+        return real_open(target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", deny)
+    result, caught = autoloader_warnings(cache.get, KEY, max_workers=4)
+    assert result is None and len(caught) == 1 and "Permission denied" in str(caught[0].message)
+
+
+def test_put_replaces_a_bad_entry(tmp_path):
+    cache = TuneCache(tmp_path)
+    BAD_ENTRIES["corrupt"](cache.path_for(KEY))
+    assert cache.put(KEY, make_result()) is not None
+    assert autoloader_warnings(cache.get, KEY, max_workers=4)[0] == make_result().with_source("cache")
+
+
+def _assert_put_fails_with_one_warning(cache):
+    path, caught = autoloader_warnings(cache.put, KEY, make_result())
+    assert path is None and len(caught) == 1
+    message = str(caught[0].message)
+    for words in (str(cache.directory), "tuning still happened", "cache=False", "AUTOLOADER_CACHE_DIR"):
+        assert words in message
+    assert caught[0].filename == __file__
+
+
+def test_unwritable_directory_by_permissions(tmp_path):
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    directory.chmod(0o500)
+    try:
+        if os.access(directory, os.W_OK):
+            pytest.skip("running as root: chmod does not make the directory unwritable")
+        _assert_put_fails_with_one_warning(TuneCache(directory))
+    finally:
+        directory.chmod(0o700)
+
+
+def test_unwritable_when_the_cache_dir_is_a_file(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("user data")
+    for directory in (blocker, blocker / "sub"):
+        cache = TuneCache(directory)
+        _assert_put_fails_with_one_warning(cache)
+        assert autoloader_warnings(cache.get, KEY, max_workers=4) == (None, [])
+        assert cache.entries() == [] and cache.clear() == 0
+    assert blocker.read_text() == "user data"
+
+
+def test_put_onto_a_directory_fails_with_one_warning_and_leaves_no_temp(tmp_path):
+    cache = TuneCache(tmp_path)
+    cache.path_for(KEY).mkdir()
+    _assert_put_fails_with_one_warning(cache)
+    assert sorted(os.listdir(tmp_path)) == [f"{KEY}.json"]
+
+
+def test_put_replaces_a_symlink_instead_of_writing_through_it(tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("precious")
+    cache = TuneCache(tmp_path / "c")
+    cache.directory.mkdir()
+    cache.path_for(KEY).symlink_to(outside)
+    path = cache.put(KEY, make_result())
+    assert outside.read_text() == "precious"
+    assert not path.is_symlink() and path.is_file()
+    assert cache.get(KEY, max_workers=4) == make_result().with_source("cache")
+
+
+def _put_many(directory, index, barrier):
+    warnings.simplefilter("error", AutoloaderWarning)  # a torn read or a failed write fails the child
+    cache = TuneCache(Path(directory))
+    barrier.wait(timeout=60)
+    for i in range(20):
+        if cache.put(KEY, make_result(samples_per_s=float(index * 100 + i))) is None:
+            sys.exit(3)
+        if cache.get(KEY, max_workers=4) is None:
+            sys.exit(4)
+
+
+def test_concurrent_puts_leave_one_valid_entry(tmp_path):
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("needs the fork start method")
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(4)
+    procs = [ctx.Process(target=_put_many, args=(str(tmp_path), i, barrier)) for i in range(4)]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=120)
+        assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert os.listdir(tmp_path) == [f"{KEY}.json"]
+    result = TuneCache(tmp_path).get(KEY, max_workers=4)
+    assert result.samples_per_s in {float(i * 100 + j) for i in range(4) for j in range(20)}
+
+
+def test_put_and_get_check_their_arguments(tmp_path):
+    cache = TuneCache(tmp_path)
+    for bad in ("../../etc/passwd", "short", KEY.upper(), KEY + ".json"):
+        with pytest.raises(ValueError, match="key"):
+            cache.get(bad, max_workers=4)
+        with pytest.raises(ValueError, match="key"):
+            cache.remove(bad)
+    with pytest.raises(TypeError, match="key"):
+        cache.put(123, make_result())
+    with pytest.raises(ValueError, match="max_workers"):
+        cache.get(KEY, max_workers=-1)
+    with pytest.raises(TypeError, match="result"):
+        cache.put(KEY, make_result().to_dict())
+    with pytest.raises(TypeError, match="meta"):
+        cache.put(KEY, make_result(), meta=["not", "a", "dict"])
+    assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------- listing, removal, location
+
+
+def test_entries_remove_and_clear(tmp_path):
+    cache = TuneCache(tmp_path)
+    cache.put(KEY, make_result(), meta={"batch_size": 32})
+    _set(cache.path_for(OTHER_KEY), "{broken")
+    keep = ["machine.json", "notes.txt", "settings.json", ".machine.json.abc123.tmp"]
+    for name in keep:
+        (tmp_path / name).write_text("{}")
+    (tmp_path / f".{KEY}.json.x1y2z3.tmp").write_text("{half")
+
+    listed, caught = autoloader_warnings(cache.entries)
+    assert caught == []
+    assert [e.key for e in listed] == [KEY, OTHER_KEY]
+    good, bad = listed
+    assert isinstance(good, CacheEntry) and good.error is None and good.meta == {"batch_size": 32}
+    assert good.result == make_result() and good.created is not None and good.path == cache.path_for(KEY)
+    assert bad.result is None and "JSON" in bad.error
+
+    assert cache.remove(OTHER_KEY) is True and cache.remove(OTHER_KEY) is False
+    assert cache.clear() == 2  # the entry and its stray temp file
+    assert sorted(os.listdir(tmp_path)) == sorted(keep)
+    assert cache.clear(include_profile=True) == 2
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "settings.json"]
+    assert TuneCache(tmp_path / "absent").entries() == [] and TuneCache(tmp_path / "absent").clear() == 0
+
+
+def test_clear_removes_an_empty_directory_entry_only(tmp_path):
+    cache = TuneCache(tmp_path)
+    cache.path_for(KEY).mkdir()
+    (cache.path_for(OTHER_KEY)).mkdir()
+    (cache.path_for(OTHER_KEY) / "user-file").write_text("x")
+    assert cache.clear() == 1
+    assert os.listdir(tmp_path) == [f"{OTHER_KEY}.json"]
+
+
+def test_resolve_cache(tmp_path, cache_dir, monkeypatch):
+    assert resolve_cache(False) is None
+    default = resolve_cache(True)
+    assert default == TuneCache(cache_dir) and not cache_dir.exists()  # nothing created at resolve time
+    assert resolve_cache(str(tmp_path / "x")).directory == tmp_path / "x"
+    assert resolve_cache(tmp_path / "y") == TuneCache(tmp_path / "y")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert resolve_cache("~/c").directory == tmp_path / "home" / "c"
+    monkeypatch.setenv("AUTOLOADER_CACHE_DIR", str(tmp_path / "later"))
+    assert resolve_cache(True).directory == tmp_path / "later"  # read at call time
+    for bad in (None, 1, b"/tmp/x", ["dir"]):
+        with pytest.raises(TypeError, match="cache must be True"):
+            resolve_cache(bad)
+    with pytest.raises(ValueError, match="cache"):
+        resolve_cache("")
+
+
+def test_default_cache_honours_the_environment(cache_dir):
+    path = resolve_cache(True).put(KEY, make_result())
+    assert path == cache_dir / f"{KEY}.json" and path.is_file()
+    assert resolve_cache(True).get(KEY, max_workers=4).source == "cache"
