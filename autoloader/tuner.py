@@ -148,10 +148,12 @@ class _Search:
         if trial.worker_uss_bytes is not None:
             estimate = trial.worker_uss_bytes + max(0, trial.worker_uss_growth_bytes or 0)
             self.per_worker_bytes = max(self.per_worker_bytes or 0, estimate)
-        log.info("trial %-28s %s", config.label(),
-                 f"{trial.samples_per_s:,.0f} samples/s" if trial.ok else f"{trial.status}: {trial.reason}")
+        elapsed = self.elapsed()
+        log.info("trial %-26s %-24s %5.1f s of %.0f s budget", config.label(),
+                 f"{trial.samples_per_s:,.0f} samples/s" if trial.ok else f"{trial.status}: {trial.reason}",
+                 elapsed, self.budget)
         if self.progress is not None:
-            self.progress(trial, self.elapsed(), self.budget)
+            self.progress(trial, elapsed, self.budget)
         return trial if trial.ok else None
 
     def agree(self, trial: TrialResult) -> TrialResult:
