@@ -16,11 +16,11 @@ from .cache import resolve_cache
 from .consumer import Step
 from .errors import AutoloaderWarning
 from .fingerprint import cache_key, dataset_fingerprint, machine_fingerprint, step_descriptor
-from .prefetch import PrefetchLoader
+from .prefetch import PrefetchLoader, quiet_worker_count_warning
 from .probe import probe_machine
 from .results import TuneResult
 from .trial import TuningError
-from .tuner import TUNED_KNOBS, fallback_result, resolve_device, tune
+from .tuner import TUNED_KNOBS, fallback_result, open_files_limit, resolve_device, tune
 from .validate import (check_common, check_dataset, check_loader_kwargs, check_picklable,
                        worker_start_method)
 
@@ -96,10 +96,12 @@ def make_loader(
                    "world": None if group is None else group.local_world_size},
         )
     bound = max_workers if max_workers is not None else policy.default_max_workers(
-        usable_cpus=profile.cpu.usable or profile.cpu.logical, nofile=None)
+        usable_cpus=profile.cpu.usable or profile.cpu.logical, nofile=open_files_limit())
     result: Optional[TuneResult] = None
     if store_for_me is not None and entry_key is not None:
         result = store_for_me.get(entry_key, max_workers=bound)
+    if result is not None and not _fits_today(result, profile):
+        result = None
     if group is not None:
         result = group.broadcast(result)
     if result is None:
@@ -124,7 +126,8 @@ def make_loader(
     if config.get("num_workers", 0) == 0:
         config.pop("prefetch_factor", None)
         config.pop("persistent_workers", None)
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, **kwargs, **config)
+    with quiet_worker_count_warning("num_workers" not in fixed):
+        loader = DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, **kwargs, **config)
     wrapped = PrefetchLoader(loader, device=device, normalize=normalize, dtype=dtype, input_key=input_key,
                              tuning=result)
     log.info("autoloader: %s, %s samples/s, bottleneck %s, from %s, %.2f s",
@@ -132,6 +135,20 @@ def make_loader(
              "unknown" if result.samples_per_s is None else f"{result.samples_per_s:,.0f}",
              result.bottleneck or "unknown", result.source, time.perf_counter() - started)
     return wrapped
+
+
+def _fits_today(result: TuneResult, profile: Any) -> bool:
+    """A cached config is reused only if its workers still fit in the memory and /dev/shm free now."""
+    per_worker = max((t.worker_uss_bytes + max(0, t.worker_uss_growth_bytes or 0)
+                      for t in result.trials if t.worker_uss_bytes is not None), default=None)
+    batch_bytes = next((t.batch_bytes for t in result.trials if t.batch_bytes is not None), None)
+    reason = policy.memory_guard(result.num_workers, per_worker_bytes=per_worker,
+                                 budget_bytes=profile.memory.budget_bytes) or \
+        policy.shm_guard(result.num_workers, result.prefetch_factor, batch_bytes=batch_bytes,
+                         shm_free_bytes=profile.shm.free_bytes)
+    if reason is not None:
+        log.info("cached config %s no longer fits (%s); tuning again", result.config.label(), reason)
+    return reason is None
 
 
 def _length(dataset: Any) -> Optional[int]:

@@ -10,7 +10,6 @@ import functools
 import hashlib
 import inspect
 import json
-import math
 import numbers
 import os
 from collections.abc import Mapping
@@ -185,30 +184,26 @@ def step_descriptor(step: Any) -> str:
 
 
 # NOTE [ Memory in the machine fingerprint ]
-# The memory budget depends on free memory, which moves from run to run (page cache, other jobs). Hashing it
-# exactly would turn every run into a cache miss, so it is bucketed to the nearest power of two GiB on a log scale
-# (23.1 and 23.4 GiB both give 32; the bucket edges sit at 2**(n + 0.5) GiB, e.g. 22.6 and 45.3 GiB). The cost:
-# budgets in one bucket share a tuning, so a caller that must respect the live budget (a memory guard) checks it
-# separately instead of relying on the key. A budget that straddles an edge run to run still flips the key.
-def _memory_bucket_gib(budget_bytes: Optional[int]) -> Optional[float]:
-    if budget_bytes is None:
-        return None
-    gib = budget_bytes / 2**30
-    if gib <= 0:
-        return 0.0
-    return float(2.0 ** round(math.log2(gib)))
+# The key must name the machine, not its mood: the memory *budget* (what is free now) moves from run to run with the
+# page cache and other jobs, so hashing it, even bucketed, flips keys whenever it straddles a bucket edge. The
+# machine's memory *size* is what identifies it: the cgroup limit when there is one (a container's size), else the
+# physical total, in whole GiB. The live budget still guards every trial (policy.memory_guard) and is checked again
+# when a cached result is used, so a shared key never lets a config outgrow the memory that is free today.
+def _memory_size_gib(profile: Any) -> Optional[int]:
+    size = profile.memory.limit_bytes or profile.memory.total_bytes
+    return None if size is None else int(round(size / 2**30))
 
 
 def machine_fingerprint(profile: Any) -> dict:
     """The machine facts that change the right tuning; never the hostname, so identical nodes share results.
 
-    Memory is bucketed coarsely (see NOTE [ Memory in the machine fingerprint ]).
+    Memory is the machine's size, not what is free (see NOTE [ Memory in the machine fingerprint ]).
     """
     gpus = profile.gpus
     return {
         "cpu_model": profile.cpu.model,
         "cpu_usable": profile.cpu.usable,
-        "memory_gib_bucket": _memory_bucket_gib(profile.memory.budget_bytes),
+        "memory_gib": _memory_size_gib(profile),
         "gpus": None if gpus is None else tuple(sorted(str(g.name) for g in gpus)),
         "torch": profile.torch_version,
     }

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -102,6 +103,21 @@ def _check_normalize(normalize: Any) -> Optional[Tuple[torch.Tensor, torch.Tenso
     return mean, std
 
 
+@contextlib.contextmanager
+def quiet_worker_count_warning(active: bool) -> Iterator[None]:
+    """Silence DataLoader's "will create N worker processes ... suggested max" warning for a count autoloader chose.
+
+    That warning is a rule of thumb (workers <= cores); a tuned count above it was measured to be faster, typically
+    workers that wait on storage or network. Counts the user chose still get the warning.
+    """
+    if not active:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+        yield
+
+
 class PrefetchLoader:
     """Wraps ``loader`` (a DataLoader or any iterable of batches) and yields its batches on ``device``.
 
@@ -186,6 +202,11 @@ class PrefetchLoader:
     # blocks in a pool no later stream can use, so reserved memory grows (timm issue 2781).
     # On the CPU the same loop runs with ``contextlib.nullcontext()`` in place of the stream context and no copy.
 
+    def _tuned_workers(self) -> bool:
+        """True when the loader's worker count is one autoloader measured (see quiet_worker_count_warning)."""
+        workers = getattr(self.loader, "num_workers", None)
+        return bool(self.tuning is not None and workers and workers == getattr(self.tuning, "num_workers", None))
+
     def _side_stream(self) -> Optional[torch.cuda.Stream]:
         if self.device.type != "cuda":
             return None
@@ -200,7 +221,8 @@ class PrefetchLoader:
         self._next_epoch += 1
         self._clocks.append(clock)
         entered = clock.start
-        it = iter(self.loader)
+        with quiet_worker_count_warning(self._tuned_workers()):
+            it = iter(self.loader)
         batch = self._fetch(it, stream)
         while batch is not _END:
             if stream is not None:

@@ -1,10 +1,17 @@
-"""Readable text for autoloader's records: the machine profile (and, later, tuning results)."""
+"""Readable text for autoloader's records: the machine profile, tuning results, cache entries, doctor findings."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional, Tuple
+import time
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+
+from .results import BOTTLENECK_WORDS
 
 if TYPE_CHECKING:
+    from .cache import CacheEntry
+    from .demo import Baseline
+    from .doctor import Finding
     from .probe import MachineProfile
+    from .results import TrialResult, TuneResult
 
 UNKNOWN = "unknown"
 _BYPASS_WORDS = {"o_direct": "page cache bypassed with O_DIRECT", "fadvise": "page cache dropped with fadvise"}
@@ -67,3 +74,157 @@ def format_profile(profile: "MachineProfile") -> str:
         ("thread env", env),
     ]
     return "Machine profile\n" + _table(rows)
+
+
+def _rate(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def _when(created: Optional[float]) -> str:
+    return UNKNOWN if created is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(created))
+
+
+def _grid(headers: Sequence[str], rows: Sequence[Sequence[str]], left: Sequence[int] = ()) -> List[str]:
+    """Rows under headers, columns right-aligned except those in ``left`` (the last column is never padded)."""
+    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [c if i == len(cells) - 1 else (c.ljust(widths[i]) if i in left else c.rjust(widths[i]))
+                 for i, c in enumerate(cells)]
+        return "  ".join(parts).rstrip()
+
+    return [line(headers)] + [line(r) for r in rows]
+
+
+def bottleneck_words(bottleneck: Optional[str]) -> str:
+    """The bottleneck in plain words ("unknown" when not measured)."""
+    if bottleneck is None:
+        return "unknown (nothing was measured)"
+    return BOTTLENECK_WORDS.get(bottleneck, bottleneck)
+
+
+def config_kwargs(result: "TuneResult") -> str:
+    """The chosen knobs as the DataLoader keywords a user would type."""
+    return ", ".join(f"{k}={v}" for k, v in result.config.loader_kwargs().items())
+
+
+def _source_words(result: "TuneResult") -> str:
+    tried = f"{len(result.trials)} trial{'s' if len(result.trials) != 1 else ''}"
+    if result.source == "tuned":
+        return f"tuned in {result.seconds:.1f} s ({tried})"
+    if result.source == "cache":
+        return f"from the cache: no trial ran now (tuned {_when(result.created)} in {result.seconds:.1f} s, {tried})"
+    return f"fallback, not tuned: {result.reason or 'no reason recorded'}"
+
+
+def _is_chosen(trial: "TrialResult", result: "TuneResult") -> bool:
+    c = trial.config
+    return trial.ok and (c.num_workers, c.prefetch_factor, c.pin_memory) == \
+        (result.num_workers, result.prefetch_factor, result.pin_memory)
+
+
+def _trial_row(trial: "TrialResult", best: Optional[float], chosen: bool) -> List[str]:
+    c = trial.config
+    if trial.ok:
+        status = "ok" if trial.steady else "ok (short window, not steady)"
+    else:
+        status = f"{trial.status}: {trial.reason or 'no reason recorded'}"
+    pct = (lambda x: "-" if x is None else f"{100 * x:.0f}")
+    return ["*" if chosen else "", str(c.num_workers), "-" if c.prefetch_factor is None else str(c.prefetch_factor),
+            "yes" if c.pin_memory else "no", _rate(trial.samples_per_s if trial.ok else None),
+            f"{100 * trial.samples_per_s / best:.0f}%" if trial.ok and best else "-",
+            "-" if trial.startup_s is None else f"{trial.startup_s:.2f}",
+            pct(trial.stall_fraction if trial.ok else None),
+            pct(trial.worker_cpu_util if c.num_workers else None), status]
+
+
+def format_tune_result(result: "TuneResult") -> str:
+    """The chosen configuration, its rate, bottleneck and source, then one row per trial (the chosen one marked
+    ``*``); a cached or fallback result without trials says so instead of a table."""
+    lines = [f"Chosen: {config_kwargs(result)}, persistent_workers={result.persistent_workers}",
+             f"  {_rate(result.samples_per_s)} samples/s; bottleneck: {bottleneck_words(result.bottleneck)}",
+             f"  {_source_words(result)}"]
+    if result.consumer_samples_per_s:
+        lines.append(f"  the training step alone takes {_rate(result.consumer_samples_per_s)} samples/s")
+    if result.reason and result.source != "fallback":
+        lines.append(f"  why: {result.reason}")
+    if not result.trials:
+        lines.append("  (no trials recorded)")
+        return "\n".join(lines)
+    rates = [t.samples_per_s for t in result.trials if t.ok]
+    best = max(rates) if rates else None
+    marked = False
+    rows = []
+    for trial in result.trials:
+        chosen = not marked and _is_chosen(trial, result)
+        marked = marked or chosen
+        rows.append(_trial_row(trial, best, chosen))
+    headers = ["", "workers", "prefetch", "pin", "samples/s", "vs best", "startup s", "stall %", "worker CPU %",
+               "status"]
+    lines.append("")
+    lines += ["  " + line for line in _grid(headers, rows, left=(0, 9))]
+    return "\n".join(lines)
+
+
+def format_comparison(result: "TuneResult", baselines: Sequence["Baseline"], *, usable_cpus: Optional[int]) -> str:
+    """The tuned rate against ``num_workers=0`` and the cores rule, with how each figure was obtained."""
+    rows = [["tuned", result.config.label(), _rate(result.samples_per_s), "", "chosen by the tuner"]]
+    for base in baselines:
+        label = base.config.label()
+        if base.name == "cores rule":
+            label = f"max(1, {usable_cpus if usable_cpus is not None else '?'} usable CPUs - 1) = " \
+                    f"{base.config.num_workers} workers"
+        rate = base.samples_per_s
+        if rate and result.samples_per_s:
+            ratio = f"tuned is {result.samples_per_s / rate:.2f}x"
+        else:
+            ratio = "-"
+        if base.trial is not None and not base.trial.ok:
+            how = f"{base.trial.status}: {base.trial.reason}"
+        else:
+            how = "measured by the tuner" if base.measured_by_tuner else "one extra trial"
+        rows.append([base.name, label, _rate(rate), ratio, how])
+    headers = ["", "config", "samples/s", "", "figure from"]
+    return "Against the usual guesses (same consumer, same trial method)\n" + "\n".join(
+        "  " + line for line in _grid(headers, rows, left=(0, 1, 3)))
+
+
+def _entry_lines(entry: "CacheEntry") -> List[str]:
+    if entry.result is None:
+        return [f"  {entry.key}  INVALID: {entry.error}"]
+    meta, result = entry.meta, entry.result
+    dataset = str(meta.get("dataset", UNKNOWN))
+    if meta.get("len") is not None:
+        dataset += f" (len {meta['len']})"
+    if meta.get("key"):
+        dataset += f", key {meta['key']!r}"
+    args = ", ".join(f"{name} {meta[field]}" for name, field in (
+        ("batch", "batch_size"), ("step", "step"), ("device", "device"), ("shuffle", "shuffle")) if field in meta)
+    return [f"  {entry.key}",
+            f"    dataset  {dataset}" + (f"; {args}" if args else ""),
+            f"    chosen   {config_kwargs(result)}, persistent_workers={result.persistent_workers}",
+            f"    rate     {_rate(result.samples_per_s)} samples/s; bottleneck {result.bottleneck or UNKNOWN}",
+            f"    tuned    {_when(entry.created)} in {result.seconds:.1f} s ({len(result.trials)} trials)"]
+
+
+def format_entries(entries: Sequence["CacheEntry"], directory: object) -> str:
+    """The cache listing ``autotune show`` prints; invalid entries with the reason they cannot be used."""
+    bad = sum(1 for e in entries if e.result is None)
+    head = f"Cached tunings in {directory}: {len(entries) - bad} usable" + (f", {bad} invalid" if bad else "")
+    if not entries:
+        return head + "\n  (none yet: `autotune tune MODULE:FACTORY` or make_loader() adds one)"
+    lines = [head]
+    for entry in entries:
+        lines += _entry_lines(entry)
+    return "\n".join(lines)
+
+
+def format_findings(findings: Sequence["Finding"]) -> str:
+    """Doctor findings: one block per check with its status, what was found and the fix."""
+    counts = {s: sum(1 for f in findings if f.status == s) for s in ("fail", "warn")}
+    lines = [f"autotune doctor: {counts['fail']} problem(s), {counts['warn']} warning(s)"]
+    for finding in findings:
+        lines.append(f"  [{finding.status}] {finding.name}: {finding.detail}")
+        if finding.fix:
+            lines.append(f"  {' ' * (len(finding.status) + 2)} fix: {finding.fix}")
+    return "\n".join(lines)

@@ -70,7 +70,7 @@ def preserved_rng() -> Iterator[None]:
         np.random.set_state(np_state)
 
 
-def _open_files_limit() -> Optional[int]:
+def open_files_limit() -> Optional[int]:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return None if soft == resource.RLIM_INFINITY else int(soft)
 
@@ -302,7 +302,7 @@ def tune(
         raise ValueError(f"fixed may only hold {TUNED_KNOBS}, got {sorted(unknown)}")
     profile = profile if profile is not None else probe_machine(disk=False, gpus=False)
     usable = profile.cpu.usable or profile.cpu.logical or 1
-    cap = policy.default_max_workers(usable_cpus=usable, nofile=_open_files_limit())
+    cap = policy.default_max_workers(usable_cpus=usable, nofile=open_files_limit())
     if max_workers is not None:
         cap = max_workers
     consumer = Consumer(step, resolve_device(device))

@@ -130,7 +130,7 @@ def custom_collate(batch):
 
 def profile(**changes):
     """A duck-typed stand-in for probe.MachineProfile."""
-    values = dict(model="Intel Xeon Gold 6338", usable=16, budget=int(23.1 * GiB),
+    values = dict(model="Intel Xeon Gold 6338", usable=16, budget=int(22.6 * GiB), total=int(23.3 * GiB), limit=None,
                   gpus=("NVIDIA H100", "NVIDIA A100"), torch_version="2.3.0", hostname="node-01")
     values.update(changes)
     gpus = values["gpus"]
@@ -138,7 +138,8 @@ def profile(**changes):
         gpus = tuple(SimpleNamespace(name=name, total_bytes=80 * GiB) for name in gpus)
     return SimpleNamespace(
         cpu=SimpleNamespace(usable=values["usable"], model=values["model"]),
-        memory=SimpleNamespace(budget_bytes=values["budget"]),
+        memory=SimpleNamespace(budget_bytes=values["budget"], total_bytes=values["total"],
+                               limit_bytes=values["limit"]),
         gpus=gpus,
         torch_version=values["torch_version"],
         hostname=values["hostname"],
@@ -233,21 +234,25 @@ def test_key_is_hex_and_rejects_non_json_extra():
 
 @pytest.mark.parametrize("change", [
     dict(model="AMD EPYC 7763"), dict(usable=8), dict(gpus=("NVIDIA H100",)), dict(gpus=None),
-    dict(torch_version="2.4.0"), dict(budget=64 * GiB),
+    dict(torch_version="2.4.0"), dict(total=64 * GiB), dict(limit=8 * GiB),
 ], ids=lambda c: next(iter(c)))
 def test_machine_fingerprint_changes_the_key(change):
     base = cache_key(**key_inputs(machine_fp=machine_fingerprint(profile())))
     assert cache_key(**key_inputs(machine_fp=machine_fingerprint(profile(**change)))) != base
 
 
-def test_machine_fingerprint_ignores_hostname_small_memory_changes_and_gpu_order(monkeypatch):
+def test_machine_fingerprint_ignores_hostname_free_memory_and_gpu_order(monkeypatch):
     base = machine_fingerprint(profile())
     monkeypatch.setattr(socket, "gethostname", lambda: "another-node")
     assert machine_fingerprint(profile(hostname="node-02")) == base
-    assert machine_fingerprint(profile(budget=int(23.4 * GiB))) == base
+    # what is free moves run to run (here across 2**4.5 GiB, a log-bucket edge): it must not change the key
+    assert machine_fingerprint(profile(budget=int(22.7 * GiB))) == base
+    assert machine_fingerprint(profile(budget=int(3 * GiB))) == base
+    assert machine_fingerprint(profile(total=int(23.4 * GiB))) == base
     assert machine_fingerprint(profile(gpus=("NVIDIA A100", "NVIDIA H100"))) == base
     assert "node-01" not in json.dumps(base)
-    assert machine_fingerprint(profile(budget=None))["memory_gib_bucket"] is None
+    assert machine_fingerprint(profile(total=None))["memory_gib"] is None
+    assert machine_fingerprint(profile(limit=8 * GiB))["memory_gib"] == 8
 
 
 def test_key_is_stable_across_processes(tmp_path):

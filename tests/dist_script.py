@@ -1,0 +1,114 @@
+"""One rank of the torchrun test in test_distributed.py: make_loader under gloo, one epoch, findings to JSON.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 tests/dist_script.py OUT_DIR CACHE_DIR [--explicit]
+
+Each rank writes OUT_DIR/rank<R>.json: the TuneResult, the trials this rank ran (as logged), the sampler's type and
+the sample indices of epoch 0.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import Dataset
+
+import autoloader.factory
+from autoloader import make_loader
+
+
+class Work(Dataset):
+    """``n`` tiny samples, each costing a little CPU so trials measure real loading; yields (tensor, index)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int):
+        acc = 0
+        for j in range(1500):
+            acc += (j * index) % 7
+        return torch.full((4,), float(acc)), index
+
+
+def _pinned_memory(probe):
+    """The real probe with the memory budget fixed: the cache key buckets free memory (see NOTE [ Memory in the
+    machine fingerprint ]), and on a machine near a bucket edge the second launch would otherwise miss."""
+
+    def probe_machine(*args, **kwargs):
+        profile = probe(*args, **kwargs)
+        memory = dataclasses.replace(profile.memory, budget_bytes=8 * 2**30)
+        return dataclasses.replace(profile, memory=memory)
+
+    return probe_machine
+
+
+class _Trials(logging.Handler):
+    """Records the trials this rank ran, from the tuner's log line per trial: the config, the agreed rate (or the
+    status without the reason, which is this rank's own) and the agreed elapsed time."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not (isinstance(record.msg, str) and record.msg.startswith("trial ")):
+            return
+        args = record.args if isinstance(record.args, tuple) else ()
+        if len(args) < 2:
+            self.lines.append(record.getMessage())
+            return
+        outcome = str(args[1]) if "samples/s" in str(args[1]) else str(args[1]).split(":")[0]
+        self.lines.append(" | ".join([str(args[0]), outcome] + [repr(a) for a in args[2:]]))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out_dir")
+    parser.add_argument("cache_dir")
+    parser.add_argument("--explicit", action="store_true", help="pass distributed=True instead of auto")
+    parser.add_argument("--budget", type=float, default=4.0)
+    args = parser.parse_args()
+
+    autoloader.factory.probe_machine = _pinned_memory(autoloader.factory.probe_machine)
+    trials = _Trials()
+    tuner_log = logging.getLogger("autoloader.tuner")
+    tuner_log.setLevel(logging.INFO)
+    tuner_log.addHandler(trials)
+    dist.init_process_group("gloo")
+    try:
+        rank = dist.get_rank()
+        loader = make_loader(Work(200), batch_size=8, shuffle=True, device="cpu", cache=args.cache_dir,
+                             budget=args.budget, distributed=True if args.explicit else None)
+        loader.set_epoch(0)
+        indices = [int(i) for _, batch_indices in loader for i in batch_indices]
+        sampler = loader.loader.sampler
+        report = {
+            "rank": rank,
+            "world_size": dist.get_world_size(),
+            "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "0")),
+            "sampler": type(sampler).__name__,
+            "sampler_epoch": getattr(sampler, "epoch", None),
+            "num_workers": loader.tuning.num_workers,
+            "source": loader.tuning.source,
+            "result": json.dumps(loader.tuning.to_dict(), sort_keys=True),
+            "indices": indices,
+            "trials_run": trials.lines,
+        }
+        with open(os.path.join(args.out_dir, f"rank{rank}.json"), "w") as fh:
+            json.dump(report, fh)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
