@@ -8,6 +8,10 @@
 #    call ``_shutdown_workers`` ourselves.
 # 2. ``reap()`` then checks, with psutil, the processes that appeared during the trial. Any still running after a
 #    grace period (a worker stuck in uninterruptible user code) gets SIGTERM, then SIGKILL.
+# A trial that timed out is different: its workers are stuck in the dataset, and the DataLoader's shutdown would wait
+# 5 s for each of them in turn before terminating it. So ``terminate()`` signals them first, before step 1. SIGTERM
+# from the parent makes a DataLoader worker exit with status 0 (torch's worker signal handler), so the DataLoader's
+# SIGCHLD handler does not raise in the main thread; SIGKILL follows for one that ignores it.
 # 3. We never ``waitpid`` a worker ourselves: multiprocessing owns that, and reaping a pid behind its back would let it
 #    signal a recycled pid later. ``multiprocessing.active_children()`` lets it collect what is left.
 # The trial only ever touches children that did not exist when it started, so a user's own children are safe
@@ -50,22 +54,32 @@ def _wait_gone(procs: Iterable[psutil.Process], timeout: float) -> List[psutil.P
     return alive
 
 
-def reap(procs: Iterable[psutil.Process], *, grace: float = 5.0) -> int:
-    """Make sure ``procs`` have exited (see NOTE [ Process cleanup ]). Returns how many had to be signalled."""
-    alive = _wait_gone(procs, grace)
-    signalled = len(alive)
+def _signal_until_gone(alive: List[psutil.Process], *, level: int, why: str) -> None:
     for sig_name in ("terminate", "kill"):
         if not alive:
-            break
-        log.warning("trial workers %s did not exit; sending %s", [p.pid for p in alive], sig_name.upper())
+            return
+        log.log(level, "trial workers %s %s; sending %s", [p.pid for p in alive], why, sig_name.upper())
         for proc in alive:
             try:
                 getattr(proc, sig_name)()
             except psutil.NoSuchProcess:
                 continue
         alive = _wait_gone(alive, 2.0)
+
+
+def terminate(procs: Iterable[psutil.Process]) -> int:
+    """SIGTERM (then SIGKILL) ``procs`` now: the workers of a trial that timed out. Returns how many were running."""
+    alive = [p for p in procs if _running(p)]
+    _signal_until_gone(alive, level=logging.INFO, why="are stuck after a timeout")
+    return len(alive)
+
+
+def reap(procs: Iterable[psutil.Process], *, grace: float = 5.0) -> int:
+    """Make sure ``procs`` have exited (see NOTE [ Process cleanup ]). Returns how many had to be signalled."""
+    alive = _wait_gone(procs, grace)
+    _signal_until_gone(alive, level=logging.WARNING, why="did not exit")
     multiprocessing.active_children()
-    return signalled
+    return len(alive)
 
 
 @dataclass(frozen=True)

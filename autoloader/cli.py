@@ -37,8 +37,13 @@ def _positive_int(text: str) -> int:
 
 
 def _count(text: str) -> int:
-    value = _positive_int(str(int(text) + 1)) if text.lstrip("-").isdigit() else _positive_int(text)
-    return value - 1
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def _seconds(text: str, *, positive: bool) -> float:
@@ -423,7 +428,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
         removed = cache.clear(include_profile=args.all)
         keys: List[str] = []
     else:
-        keys = [e.key for e in cache.entries() if e.key.startswith(args.key.lower())] if args.key else []
+        keys = [e.key for e in cache.entries() if args.key and e.key.startswith(args.key.lower())]
         if len(keys) != 1:
             why = "no cache entry" if not keys else f"{len(keys)} cache entries"
             return _fail("clear", f"{why} matches {args.key!r} in {cache.directory} (`autotune show` lists them)")

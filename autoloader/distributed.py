@@ -120,16 +120,16 @@ class Group:
         data = self.broadcast_object(None if result is None else result.to_dict())
         return None if data is None else TuneResult.from_dict(data)
 
-    def agreement(self) -> "_AllReduce":
+    def agreement(self) -> "_MinAcrossRanks":
         """What ``tune(agreement=...)`` needs (see NOTE [ One decision across ranks ])."""
-        return _AllReduce(self.world_size)
+        return _MinAcrossRanks(self.world_size)
 
 
 def _share(value: Optional[int], n: int) -> Optional[int]:
     return None if value is None else value // n
 
 
-class _AllReduce:
+class _MinAcrossRanks:
     """``reduce_min`` over all ranks (see NOTE [ One decision across ranks ])."""
 
     def __init__(self, world_size: int) -> None:

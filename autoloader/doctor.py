@@ -113,13 +113,18 @@ def check_open_files(soft: int, hard: int, *, sharing_strategy: Optional[str],
     if soft == resource.RLIM_INFINITY or soft >= GOOD_NOFILE:
         return Finding(name, "ok", detail)
     if soft < LOW_NOFILE:
-        workers = f" (a cached configuration uses {max_cached_workers} workers)" if max_cached_workers else ""
-        target = GOOD_NOFILE if hard == resource.RLIM_INFINITY or hard >= GOOD_NOFILE else hard
+        workers = (f" (a cached configuration uses {max_cached_workers} workers)"
+                   if max_cached_workers and max_cached_workers > 1 else "")
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            raise_it = f"`ulimit -n {GOOD_NOFILE if hard == resource.RLIM_INFINITY else min(hard, GOOD_NOFILE)}`"
+        else:
+            raise_it = (f"raise the hard limit ({show(hard)}) as root, in /etc/security/limits.conf or with "
+                        f"`docker run --ulimit nofile={GOOD_NOFILE}:{GOOD_NOFILE}`, then `ulimit -n {GOOD_NOFILE}`")
         return Finding(name, "warn",
                        detail + ": every tensor a worker hands over holds a descriptor until it is freed; with many "
                        f"workers and prefetched batches this runs out{workers} ('Too many open files', "
                        "'received 0 items of ancdata')",
-                       f"`ulimit -n {target}` before training, or call "
+                       f"{raise_it} before training, or call "
                        "torch.multiprocessing.set_sharing_strategy('file_system') at the start of the script")
     return Finding(name, "ok", detail)
 

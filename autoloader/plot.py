@@ -54,7 +54,8 @@ def plot_tune_result(result: "TuneResult", path: Union[str, "os.PathLike[str]"],
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("num_workers")
     ax.set_ylabel("samples/s")
-    ax.set_ylim(bottom=0)
+    tops = [t.samples_per_s for t in ok] + [result.consumer_samples_per_s or 0.0]
+    ax.set_ylim(0, 1.15 * max(tops) if max(tops) > 0 else 1.0)
     ax.set_title(title or f"autoloader trials ({result.source}, bottleneck: {result.bottleneck or 'unknown'})")
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:

@@ -104,8 +104,14 @@ def bottleneck_words(bottleneck: Optional[str]) -> str:
 
 
 def config_kwargs(result: "TuneResult") -> str:
-    """The chosen knobs as the DataLoader keywords a user would type."""
-    return ", ".join(f"{k}={v}" for k, v in result.config.loader_kwargs().items())
+    """The chosen knobs as the DataLoader keywords a user would type (those that apply to ``num_workers``)."""
+    knobs = {"num_workers": result.num_workers}
+    if result.num_workers:
+        knobs["prefetch_factor"] = result.prefetch_factor
+    knobs["pin_memory"] = result.pin_memory
+    if result.num_workers:
+        knobs["persistent_workers"] = result.persistent_workers
+    return ", ".join(f"{k}={v}" for k, v in knobs.items())
 
 
 def _source_words(result: "TuneResult") -> str:
@@ -141,7 +147,7 @@ def _trial_row(trial: "TrialResult", best: Optional[float], chosen: bool) -> Lis
 def format_tune_result(result: "TuneResult") -> str:
     """The chosen configuration, its rate, bottleneck and source, then one row per trial (the chosen one marked
     ``*``); a cached or fallback result without trials says so instead of a table."""
-    lines = [f"Chosen: {config_kwargs(result)}, persistent_workers={result.persistent_workers}",
+    lines = [f"Chosen: {config_kwargs(result)}",
              f"  {_rate(result.samples_per_s)} samples/s; bottleneck: {bottleneck_words(result.bottleneck)}",
              f"  {_source_words(result)}"]
     if result.consumer_samples_per_s:
@@ -172,8 +178,9 @@ def format_comparison(result: "TuneResult", baselines: Sequence["Baseline"], *, 
     for base in baselines:
         label = base.config.label()
         if base.name == "cores rule":
+            n = base.config.num_workers
             label = f"max(1, {usable_cpus if usable_cpus is not None else '?'} usable CPUs - 1) = " \
-                    f"{base.config.num_workers} workers"
+                    f"{n} worker{'s' if n != 1 else ''}"
         rate = base.samples_per_s
         if rate and result.samples_per_s:
             ratio = f"tuned is {result.samples_per_s / rate:.2f}x"
@@ -202,7 +209,7 @@ def _entry_lines(entry: "CacheEntry") -> List[str]:
         ("batch", "batch_size"), ("step", "step"), ("device", "device"), ("shuffle", "shuffle")) if field in meta)
     return [f"  {entry.key}",
             f"    dataset  {dataset}" + (f"; {args}" if args else ""),
-            f"    chosen   {config_kwargs(result)}, persistent_workers={result.persistent_workers}",
+            f"    chosen   {config_kwargs(result)}",
             f"    rate     {_rate(result.samples_per_s)} samples/s; bottleneck {result.bottleneck or UNKNOWN}",
             f"    tuned    {_when(entry.created)} in {result.seconds:.1f} s ({len(result.trials)} trials)"]
 
@@ -224,7 +231,7 @@ def format_findings(findings: Sequence["Finding"]) -> str:
     counts = {s: sum(1 for f in findings if f.status == s) for s in ("fail", "warn")}
     lines = [f"autotune doctor: {counts['fail']} problem(s), {counts['warn']} warning(s)"]
     for finding in findings:
-        lines.append(f"  [{finding.status}] {finding.name}: {finding.detail}")
+        lines.append(f"  {('[' + finding.status + ']').ljust(6)} {finding.name}: {finding.detail}")
         if finding.fix:
-            lines.append(f"  {' ' * (len(finding.status) + 2)} fix: {finding.fix}")
+            lines.append(f"  {' ' * 6} fix: {finding.fix}")
     return "\n".join(lines)

@@ -17,12 +17,17 @@
 # Trials never reach the end of an epoch: the sampler is cycled (``_Cycle``) so a small dataset still gives a steady
 # window; an IterableDataset that runs out ends the trial early and the result is marked ``steady=False``.
 # Each trial has a wall-clock limit: a soft one checked after every batch, and a hard one (SIGALRM in the main thread,
-# plus the DataLoader's own ``timeout`` for workers) that cuts a batch that never comes.
+# plus the DataLoader's own ``timeout`` for workers) that cuts a batch that never comes. A trial cut that way leaves
+# its workers stuck in the dataset; they are terminated before the DataLoader shuts down (see NOTE [ Process cleanup ]
+# in _procs.py), which would otherwise wait 5 s for each of them.
+# While it runs, a trial also watches for two mistakes in the dataset (see advice.py): workers repeating an unsharded
+# IterableDataset (``advice.RepeatCheck``) and copy-on-read memory growth (worker USS from the first batch to the end).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import gc
 import logging
 import re
@@ -36,7 +41,7 @@ from typing import Any, Iterator, List, Mapping, Optional, Tuple
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from . import _procs
+from . import _procs, advice
 from ._batch import batch_nbytes, iter_tensors
 from .consumer import Consumer
 from .prefetch import PrefetchLoader
@@ -112,8 +117,9 @@ def build_trial_loader(
 
 
 @contextlib.contextmanager
-def _hard_limit(seconds: float) -> Iterator[None]:
-    """Raise ``TrialTimeout`` in the main thread after ``seconds``; a no-op where SIGALRM is not ours to use."""
+def _hard_limit(seconds: float, *, limit: float) -> Iterator[None]:
+    """Raise ``TrialTimeout`` in the main thread after ``seconds`` (the trial's ``limit`` plus a grace); a no-op where
+    SIGALRM is not ours to use (not the main thread, or the user's own handler is installed)."""
     usable = (
         hasattr(signal, "setitimer")
         and threading.current_thread() is threading.main_thread()
@@ -124,7 +130,8 @@ def _hard_limit(seconds: float) -> Iterator[None]:
         return
 
     def on_alarm(signum: int, frame: Any) -> None:
-        raise TrialTimeout(f"trial exceeded its limit of {seconds:.1f} s")
+        raise TrialTimeout(f"trial exceeded its time limit of {limit:.1f} s and was cut after {seconds:.1f} s: a batch "
+                           f"or a step never finished (does the dataset or the step block?)")
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -136,33 +143,49 @@ def _hard_limit(seconds: float) -> Iterator[None]:
 
 
 _WORKER_DIED = re.compile(r"DataLoader worker \(pid")
+_TOO_MANY_FILES = ("Too many open files", "received 0 items of ancdata")
+_SHM_FULL = ("No space left on device", "unable to write to file </torch_", "unable to allocate shared memory")
 
 
 def failure_reason(exc: BaseException) -> Optional[str]:
     """Why a candidate failed, when ``exc`` is the candidate's fault; None when it is the user's own error.
 
     A dataset or step that raises is the user's bug and must surface unchanged. A worker killed (OOM killer, bus error
-    from a full /dev/shm), a timeout, or running out of file descriptors is a property of the candidate.
+    from a full /dev/shm), a timeout, running out of file descriptors, memory or /dev/shm is a property of the
+    candidate: fewer workers or a smaller queue may well work.
     """
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    message = str(exc).strip()
+    text = message.splitlines()[0] if message else type(exc).__name__
     if isinstance(exc, TrialTimeout):
         return f"timed out: {text}"
     if isinstance(exc, MemoryError):
         return "out of memory (MemoryError)"
-    if isinstance(exc, RuntimeError):
-        if _WORKER_DIED.search(str(exc)):
-            if "Bus error" in str(exc) or "SIGBUS" in str(exc):
-                return f"worker crashed with a bus error, usually /dev/shm too small: {text}"
-            return f"worker died: {text}"
-        if "DataLoader timed out" in str(exc):
-            return f"timed out: {text}"
-        if "Too many open files" in str(exc) or "received 0 items of ancdata" in str(exc):
-            return f"too many open files (raise `ulimit -n`): {text}"
-        if "No space left on device" in str(exc) and "shm" in str(exc):
-            return f"/dev/shm full: {text}"
-    if isinstance(exc, OSError) and exc.errno == 24:
+    if isinstance(exc, OSError) and exc.errno == errno.EMFILE:
         return f"too many open files (raise `ulimit -n`): {text}"
+    if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+        return f"out of memory starting workers: {text}"
+    if not isinstance(exc, (RuntimeError, OSError)):
+        return None
+    if any(marker in message for marker in _TOO_MANY_FILES):
+        return f"too many open files (raise `ulimit -n`): {text}"
+    if not isinstance(exc, RuntimeError):
+        return None
+    if any(marker in message for marker in _SHM_FULL) and ("shm" in message or "/torch_" in message):
+        return f"/dev/shm full (Docker: --shm-size): {text}"
+    if _WORKER_DIED.search(message):
+        if "Bus error" in message or "SIGBUS" in message:
+            return f"worker crashed with a bus error, usually /dev/shm too small: {text}"
+        if "Killed" in message:
+            return f"worker killed (SIGKILL, usually the out-of-memory killer): {text}"
+        return f"worker died: {text}"
+    if message.startswith("DataLoader timed out"):
+        return f"timed out: {text}"
     return None
+
+
+def _timed_out(exc: Optional[BaseException]) -> bool:
+    return isinstance(exc, TrialTimeout) or (isinstance(exc, RuntimeError) and
+                                             str(exc).startswith("DataLoader timed out"))
 
 
 def _samples_in(batch: Any, default: int) -> int:
@@ -208,20 +231,23 @@ def run_trial(
         loader = build_trial_loader(dataset, batch_size, config, shuffle=shuffle,
                                     loader_kwargs=loader_kwargs or {}, timeout=time_limit)
     prefetcher = PrefetchLoader(loader, device=consumer.device, normalize=normalize, dtype=dtype)
+    repeats = advice.RepeatCheck(skip) if n >= 2 and isinstance(dataset, IterableDataset) else None
     it: Optional[Iterator[Any]] = None
     deadline = started + time_limit
     marks: List[Tuple[float, int, float, float, float]] = []
     probe_start: Optional[Tuple[float, float, _procs.WorkerSample]] = None
+    memory_start: Optional[_procs.WorkerSample] = None
     startup: Optional[float] = None
     batch_bytes: Optional[int] = None
     error: Optional[BaseException] = None
     end = started
     consumer_s: Optional[float] = None
+    batch: Any = None
     last_batch: Any = None
     user_code = False
     probe_end: Optional[Tuple[float, float, Optional[_procs.WorkerSample]]] = None
     try:
-        with _hard_limit(time_limit + 2.0), warnings.catch_warnings():
+        with _hard_limit(time_limit + 2.0, limit=time_limit), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
             user_code = True
             it = iter(prefetcher)
@@ -238,15 +264,18 @@ def run_trial(
                     startup = t_got - started
                     batch_bytes = batch_nbytes(batch)
                     workers = _procs.new_children(before)
+                    memory_start = _procs.sample_workers(workers) if workers else None
+                if repeats is not None:
+                    repeats.see(batch)
                 user_code = True
                 consumer(batch)
                 user_code = False
                 t_done = time.perf_counter()
                 marks.append((t_done, _samples_in(batch, batch_size), t_got - t_ask, c_got - c_ask, t_done - t_got))
-                last_batch = batch
-                del batch
+                last_batch, batch = batch, None
                 if len(marks) == skip:
-                    probe_start = (time.perf_counter(), time.process_time(), _procs.sample_workers(workers))
+                    probe_start = (time.perf_counter(), time.process_time(),
+                                   _procs.sample_workers(workers, memory=False))
                 if len(marks) - skip >= need and t_done - marks[skip - 1][0] >= min_window_s:
                     break
                 if t_done >= deadline:
@@ -263,9 +292,11 @@ def run_trial(
     except BaseException as exc:  # noqa: B036 - classified below; the user's errors are re-raised unchanged
         error = exc
     finally:
+        if _timed_out(error):
+            _procs.terminate(_procs.new_children(before))
         if error is not None and error.__traceback__ is not None:
             traceback.clear_frames(error.__traceback__)
-        it = prefetcher = loader = last_batch = None
+        it = prefetcher = loader = batch = last_batch = None
         gc.collect()
         _procs.reap(_procs.new_children(before))
     elapsed = time.perf_counter() - started
@@ -278,7 +309,13 @@ def run_trial(
         log.info("trial %s failed: %s", config.label(), reason)
         return TrialResult(config=config, status="failed", reason=reason, startup_s=startup,
                            elapsed_s=elapsed, batch_bytes=batch_bytes)
-    result = _result(config, marks, end, skip, need, probe_start, probe_end, startup, elapsed, batch_bytes)
+    if repeats is not None and repeats.repeated:
+        advice.warn_once(dataset, "repeated-stream", advice.repeated_stream_advice(dataset, n))
+    result = _result(config, marks, end, skip, need, probe_start, probe_end, memory_start, startup, elapsed,
+                     batch_bytes)
+    copy_on_read = advice.copy_on_read_advice(result, dataset_name=type(dataset).__name__)
+    if copy_on_read is not None:
+        advice.warn_once(dataset, "copy-on-read", copy_on_read)
     if consumer_s is not None and result.ok:
         result = dataclasses.replace(result, consumer_s_per_batch=consumer_s)
     return result
@@ -294,7 +331,8 @@ def _window_open(count: int, skip: int, n: int) -> Optional[int]:
 
 
 def _result(config: LoaderConfig, marks: list, end: float, skip: int, need: int, probe_start: Any,
-            probe_end: Any, startup: Optional[float], elapsed: float, batch_bytes: Optional[int]) -> TrialResult:
+            probe_end: Any, memory_start: Optional[_procs.WorkerSample], startup: Optional[float], elapsed: float,
+            batch_bytes: Optional[int]) -> TrialResult:
     n = config.num_workers
     opened = _window_open(len(marks), skip, n)
     if opened is None:
@@ -314,8 +352,8 @@ def _result(config: LoaderConfig, marks: list, end: float, skip: int, need: int,
         start_sample, end_sample = probe_start[2], probe_end[2]
         if n and end_sample is not None:
             cpu = max(0.0, end_sample.cpu_s - start_sample.cpu_s)
-            growth = [end_sample.uss_by_pid[p] - start_sample.uss_by_pid[p]
-                      for p in end_sample.uss_by_pid if p in start_sample.uss_by_pid]
+            first_uss = memory_start.uss_by_pid if memory_start is not None else {}
+            growth = [end_sample.uss_by_pid[p] - first_uss[p] for p in end_sample.uss_by_pid if p in first_uss]
             read = (None if end_sample.read_bytes is None or start_sample.read_bytes is None
                     else max(0, end_sample.read_bytes - start_sample.read_bytes))
             worker_fields.update(

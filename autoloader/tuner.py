@@ -27,7 +27,7 @@ from . import policy
 from .consumer import Consumer, Step
 from .errors import AutoloaderWarning
 from .results import LoaderConfig, TrialResult, TuneResult
-from .trial import run_trial
+from .trial import TuningError, run_trial
 
 log = logging.getLogger("autoloader.tuner")
 
@@ -78,7 +78,8 @@ def open_files_limit() -> Optional[int]:
 # Fields a decision reads, with the direction in which ranks must agree: the slowest rate, the largest cost.
 _AGREED_MIN = ("samples_per_s",)
 _AGREED_MAX = ("fetch_s_per_batch", "fetch_cpu_s_per_batch", "consumer_s_per_batch", "worker_cpu_util",
-               "main_cpu_util", "stall_fraction", "worker_uss_bytes", "worker_rss_bytes", "batch_bytes")
+               "main_cpu_util", "stall_fraction", "worker_uss_bytes", "worker_uss_growth_bytes", "worker_rss_bytes",
+               "batch_bytes")
 
 
 class _Search:
@@ -137,9 +138,17 @@ class _Search:
             trial = TrialResult(config=config, status="skipped", reason=reason)
         else:
             limit = self.trial_limit if first else max(1.0, min(self.trial_limit, self.budget - elapsed))
-            trial = run_trial(self.dataset, self.batch_size, config, consumer=self.consumer, shuffle=self.shuffle,
-                              loader_kwargs=self.loader_kwargs, normalize=self.normalize, dtype=self.dtype,
-                              time_limit=limit, measure_consumer=first)
+            broken: Optional[TuningError] = None
+            try:
+                trial = run_trial(self.dataset, self.batch_size, config, consumer=self.consumer,
+                                  shuffle=self.shuffle, loader_kwargs=self.loader_kwargs, normalize=self.normalize,
+                                  dtype=self.dtype, time_limit=limit, measure_consumer=first)
+            except TuningError as err:
+                broken = err
+            if not isinstance(self.agreement, _Alone) and self.agreement.reduce_min([0.0 if broken else 1.0])[0] == 0:
+                raise broken or TuningError("autoloader failed on another rank")
+            if broken is not None:
+                raise broken
             trial = self.agree(trial)
         self.trials.append(trial)
         self.by_config[config] = trial
@@ -165,17 +174,17 @@ class _Search:
             value = getattr(trial, name)
             values.append(math.inf if value is None else -float(value))
         agreed = self.agreement.reduce_min(values)
-        if agreed[0] < 0:
-            if trial.ok:
-                return dataclasses.replace(trial, status="failed", samples_per_s=None,
-                                           reason="failed on another rank")
-            return trial
-        update: Dict[str, Any] = {"samples_per_s": agreed[0]}
+        update: Dict[str, Any] = {}
         for name, value in zip(_AGREED_MAX, agreed[1:]):
             if math.isinf(value):
                 update[name] = None
             else:
                 update[name] = int(-value) if name.endswith("bytes") else -value
+        if agreed[0] < 0:
+            update.update(samples_per_s=None, status="failed",
+                          reason=trial.reason if not trial.ok else "failed on another rank")
+        else:
+            update["samples_per_s"] = agreed[0]
         return dataclasses.replace(trial, **update)
 
     # -- the search ---------------------------------------------------------------------------------------------

@@ -110,31 +110,62 @@ def check_common(*, batch_size: Any, step: Any, budget: Any, max_workers: Any, k
 
 
 def worker_start_method(multiprocessing_context: Any) -> str:
-    """How the DataLoader will start workers: the context the user passed, else the process default."""
+    """How the DataLoader will start workers: the context the user passed, else the process default.
+
+    Reads the default without fixing it: ``multiprocessing.get_context()`` would, and a later
+    ``set_start_method()`` of the user's would then fail.
+    """
     import multiprocessing
 
     if multiprocessing_context is None:
-        return multiprocessing.get_context().get_start_method()
+        return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
     if isinstance(multiprocessing_context, str):
         return multiprocessing_context
     return multiprocessing_context.get_start_method()
 
 
-def check_picklable(*, start_method: str, objects: Mapping[str, Any]) -> None:
-    """Under spawn/forkserver every worker unpickles the dataset, collate_fn and worker_init_fn; fail before any
-    worker starts, naming the object, rather than in a worker with a traceback about pickling."""
-    if start_method == "fork":
-        return
+class _Discard:
+    """A file that drops what is written: pickling to it checks picklability without holding a copy of the bytes."""
+
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+def _pickle_error(obj: Any) -> Optional[BaseException]:
     import pickle
 
+    try:
+        pickle.Pickler(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    except (pickle.PicklingError, TypeError, AttributeError, ValueError) as err:
+        return err
+    return None
+
+
+def _culprit(name: str, obj: Any, depth: int = 3) -> str:
+    """The attribute path inside ``obj`` that cannot be pickled (``dataset.transform``), as deep as ``depth``."""
+    attrs = getattr(obj, "__dict__", None)
+    if depth == 0 or not isinstance(attrs, dict):
+        return name
+    for key, value in attrs.items():
+        if _pickle_error(value) is not None:
+            return _culprit(f"{name}.{key}", value, depth - 1)
+    return name
+
+
+def check_picklable(*, start_method: str, objects: Mapping[str, Any]) -> None:
+    """Under spawn/forkserver every worker unpickles the dataset, collate_fn and worker_init_fn; fail before any
+    worker starts, naming the object (and the attribute inside it), rather than in a worker with a traceback about
+    pickling."""
+    if start_method == "fork":
+        return
     for name, obj in objects.items():
         if obj is None:
             continue
-        try:
-            pickle.dumps(obj)
-        except (pickle.PicklingError, TypeError, AttributeError) as err:
-            raise ValueError(
-                f"{name}={obj!r} cannot be pickled ({err}), and the '{start_method}' start method sends it to every "
-                f"worker. Define it at module level (not a lambda or a local function), or pass "
-                f"multiprocessing_context='fork' (Linux), or num_workers=0"
-            ) from err
+        err = _pickle_error(obj)
+        if err is None:
+            continue
+        raise ValueError(
+            f"{_culprit(name, obj)} cannot be pickled ({type(err).__name__}: {err}), and the '{start_method}' start "
+            f"method sends {name} to every DataLoader worker. Define it at module level (not a lambda or a local "
+            f"function or class), or pass multiprocessing_context='fork' (Linux), or num_workers=0"
+        ) from err

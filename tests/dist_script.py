@@ -1,14 +1,13 @@
-"""One rank of the torchrun test in test_distributed.py: make_loader under gloo, one epoch, findings to JSON.
+"""One rank of the torchrun test in test_distributed.py: make_loader under gloo, epoch 1, findings to JSON.
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 tests/dist_script.py OUT_DIR CACHE_DIR [--explicit]
 
 Each rank writes OUT_DIR/rank<R>.json: the TuneResult, the trials this rank ran (as logged), the sampler's type and
-the sample indices of epoch 0.
+the sample indices of epoch 1.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -18,7 +17,6 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
 
-import autoloader.factory
 from autoloader import make_loader
 
 
@@ -36,18 +34,6 @@ class Work(Dataset):
         for j in range(1500):
             acc += (j * index) % 7
         return torch.full((4,), float(acc)), index
-
-
-def _pinned_memory(probe):
-    """The real probe with the memory budget fixed: the cache key buckets free memory (see NOTE [ Memory in the
-    machine fingerprint ]), and on a machine near a bucket edge the second launch would otherwise miss."""
-
-    def probe_machine(*args, **kwargs):
-        profile = probe(*args, **kwargs)
-        memory = dataclasses.replace(profile.memory, budget_bytes=8 * 2**30)
-        return dataclasses.replace(profile, memory=memory)
-
-    return probe_machine
 
 
 class _Trials(logging.Handler):
@@ -77,7 +63,6 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=4.0)
     args = parser.parse_args()
 
-    autoloader.factory.probe_machine = _pinned_memory(autoloader.factory.probe_machine)
     trials = _Trials()
     tuner_log = logging.getLogger("autoloader.tuner")
     tuner_log.setLevel(logging.INFO)
@@ -87,7 +72,7 @@ def main() -> int:
         rank = dist.get_rank()
         loader = make_loader(Work(200), batch_size=8, shuffle=True, device="cpu", cache=args.cache_dir,
                              budget=args.budget, distributed=True if args.explicit else None)
-        loader.set_epoch(0)
+        loader.set_epoch(1)
         indices = [int(i) for _, batch_indices in loader for i in batch_indices]
         sampler = loader.loader.sampler
         report = {

@@ -63,3 +63,42 @@ class Mixed(Dataset):
     def __getitem__(self, i):
         self.wait[i]
         return self.work[i]
+
+
+class JpegDecode(Dataset):
+    """Real image decoding: JPEG bytes held in memory, decoded with Pillow, randomly cropped and flipped.
+
+    Needs Pillow (``pip install pillow``); only the benchmarks use it.
+    """
+
+    def __init__(self, n=256, size=256, crop=224, quality=90, seed=0):
+        import io
+
+        from PIL import Image
+
+        rng = np.random.default_rng(seed)
+        self.crop = crop
+        self.blobs = []
+        base = np.linspace(0, 255, size, dtype=np.float32)
+        for _ in range(n):
+            noise = rng.normal(0, 25, (size, size, 3)).astype(np.float32)
+            pixels = np.clip(base[None, :, None] * 0.6 + base[:, None, None] * 0.4 + noise, 0, 255).astype(np.uint8)
+            buf = io.BytesIO()
+            Image.fromarray(pixels).save(buf, format="JPEG", quality=quality)
+            self.blobs.append(np.frombuffer(buf.getvalue(), dtype=np.uint8))
+
+    def __len__(self):
+        return len(self.blobs) * 64
+
+    def __getitem__(self, i):
+        import io
+
+        from PIL import Image
+
+        rng = np.random.default_rng(i)
+        image = np.asarray(Image.open(io.BytesIO(self.blobs[i % len(self.blobs)].tobytes())).convert("RGB"))
+        top, left = rng.integers(0, image.shape[0] - self.crop + 1, size=2)
+        image = image[top:top + self.crop, left:left + self.crop]
+        if rng.random() < 0.5:
+            image = image[:, ::-1]
+        return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1), i % 10

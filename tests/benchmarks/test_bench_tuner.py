@@ -1,0 +1,99 @@
+"""The tuner against an exhaustive sweep, per regime (run with ``pytest tests/benchmarks --benchmarks -s``).
+
+For each workload: tune() once (its wall time is the benchmark), then measure every num_workers in 0..32 (plus the
+tuned config when its prefetch_factor differs) in interleaved rounds (forward, then reverse order, ...), all with the
+same trial code, so the tuned config, the best and the fixed rules are compared side by side under the same noise.
+Reported per workload: tuned/best (median rates), the rules "0" and "usable CPUs - 1" against the best, and the
+tuner's seconds against one sweep round's seconds. Targets: tuned/best >= 0.95 at <= 25 % of the sweep's time.
+Set AUTOLOADER_BENCH_ROUNDS (default 2) and AUTOLOADER_BENCH_TABLE (a path for the markdown table).
+"""
+import os
+import statistics
+
+import pytest
+
+from autoloader import tune
+from autoloader.consumer import Consumer
+from autoloader.probe import probe_machine
+from autoloader.results import LoaderConfig
+from autoloader.trial import run_trial
+from workloads import CpuBound, InMemory, JpegDecode, LatencyBound, Mixed
+
+ROUNDS = int(os.environ.get("AUTOLOADER_BENCH_ROUNDS", "2"))
+SWEEP = range(0, 33)
+BUDGET = 30.0
+SWEEP_LIMIT = 4.0
+
+WORKLOADS = {
+    "in-memory": (lambda: InMemory(n=50000), 64, None),
+    "in-memory, slow step": (lambda: InMemory(n=50000), 64, 0.01),
+    "cpu-bound": (lambda: CpuBound(cost_s=0.002), 16, None),
+    "cpu-bound, slow step": (lambda: CpuBound(cost_s=0.002), 16, 0.06),
+    "latency-bound": (lambda: LatencyBound(latency_s=0.004), 16, None),
+    "latency-bound, slow step": (lambda: LatencyBound(latency_s=0.004), 16, 0.02),
+    "mixed": (lambda: Mixed(latency_s=0.003, cost_s=0.0005), 16, None),
+    "mixed, slow step": (lambda: Mixed(latency_s=0.003, cost_s=0.0005), 16, 0.02),
+    "jpeg decode": (lambda: JpegDecode(), 32, None),
+}
+ROWS = []
+
+
+def _sweep(dataset, batch_size, step, extra):
+    consumer = Consumer(step, "cpu")
+    configs = [LoaderConfig(n, 2 if n else None) for n in SWEEP] + [c for c in extra if c.num_workers <= 32]
+    configs = list(dict.fromkeys(configs))
+    rates = {c: [] for c in configs}
+    seconds = []
+    for r in range(ROUNDS):
+        spent = 0.0
+        for config in (configs if r % 2 == 0 else configs[::-1]):
+            trial = run_trial(dataset, batch_size, config, consumer=consumer, time_limit=SWEEP_LIMIT)
+            spent += trial.elapsed_s
+            rates[config].append(trial.samples_per_s or 0.0)
+        seconds.append(spent)
+    return {c: statistics.median(v) for c, v in rates.items()}, statistics.median(seconds)
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_tuner_vs_sweep(benchmark, name):
+    if name == "jpeg decode":
+        pytest.importorskip("PIL")
+    make, batch_size, step = WORKLOADS[name]
+    dataset = make()
+    usable = probe_machine(disk=False, gpus=False).cpu.usable or 1
+    result = benchmark.pedantic(lambda: tune(dataset, batch_size, step=step, budget=BUDGET, max_workers=32),
+                                rounds=1, iterations=1)
+    median, sweep_s = _sweep(dataset, batch_size, step, [result.config])
+    best_config = max(median, key=median.get)
+    best = median[best_config]
+    rule = LoaderConfig(max(1, usable - 1), 2)
+    row = {
+        "workload": name, "tuned": result.config.label(), "best": best_config.label(),
+        "tuned/best": median[result.config] / best, "zero/best": median[LoaderConfig(0)] / best,
+        "cores-1/best": median[rule] / best, "tuner_s": result.seconds, "sweep_s": sweep_s,
+        "time_ratio": result.seconds / sweep_s, "trials": len(result.trials), "bottleneck": result.bottleneck,
+    }
+    benchmark.extra_info.update(row)
+    ROWS.append(row)
+    assert row["tuned/best"] >= 0.85, row
+    assert row["time_ratio"] <= 0.4, row
+
+
+@pytest.fixture(scope="module", autouse=True)
+def table():
+    yield
+    if not ROWS:
+        return
+    lines = ["| workload | tuned | best in sweep | tuned/best | 0/best | (cores-1)/best | tuner s | sweep s "
+             "| tuner/sweep | trials | bottleneck |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in ROWS:
+        lines.append(f"| {r['workload']} | {r['tuned']} | {r['best']} | {r['tuned/best']:.2f} | {r['zero/best']:.2f}"
+                     f" | {r['cores-1/best']:.2f} | {r['tuner_s']:.1f} | {r['sweep_s']:.0f} | {r['time_ratio']:.0%}"
+                     f" | {r['trials']} | {r['bottleneck']} |")
+    text = "\n".join(lines)
+    print("\n" + text)
+    out = os.environ.get("AUTOLOADER_BENCH_TABLE")
+    if out:
+        with open(out, "w") as fh:
+            fh.write(text + "\n")
