@@ -5,7 +5,8 @@ Two mistakes show up only once workers run, and both cost silently rather than f
   ``num_workers`` times per epoch (see ``RepeatCheck``);
 - copy-on-read: a dataset holding Python objects (a list of ints, dicts, strings) that forked workers copy page by
   page as they read them (see NOTE [ Copy-on-read ]).
-``run_trial`` measures, these functions decide, and ``warn_once`` tells the user once per dataset object.
+``run_trial`` measures, these functions decide, and ``warn_once`` tells the user once per dataset object
+(``warn_user`` points any autoloader warning at the user's own line).
 
 # NOTE [ Copy-on-read ]
 # A forked worker shares the parent's memory until it writes to a page. CPython writes the reference count of every
@@ -111,20 +112,8 @@ def repeated_stream_advice(dataset: Any, num_workers: int) -> str:
     )
 
 
-def warn_once(dataset: Any, kind: str, message: str) -> None:
-    """Warn (``AutoloaderWarning``, at the first caller outside autoloader) once per dataset object and ``kind``."""
-    try:
-        kinds = _warned.setdefault(dataset, set())
-    except TypeError:
-        kinds = None
-        key = (id(dataset), kind)
-        if key in _warned_ids:
-            return
-        _warned_ids.add(key)
-    if kinds is not None:
-        if kind in kinds:
-            return
-        kinds.add(kind)
+def warn_user(message: str) -> None:
+    """Warn with ``AutoloaderWarning`` at the first caller outside autoloader, however deep inside it this runs."""
     level = 1
     frame = inspect.currentframe()
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
@@ -132,3 +121,20 @@ def warn_once(dataset: Any, kind: str, message: str) -> None:
         level += 1
     del frame
     warnings.warn(message, AutoloaderWarning, stacklevel=level)
+
+
+def warn_once(dataset: Any, kind: str, message: str) -> None:
+    """``warn_user(message)`` once per dataset object and ``kind`` (an object that cannot be weakly referenced is
+    remembered by ``id``)."""
+    try:
+        kinds = _warned.setdefault(dataset, set())
+    except TypeError:
+        key = (id(dataset), kind)
+        if key in _warned_ids:
+            return
+        _warned_ids.add(key)
+    else:
+        if kind in kinds:
+            return
+        kinds.add(kind)
+    warn_user(message)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import logging
 import os
@@ -17,13 +16,11 @@ import traceback
 from pathlib import Path
 from typing import Any, Iterator, List, Optional
 
+from ._spec import CliError, load_dataset
+
 PROG = "autotune"
 DEMO_BUDGET_S = 20.0
 DEMO_BATCH_SIZE = 32
-
-
-class CliError(Exception):
-    """A failure reported as one line on stderr with exit status 1."""
 
 
 def _positive_int(text: str) -> int:
@@ -139,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _fail(command: str, reason: str, code: int = 1) -> int:
-    print(f"{PROG} {command}: error: {reason}", file=sys.stderr)
+    print(f"{PROG} {command}: error: {reason}" if command else f"{PROG}: error: {reason}", file=sys.stderr)
     return code
 
 
@@ -234,7 +231,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    return _run(PROG, args, _demo)
+    return _run("", args, _demo)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -246,7 +243,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     _check_plot_and_device(args)
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
-        return _fail(PROG, f"--data-dir {args.data_dir!r} is not a directory", code=2)
+        return _fail("", f"--data-dir {args.data_dir!r} is not a directory", code=2)
     data_dir = None if args.no_disk else Path(args.data_dir) if args.data_dir else default_cache_dir()
     if data_dir is not None:
         try:
@@ -268,7 +265,7 @@ def _demo(args: argparse.Namespace) -> int:
         result = tune(dataset, args.batch_size, step=args.step, device=device, budget=args.budget,
                       max_workers=args.max_workers, profile=profile)
         compared = baselines(dataset, args.batch_size, result, usable_cpus=profile.cpu.usable, step=args.step,
-                             device=device)
+                             device=device, max_workers=args.max_workers)
     plotted = _write_plot(args, result, "autotune demo: synthetic images, decode + augment per sample")
     demo = {"dataset": "DemoImages", "len": len(dataset), "sample": "float32 3x64x64, ~1-2 ms decode+augment",
             "batch_size": args.batch_size, "step": args.step, "device": str(device)}
@@ -289,55 +286,6 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 # -- tune -----------------------------------------------------------------------------------------------------------
-def _is_dataset(obj: Any) -> bool:
-    from torch.utils.data import Dataset
-
-    if isinstance(obj, Dataset):
-        return True
-    kind = type(obj)
-    return (not isinstance(obj, type) and kind.__module__ != "builtins" and hasattr(kind, "__getitem__")
-            and hasattr(kind, "__len__"))
-
-
-def _a(obj: Any) -> str:
-    if obj is None:
-        return "None"
-    name = type(obj).__name__
-    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
-
-
-def load_dataset(spec: str) -> Any:
-    """The dataset ``MODULE:FACTORY`` names (FACTORY called with no arguments unless it is a dataset already); the
-    current directory is importable. Raises ``CliError`` saying what could not be loaded and why."""
-    module_name, colon, attr = spec.partition(":")
-    if not colon or not module_name or not attr:
-        raise CliError(f"expected MODULE:FACTORY such as mydata:make_train_set, got {spec!r}")
-    if sys.path[:1] != [os.getcwd()]:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj = importlib.import_module(module_name)
-    except ImportError as err:
-        raise CliError(f"cannot import module {module_name!r} ({err})") from None
-    except Exception as err:  # the user's module failed while importing: report it in one line
-        raise CliError(f"importing module {module_name!r} raised {type(err).__name__}: {err}") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise CliError(f"module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if _is_dataset(obj):
-        return obj
-    if not callable(obj):
-        raise CliError(f"{spec} is {_a(obj)}, not a Dataset or a function returning one")
-    try:
-        dataset = obj()
-    except Exception as err:  # the user's factory failed: report it in one line
-        raise CliError(f"{spec}() raised {type(err).__name__}: {err}") from None
-    if not _is_dataset(dataset):
-        raise CliError(f"{spec} returned {_a(dataset)}, not a Dataset (a torch.utils.data.Dataset, or an object "
-                       f"with __getitem__ and __len__)")
-    return dataset
-
-
 def _entry_key(cache: Any, result: Any) -> Optional[str]:
     """The key of the cache entry holding ``result`` (entries are matched by content: the factory does not return
     its key); None when none does."""

@@ -127,9 +127,10 @@ def _tried(result: TuneResult, config: LoaderConfig) -> Optional[TrialResult]:
 
 
 def baselines(dataset: Any, batch_size: int, result: TuneResult, *, usable_cpus: Optional[int], step: Step,
-              device: torch.device, time_limit: float = 4.0) -> List[Baseline]:
+              device: torch.device, max_workers: Optional[int] = None, time_limit: float = 4.0) -> List[Baseline]:
     """``num_workers=0`` and the cores rule (same prefetch/pin defaults as the tuner), each taken from the tuner's
-    trials when it tried that configuration, else timed now with one extra trial against the same consumer."""
+    trials when it tried that configuration, else timed now with one extra trial against the same consumer (never
+    above ``max_workers``: such a baseline is left unmeasured)."""
     from .trial import run_trial
 
     pin = result.pin_memory
@@ -140,7 +141,7 @@ def baselines(dataset: Any, batch_size: int, result: TuneResult, *, usable_cpus:
     for name, config in wanted:
         trial = _tried(result, config)
         by_tuner = trial is not None
-        if trial is None:
+        if trial is None and (max_workers is None or config.num_workers <= max_workers):
             consumer = consumer or Consumer(step, device)
             trial = run_trial(dataset, batch_size, config, consumer=consumer, time_limit=time_limit)
         found.append(Baseline(name, config, trial, by_tuner))

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
+import warnings
 from typing import Any, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.utils.data import DataLoader
-
-import warnings
 
 from . import distributed as _distributed
 from . import policy

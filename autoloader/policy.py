@@ -168,6 +168,9 @@ def bottleneck(chosen: TrialResult, trials: Sequence[TrialResult], *, consumer_s
     """What limits the chosen configuration, from what it measured."""
     if consumer_samples_per_s and chosen.samples_per_s >= 0.9 * consumer_samples_per_s:
         return "consumer"
+    if chosen.consumer_s_per_batch and chosen.window_s and \
+            chosen.consumer_s_per_batch * chosen.batches >= 0.75 * chosen.window_s:
+        return "consumer"
     if chosen.stall_fraction is not None and chosen.stall_fraction < 0.1 and consumer_samples_per_s:
         return "consumer"
     if memory_limited:

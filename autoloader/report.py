@@ -105,13 +105,10 @@ def bottleneck_words(bottleneck: Optional[str]) -> str:
 
 def config_kwargs(result: "TuneResult") -> str:
     """The chosen knobs as the DataLoader keywords a user would type (those that apply to ``num_workers``)."""
-    knobs = {"num_workers": result.num_workers}
-    if result.num_workers:
-        knobs["prefetch_factor"] = result.prefetch_factor
-    knobs["pin_memory"] = result.pin_memory
-    if result.num_workers:
-        knobs["persistent_workers"] = result.persistent_workers
-    return ", ".join(f"{k}={v}" for k, v in knobs.items())
+    knobs = [("num_workers", result.num_workers), ("prefetch_factor", result.prefetch_factor),
+             ("pin_memory", result.pin_memory), ("persistent_workers", result.persistent_workers)]
+    return ", ".join(f"{k}={v}" for k, v in knobs
+                     if result.num_workers or k not in ("prefetch_factor", "persistent_workers"))
 
 
 def _source_words(result: "TuneResult") -> str:
@@ -186,7 +183,9 @@ def format_comparison(result: "TuneResult", baselines: Sequence["Baseline"], *, 
             ratio = f"tuned is {result.samples_per_s / rate:.2f}x"
         else:
             ratio = "-"
-        if base.trial is not None and not base.trial.ok:
+        if base.trial is None:
+            how = "not run: more workers than --max-workers allows"
+        elif not base.trial.ok:
             how = f"{base.trial.status}: {base.trial.reason}"
         else:
             how = "measured by the tuner" if base.measured_by_tuner else "one extra trial"

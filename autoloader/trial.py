@@ -32,6 +32,7 @@ import gc
 import logging
 import re
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -50,6 +51,8 @@ from .results import LoaderConfig, TrialResult
 log = logging.getLogger("autoloader.trial")
 
 _TRIAL_SEED = 0x5EED
+HARD_LIMIT_GRACE_S = 2.0
+"""A trial is cut this long after its soft limit (checked after each batch), when a batch or a step never returns."""
 
 
 class TrialTimeout(Exception):
@@ -117,9 +120,10 @@ def build_trial_loader(
 
 
 @contextlib.contextmanager
-def _hard_limit(seconds: float, *, limit: float) -> Iterator[None]:
-    """Raise ``TrialTimeout`` in the main thread after ``seconds`` (the trial's ``limit`` plus a grace); a no-op where
-    SIGALRM is not ours to use (not the main thread, or the user's own handler is installed)."""
+def hard_limit(seconds: float, message: str) -> Iterator[None]:
+    """Raise ``TrialTimeout(message)`` in the main thread after ``seconds`` of wall time, wherever the main thread is
+    (a ``time.sleep`` or a blocking read in the dataset included); a no-op where SIGALRM is not ours to use (not the
+    main thread, no SIGALRM on this platform, or a handler of the user's is installed)."""
     usable = (
         hasattr(signal, "setitimer")
         and threading.current_thread() is threading.main_thread()
@@ -130,8 +134,7 @@ def _hard_limit(seconds: float, *, limit: float) -> Iterator[None]:
         return
 
     def on_alarm(signum: int, frame: Any) -> None:
-        raise TrialTimeout(f"trial exceeded its time limit of {limit:.1f} s and was cut after {seconds:.1f} s: a batch "
-                           f"or a step never finished (does the dataset or the step block?)")
+        raise TrialTimeout(message)
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -140,6 +143,26 @@ def _hard_limit(seconds: float, *, limit: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@contextlib.contextmanager
+def _quiet_half_built_iterators() -> Iterator[None]:
+    """Log, rather than print, the AttributeError torch's DataLoader iterator raises from ``__del__`` when its
+    ``__init__`` failed part-way (e.g. out of file descriptors while starting workers): the trial already reports why
+    the candidate failed, and "Exception ignored in ..." on stderr would only confuse."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, AttributeError) and "DataLoaderIter" in repr(unraisable.object):
+            log.debug("ignored while discarding a half-built DataLoader iterator: %r", unraisable.exc_value)
+            return
+        previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
 
 
 _WORKER_DIED = re.compile(r"DataLoader worker \(pid")
@@ -155,7 +178,8 @@ def failure_reason(exc: BaseException) -> Optional[str]:
     candidate: fewer workers or a smaller queue may well work.
     """
     message = str(exc).strip()
-    text = message.splitlines()[0] if message else type(exc).__name__
+    lines = message.splitlines() or [type(exc).__name__]
+    text = lines[-1] if message.startswith("Caught ") else lines[0]  # a worker's error: its last line says what
     if isinstance(exc, TrialTimeout):
         return f"timed out: {text}"
     if isinstance(exc, MemoryError):
@@ -231,6 +255,9 @@ def run_trial(
         loader = build_trial_loader(dataset, batch_size, config, shuffle=shuffle,
                                     loader_kwargs=loader_kwargs or {}, timeout=time_limit)
     prefetcher = PrefetchLoader(loader, device=consumer.device, normalize=normalize, dtype=dtype)
+    cut_message = (f"trial exceeded its time limit of {time_limit:.1f} s and was cut after "
+                   f"{time_limit + HARD_LIMIT_GRACE_S:.1f} s: a batch or a step never finished (does the dataset or "
+                   f"the step block?)")
     repeats = advice.RepeatCheck(skip) if n >= 2 and isinstance(dataset, IterableDataset) else None
     it: Optional[Iterator[Any]] = None
     deadline = started + time_limit
@@ -247,7 +274,7 @@ def run_trial(
     user_code = False
     probe_end: Optional[Tuple[float, float, Optional[_procs.WorkerSample]]] = None
     try:
-        with _hard_limit(time_limit + 2.0, limit=time_limit), warnings.catch_warnings():
+        with hard_limit(time_limit + HARD_LIMIT_GRACE_S, cut_message), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
             user_code = True
             it = iter(prefetcher)
@@ -294,10 +321,11 @@ def run_trial(
     finally:
         if _timed_out(error):
             _procs.terminate(_procs.new_children(before))
-        if error is not None and error.__traceback__ is not None:
-            traceback.clear_frames(error.__traceback__)
-        it = prefetcher = loader = batch = last_batch = None
-        gc.collect()
+        with _quiet_half_built_iterators():
+            if error is not None and error.__traceback__ is not None:
+                traceback.clear_frames(error.__traceback__)
+            it = prefetcher = loader = batch = last_batch = None
+            gc.collect()
         _procs.reap(_procs.new_children(before))
     elapsed = time.perf_counter() - started
     if error is not None:

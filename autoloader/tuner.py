@@ -12,12 +12,11 @@ import contextlib
 import dataclasses
 import logging
 import math
-import os
 import random
 import resource
 import time
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence
 
 import numpy as np
 import psutil

@@ -16,7 +16,7 @@ import torch
 
 from autoloader import cli
 from autoloader.cache import CacheEntry, TuneCache
-from autoloader.demo import DemoImages, cores_rule_workers
+from autoloader.demo import DemoImages, baselines, cores_rule_workers
 from autoloader.fingerprint import machine_fingerprint
 from autoloader.doctor import (DeviceHolder, ShmNeed, check_cache, check_cpus, check_gpu_holders, check_open_files,
                                check_saved_profile, check_shm, check_start_method, check_thread_env,
@@ -382,3 +382,33 @@ def test_demo_dataset_is_deterministic_picklable_and_image_like():
     with pytest.raises(ValueError, match="size"):
         DemoImages(size=4)
     assert [cores_rule_workers(n) for n in (None, 1, 2, 8)] == [1, 1, 1, 7]
+
+
+# The copy-on-read check can fire here: a worker forked from the big pytest process dirties some of its heap.
+@pytest.mark.filterwarnings("ignore:each DataLoader worker's private memory grew")
+def test_baselines_reuse_the_tuners_trials_and_time_the_rest():
+    data = DemoImages(length=64, work=0)
+    serial = trial(0, 500.0)
+    result = tuned_result(trials=(serial,), num_workers=0, prefetch_factor=None, persistent_workers=False)
+    no_workers, rule = baselines(data, 8, result, usable_cpus=3, step=None, device=torch.device("cpu"),
+                                 time_limit=3.0)
+    assert no_workers.trial is serial and no_workers.measured_by_tuner and no_workers.samples_per_s == 500.0
+    assert rule.config == LoaderConfig(2, 2, False, False) and not rule.measured_by_tuner
+    assert rule.trial is not None and rule.trial.config == rule.config and rule.trial.status in ("ok", "failed")
+    capped = baselines(data, 8, result, usable_cpus=3, step=None, device=torch.device("cpu"), max_workers=0)[1]
+    assert capped.trial is None and capped.samples_per_s is None
+    from autoloader.report import format_comparison
+
+    text = format_comparison(result, [no_workers, capped], usable_cpus=3)
+    assert "max(1, 3 usable CPUs - 1) = 2 workers" in text and "not run" in text and "tuned is 1.96x" in text
+
+
+def test_bare_autotune_refuses_bad_places_before_probing(work, capsys):
+    assert cli.main(["--data-dir", str(work / "absent"), "--no-disk"]) == 2
+    assert capsys.readouterr().err.startswith("autotune: error: --data-dir")
+    if not torch.cuda.is_available():
+        assert cli.main(["--device", "cuda", "--no-disk"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("autotune: error: --device cuda: no CUDA device")
+        one_line_error(err)
+    assert not (work / "cache" / "machine.json").exists()

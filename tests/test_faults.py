@@ -11,6 +11,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -55,20 +56,16 @@ def _trial(dataset, config: LoaderConfig, *, batch_size: int = 4, **kwargs) -> T
     return run_trial(dataset, batch_size, config, consumer=Consumer(None, CPU), **kwargs)
 
 
-def _python(script: str, *, timeout: float = 120, env_extra: dict = None, wrap: str = None) -> dict:
-    """Run ``script`` in a fresh interpreter (optionally under ``wrap``, a shell command with {cmd}); its last stdout
+def _python(script: str, tmp_path: Path, *, timeout: float = 120, wrap: str = "{cmd}") -> dict:
+    """Run ``script`` in a fresh interpreter, under ``wrap`` (a shell command line around ``{cmd}``); its last stdout
     line is JSON."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]), **(env_extra or {}))
-    cmd = [sys.executable, "-c", textwrap.dedent(script)]
-    if wrap is not None:
-        cmd = ["sh", "-c", wrap.format(cmd=" ".join(_quote(c) for c in cmd))]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(script))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
+    cmd = wrap.format(cmd=f"{shlex.quote(sys.executable)} {shlex.quote(str(path))}")
+    proc = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
 # -- a worker killed (the OOM killer) ---------------------------------------------------------------------------------
@@ -136,10 +133,21 @@ def test_make_loader_survives_a_dataset_that_hangs_everywhere(cache_dir):
     started = time.monotonic()
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        loader = make_loader(fd.Hang("always"), batch_size=4, budget=2, max_workers=2)
+        loader = make_loader(fd.Hang("always"), batch_size=4, budget=2, max_workers=2, cache=False)
     assert time.monotonic() - started < 25
     assert loader.tuning.source == "fallback" and loader.tuning.num_workers == 0
     assert any("timed out" in m for m in _autoloader_warnings(record))
+
+
+@pytest.mark.xfail(reason="needs fix in factory.py (bound the fingerprint's read of dataset[0] by a time limit)",
+                   strict=True)
+def test_make_loader_with_the_cache_survives_a_dataset_that_hangs(cache_dir):
+    started = time.monotonic()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        loader = make_loader(fd.Hang("always", hang_s=8.0), batch_size=4, budget=2, max_workers=2)
+    assert time.monotonic() - started < 7.5, "reading dataset[0] for the cache key was not cut"
+    assert loader.tuning.num_workers == 0 and _autoloader_warnings(record)
     assert _entries(cache_dir) == []
 
 
@@ -190,8 +198,9 @@ print(json.dumps({"direct": [direct.status, direct.reason], "num_workers": tunin
 
 
 @pytest.mark.skipif(not _private_tmpfs_works(), reason="cannot mount a private tmpfs over /dev/shm here")
-def test_tiny_dev_shm_skips_candidates_and_the_chosen_loader_works():
-    out = _python(_SHM_SCRIPT, wrap="unshare -rm sh -c 'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec {cmd}'")
+def test_tiny_dev_shm_skips_candidates_and_the_chosen_loader_works(tmp_path):
+    out = _python(_SHM_SCRIPT, tmp_path,
+                  wrap="unshare -rm sh -c 'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec {cmd}'")
     status, reason = out["direct"]
     assert status == "failed" and ("/dev/shm" in reason or "bus error" in reason), reason
     skipped = [t for t in out["trials"] if t[1] == "skipped"]
@@ -227,8 +236,8 @@ def test_unpicklable_under_spawn_is_named_before_any_worker_starts(cache_dir, no
     assert _entries(cache_dir) == []
 
 
-def test_reading_the_default_start_method_does_not_fix_it():
-    out = _python("""
+def test_reading_the_default_start_method_does_not_fix_it(tmp_path):
+    out = _python(tmp_path=tmp_path, script="""
         import json, multiprocessing
         from autoloader.validate import worker_start_method
         method = worker_start_method(None)
@@ -336,8 +345,8 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def low_nofile_run():
-    return _python(_NOFILE_SCRIPT)
+def low_nofile_run(tmp_path_factory):
+    return _python(_NOFILE_SCRIPT, tmp_path_factory.mktemp("nofile"))
 
 
 def test_too_few_file_descriptors_fail_the_candidate_naming_ulimit(low_nofile_run):

@@ -165,3 +165,14 @@ def test_cpu_saturated():
     assert policy.cpu_saturated(trial(2, 1, util=0.9, main=0.1), usable_cpus=2)
     assert not policy.cpu_saturated(trial(2, 1, util=0.4, main=0.1), usable_cpus=2)
     assert not policy.cpu_saturated(trial(2, 1), usable_cpus=2)
+
+
+def test_bottleneck_is_the_consumer_when_it_is_busy_most_of_the_window():
+    # every count gave ~82 % of the step's own rate (the rest is hand-over overhead): the step still dominates
+    busy = TrialResult(config=LoaderConfig(2, 2), samples_per_s=330, batches=40, window_s=2.0,
+                       consumer_s_per_batch=0.04, stall_fraction=0.2, worker_cpu_util=0.3, main_cpu_util=0.3)
+    assert policy.bottleneck(busy, [busy], consumer_samples_per_s=400, usable_cpus=2, memory_limited=False) \
+        == "consumer"
+    idle = TrialResult(config=LoaderConfig(2, 2), samples_per_s=330, batches=40, window_s=2.0,
+                       consumer_s_per_batch=0.01, stall_fraction=0.7, worker_cpu_util=0.95, main_cpu_util=0.2)
+    assert policy.bottleneck(idle, [idle], consumer_samples_per_s=1600, usable_cpus=2, memory_limited=False) == "cpu"
