@@ -8,19 +8,21 @@
 #    call ``_shutdown_workers`` ourselves.
 # 2. ``reap()`` then checks, with psutil, the processes that appeared during the trial. Any still running after a
 #    grace period (a worker stuck in uninterruptible user code) gets SIGTERM, then SIGKILL.
+# 3. We never ``waitpid`` a worker ourselves: multiprocessing owns that, and reaping a pid behind its back would let it
+#    signal a recycled pid later. ``multiprocessing.active_children()`` lets it collect what is left.
 # A trial that timed out is different: its workers are stuck in the dataset, and the DataLoader's shutdown would wait
 # 5 s for each of them in turn before terminating it. So ``terminate()`` signals them first, before step 1. SIGTERM
 # from the parent makes a DataLoader worker exit with status 0 (torch's worker signal handler), so the DataLoader's
 # SIGCHLD handler does not raise in the main thread; SIGKILL follows for one that ignores it.
-# 3. We never ``waitpid`` a worker ourselves: multiprocessing owns that, and reaping a pid behind its back would let it
-#    signal a recycled pid later. ``multiprocessing.active_children()`` lets it collect what is left.
-# The trial only ever touches children that did not exist when it started, so a user's own children are safe
+# The trial only ever touches children that did not exist when it started (less multiprocessing's resource tracker and
+# fork server, which the first spawn/forkserver worker starts for the whole process), so a user's own children are safe
 # (unless another thread of the user's starts processes during a trial, which autoloader cannot tell apart).
 """
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Set
@@ -30,12 +32,26 @@ import psutil
 log = logging.getLogger("autoloader.trial")
 
 
+_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
+def _is_helper(proc: psutil.Process, me: int) -> bool:
+    """multiprocessing's resource tracker or fork server: started with the first spawn/forkserver worker, then shared
+    by the whole process for its lifetime, so never a trial's to stop (its own children, forkserver workers, are)."""
+    try:
+        return proc.ppid() == me and any(h in " ".join(proc.cmdline()) for h in _HELPERS)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
 def child_pids() -> Set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
 def new_children(before: Set[int]) -> List[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    """Descendants that did not exist in ``before``, less multiprocessing's own long-lived helpers."""
+    me = os.getpid()
+    return [p for p in psutil.Process().children(recursive=True) if p.pid not in before and not _is_helper(p, me)]
 
 
 def _running(proc: psutil.Process) -> bool:

@@ -19,8 +19,8 @@ from .fingerprint import cache_key, dataset_fingerprint, machine_fingerprint, st
 from .prefetch import PrefetchLoader, quiet_worker_count_warning
 from .probe import probe_machine
 from .results import TuneResult
-from .trial import TuningError
-from .tuner import TUNED_KNOBS, fallback_result, open_files_limit, resolve_device, tune
+from .failures import HARD_LIMIT_GRACE_S, TrialTimeout, TuningError, hard_limit
+from .tuner import TUNED_KNOBS, fallback_result, open_files_limit, resolve_device, trial_limit, tune
 from .validate import (check_common, check_dataset, check_loader_kwargs, check_picklable,
                        worker_start_method)
 
@@ -85,9 +85,18 @@ def make_loader(
     store = resolve_cache(cache)
     store_for_me = store if group is None or group.is_leader else None
     entry_key = None
+    result: Optional[TuneResult] = None
+    if store is not None:
+        try:
+            dataset_fp = _fingerprint_in_time(dataset, key=key, budget=budget)
+        except TrialTimeout as err:
+            warnings.warn(f"autoloader could not tune: {err}; using a safe default configuration (pass "
+                          f"num_workers=... to choose one)", AutoloaderWarning, stacklevel=2)
+            result = fallback_result(fixed, device=device, reason=str(err))
+            store = store_for_me = None
     if store is not None:
         entry_key = cache_key(
-            dataset_fp=dataset_fingerprint(dataset, key=key), batch_size=batch_size,
+            dataset_fp=dataset_fp, batch_size=batch_size,
             collate_fn=kwargs.get("collate_fn"), sampler=kwargs.get("sampler"),
             batch_sampler=kwargs.get("batch_sampler"), drop_last=bool(kwargs.get("drop_last", False)),
             step=step, device_type=device.type, machine_fp=machine_fingerprint(profile),
@@ -97,7 +106,6 @@ def make_loader(
         )
     bound = max_workers if max_workers is not None else policy.default_max_workers(
         usable_cpus=profile.cpu.usable or profile.cpu.logical, nofile=open_files_limit())
-    result: Optional[TuneResult] = None
     if store_for_me is not None and entry_key is not None:
         result = store_for_me.get(entry_key, max_workers=bound)
     if result is not None and not _fits_today(result, profile):
@@ -116,7 +124,7 @@ def make_loader(
             result = fallback_result(fixed, device=device, reason=str(err))
         if group is not None:
             result = group.broadcast(result)
-        if store_for_me is not None and entry_key is not None and result.source == "tuned":
+        if store_for_me is not None and entry_key is not None and _worth_keeping(result):
             store_for_me.put(entry_key, result, meta={
                 "dataset": type(dataset).__qualname__, "len": _length(dataset), "key": key,
                 "batch_size": batch_size, "step": step_descriptor(step), "device": device.type,
@@ -135,6 +143,24 @@ def make_loader(
              "unknown" if result.samples_per_s is None else f"{result.samples_per_s:,.0f}",
              result.bottleneck or "unknown", result.source, time.perf_counter() - started)
     return wrapped
+
+
+def _fingerprint_in_time(dataset: Any, *, key: Optional[str], budget: Optional[float]) -> dict:
+    """``dataset_fingerprint`` reads ``dataset[0]`` in this process; one that blocks is cut at a trial's hard limit
+    (a sample that slow leaves no trial anything to measure), raising ``TrialTimeout``."""
+    limit = trial_limit(budget) + HARD_LIMIT_GRACE_S
+    with hard_limit(limit, f"reading one sample of {type(dataset).__name__} for the cache key took more than "
+                           f"{limit:.1f} s"):
+        return dataset_fingerprint(dataset, key=key)
+
+
+def _worth_keeping(result: TuneResult) -> bool:
+    """Cache tuned results, but not one where every worker count failed: the cause (a transient OOM, a full
+    /dev/shm) may be gone next run, and a cached num_workers=0 would hide that for good."""
+    if result.source != "tuned":
+        return False
+    worker_trials = [t for t in result.trials if t.config.num_workers > 0 and t.status != "skipped"]
+    return not worker_trials or any(t.ok for t in worker_trials)
 
 
 def _fits_today(result: TuneResult, profile: Any) -> bool:

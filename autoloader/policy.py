@@ -91,20 +91,28 @@ def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int, saturat
                       tolerance: float = DEFAULT_TOLERANCE) -> Optional[int]:
     """The next worker count to try, from the rates measured so far (None = failed or skipped); None when done.
 
-    Climb (double) while the best is the largest count tried, still gaining more than ``tolerance`` over the count
-    below it, and not CPU-saturated. Then descend: between the fewest workers within ``tolerance`` of the best and the
-    largest count below it, try the (geometric) middle until they are within a factor of 1.5 or adjacent.
+    A count that failed or was skipped (None) is a ceiling: no climb reaches it, and while no worker count has
+    measured a rate, half of the smallest such count is tried next (a killed or out-of-memory candidate may fit with
+    fewer workers). Climb (double) while the best is the largest count tried, still gaining more than ``tolerance``
+    over the count below it, and not CPU-saturated. Then descend: between the fewest workers within ``tolerance`` of
+    the best and the largest count below it, try the (geometric) middle until they are within a factor of 1.5 or
+    adjacent.
     """
     measured = {n: r for n, r in rates.items() if r is not None}
     if not measured:
         return None
+    failed = [n for n, r in rates.items() if r is None and n > 0]
+    ceiling = min(failed, default=None)
+    if ceiling is not None and not any(n > 0 for n in measured):
+        fewer = ceiling // 2
+        return fewer if fewer >= 1 and fewer not in rates else None
     best_rate = max(measured.values())
     best = min(n for n, r in measured.items() if r == best_rate)
     if best > 0 and best == max(measured) and best < cap and not saturated.get(best, False):
         below = [r for n, r in measured.items() if n < best]
         if not below or best_rate > (1.0 + tolerance) * max(below):
             candidate = min(cap, 2 * best)
-            if candidate not in rates:
+            if candidate not in rates and (ceiling is None or candidate < ceiling):
                 return candidate
     good = min(n for n, r in measured.items() if r >= (1.0 - tolerance) * best_rate)
     lower = max((n for n in rates if n < good), default=None)
@@ -197,5 +205,6 @@ def _clamp(n: int, cap: int) -> int:
     return max(1, min(int(n), cap)) if cap >= 1 else 0
 
 
-def _mib(n: int) -> int:
-    return int(round(n / 2**20))
+def _mib(n: int) -> str:
+    mib = n / 2**20
+    return f"{mib:.1f}" if mib < 10 else f"{mib:,.0f}"

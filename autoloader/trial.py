@@ -27,40 +27,26 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import gc
 import logging
-import re
-import signal
 import sys
-import threading
 import time
 import traceback
-import warnings
 from typing import Any, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from . import _procs, advice
+from .failures import HARD_LIMIT_GRACE_S, TuningError, failure_reason, hard_limit, timed_out
 from ._batch import batch_nbytes, iter_tensors
 from .consumer import Consumer
-from .prefetch import PrefetchLoader
+from .prefetch import PrefetchLoader, quiet_worker_count_warning
 from .results import LoaderConfig, TrialResult
 
 log = logging.getLogger("autoloader.trial")
 
 _TRIAL_SEED = 0x5EED
-HARD_LIMIT_GRACE_S = 2.0
-"""A trial is cut this long after its soft limit (checked after each batch), when a batch or a step never returns."""
-
-
-class TrialTimeout(Exception):
-    """A trial ran past its hard wall-clock limit."""
-
-
-class TuningError(RuntimeError):
-    """autoloader's own machinery failed during a trial (not the dataset, not the step); the factory falls back."""
 
 
 class _Cycle:
@@ -120,32 +106,6 @@ def build_trial_loader(
 
 
 @contextlib.contextmanager
-def hard_limit(seconds: float, message: str) -> Iterator[None]:
-    """Raise ``TrialTimeout(message)`` in the main thread after ``seconds`` of wall time, wherever the main thread is
-    (a ``time.sleep`` or a blocking read in the dataset included); a no-op where SIGALRM is not ours to use (not the
-    main thread, no SIGALRM on this platform, or a handler of the user's is installed)."""
-    usable = (
-        hasattr(signal, "setitimer")
-        and threading.current_thread() is threading.main_thread()
-        and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None)
-    )
-    if not usable:
-        yield
-        return
-
-    def on_alarm(signum: int, frame: Any) -> None:
-        raise TrialTimeout(message)
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-@contextlib.contextmanager
 def _quiet_half_built_iterators() -> Iterator[None]:
     """Log, rather than print, the AttributeError torch's DataLoader iterator raises from ``__del__`` when its
     ``__init__`` failed part-way (e.g. out of file descriptors while starting workers): the trial already reports why
@@ -163,53 +123,6 @@ def _quiet_half_built_iterators() -> Iterator[None]:
         yield
     finally:
         sys.unraisablehook = previous
-
-
-_WORKER_DIED = re.compile(r"DataLoader worker \(pid")
-_TOO_MANY_FILES = ("Too many open files", "received 0 items of ancdata")
-_SHM_FULL = ("No space left on device", "unable to write to file </torch_", "unable to allocate shared memory")
-
-
-def failure_reason(exc: BaseException) -> Optional[str]:
-    """Why a candidate failed, when ``exc`` is the candidate's fault; None when it is the user's own error.
-
-    A dataset or step that raises is the user's bug and must surface unchanged. A worker killed (OOM killer, bus error
-    from a full /dev/shm), a timeout, running out of file descriptors, memory or /dev/shm is a property of the
-    candidate: fewer workers or a smaller queue may well work.
-    """
-    message = str(exc).strip()
-    lines = message.splitlines() or [type(exc).__name__]
-    text = lines[-1] if message.startswith("Caught ") else lines[0]  # a worker's error: its last line says what
-    if isinstance(exc, TrialTimeout):
-        return f"timed out: {text}"
-    if isinstance(exc, MemoryError):
-        return "out of memory (MemoryError)"
-    if isinstance(exc, OSError) and exc.errno == errno.EMFILE:
-        return f"too many open files (raise `ulimit -n`): {text}"
-    if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
-        return f"out of memory starting workers: {text}"
-    if not isinstance(exc, (RuntimeError, OSError)):
-        return None
-    if any(marker in message for marker in _TOO_MANY_FILES):
-        return f"too many open files (raise `ulimit -n`): {text}"
-    if not isinstance(exc, RuntimeError):
-        return None
-    if any(marker in message for marker in _SHM_FULL) and ("shm" in message or "/torch_" in message):
-        return f"/dev/shm full (Docker: --shm-size): {text}"
-    if _WORKER_DIED.search(message):
-        if "Bus error" in message or "SIGBUS" in message:
-            return f"worker crashed with a bus error, usually /dev/shm too small: {text}"
-        if "Killed" in message:
-            return f"worker killed (SIGKILL, usually the out-of-memory killer): {text}"
-        return f"worker died: {text}"
-    if message.startswith("DataLoader timed out"):
-        return f"timed out: {text}"
-    return None
-
-
-def _timed_out(exc: Optional[BaseException]) -> bool:
-    return isinstance(exc, TrialTimeout) or (isinstance(exc, RuntimeError) and
-                                             str(exc).startswith("DataLoader timed out"))
 
 
 def _samples_in(batch: Any, default: int) -> int:
@@ -250,8 +163,7 @@ def run_trial(
     n = config.num_workers
     skip = n * (config.prefetch_factor or 0) + n if n else 1
     need = max(min_batches, min_rounds * n)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+    with quiet_worker_count_warning(True):
         loader = build_trial_loader(dataset, batch_size, config, shuffle=shuffle,
                                     loader_kwargs=loader_kwargs or {}, timeout=time_limit)
     prefetcher = PrefetchLoader(loader, device=consumer.device, normalize=normalize, dtype=dtype)
@@ -274,8 +186,7 @@ def run_trial(
     user_code = False
     probe_end: Optional[Tuple[float, float, Optional[_procs.WorkerSample]]] = None
     try:
-        with hard_limit(time_limit + HARD_LIMIT_GRACE_S, cut_message), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+        with hard_limit(time_limit + HARD_LIMIT_GRACE_S, cut_message), quiet_worker_count_warning(True):
             user_code = True
             it = iter(prefetcher)
             while True:
@@ -319,7 +230,7 @@ def run_trial(
     except BaseException as exc:  # noqa: B036 - classified below; the user's errors are re-raised unchanged
         error = exc
     finally:
-        if _timed_out(error):
+        if timed_out(error):
             _procs.terminate(_procs.new_children(before))
         with _quiet_half_built_iterators():
             if error is not None and error.__traceback__ is not None:

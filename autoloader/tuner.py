@@ -15,7 +15,6 @@ import math
 import random
 import resource
 import time
-import warnings
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence
 
 import numpy as np
@@ -23,10 +22,11 @@ import psutil
 import torch
 
 from . import policy
+from .advice import warn_user
 from .consumer import Consumer, Step
-from .errors import AutoloaderWarning
 from .results import LoaderConfig, TrialResult, TuneResult
-from .trial import TuningError, run_trial
+from .failures import TuningError
+from .trial import run_trial
 
 log = logging.getLogger("autoloader.tuner")
 
@@ -45,6 +45,11 @@ class Agreement(Protocol):
 class _Alone:
     def reduce_min(self, values: Sequence[float]) -> List[float]:
         return list(values)
+
+
+def trial_limit(budget: Optional[float]) -> float:
+    """Each trial's soft wall-clock limit: a fifth of the budget, between 1.5 and 8 seconds."""
+    return min(8.0, max(1.5, (DEFAULT_BUDGET_S if budget is None else budget) / 5.0))
 
 
 def resolve_device(device: Any) -> torch.device:
@@ -93,7 +98,7 @@ class _Search:
         self.budget, self.cap, self.usable = budget, cap, usable_cpus
         self.memory_budget, self.shm_free = memory_budget, shm_free
         self.tolerance, self.agreement, self.progress = tolerance, agreement, progress
-        self.trial_limit = min(8.0, max(1.5, budget / 5.0))
+        self.trial_limit = trial_limit(budget)
         self.started = time.monotonic()
         self.trials: List[TrialResult] = []
         self.by_config: Dict[LoaderConfig, TrialResult] = {}
@@ -242,14 +247,12 @@ class _Search:
         worker_failures = [t for t in self.trials if t.status == "failed" and t.config.num_workers > 0]
         if chosen is None:
             reasons = "; ".join(sorted({t.reason or t.status for t in self.trials})) or "no trial ran"
-            warnings.warn(f"autoloader could not measure any configuration ({reasons}); using num_workers=0",
-                          AutoloaderWarning, stacklevel=4)
+            warn_user(f"autoloader could not measure any configuration ({reasons}); using num_workers=0")
             return TuneResult(0, None, self.pin, False, None, None, "fallback", tuple(self.trials),
                               consumer_rate, seconds, f"no trial measured a rate: {reasons}")
         n = chosen.config.num_workers
         if n == 0 and worker_failures and not any(t.ok and t.config.num_workers for t in self.trials):
-            warnings.warn(f"every worker count failed ({worker_failures[0].reason}); using num_workers=0",
-                          AutoloaderWarning, stacklevel=4)
+            warn_user(f"every worker count failed ({worker_failures[0].reason}); using num_workers=0")
         persistent = self.fixed.get("persistent_workers")
         if persistent is None:
             persistent = policy.keep_workers_alive(n, per_worker_bytes=self.per_worker_bytes,
@@ -310,9 +313,11 @@ def tune(
         raise ValueError(f"fixed may only hold {TUNED_KNOBS}, got {sorted(unknown)}")
     profile = profile if profile is not None else probe_machine(disk=False, gpus=False)
     usable = profile.cpu.usable or profile.cpu.logical or 1
-    cap = policy.default_max_workers(usable_cpus=usable, nofile=open_files_limit())
+    nofile = open_files_limit()
+    cap = policy.default_max_workers(usable_cpus=usable, nofile=nofile)
+    bound_by_nofile = cap < policy.default_max_workers(usable_cpus=usable, nofile=None)
     if max_workers is not None:
-        cap = max_workers
+        cap, bound_by_nofile = max_workers, False
     consumer = Consumer(step, resolve_device(device))
     search = _Search(dataset=dataset, batch_size=batch_size, consumer=consumer, shuffle=shuffle,
                      loader_kwargs=dict(loader_kwargs or {}), fixed=fixed, normalize=normalize, dtype=dtype,
@@ -321,5 +326,9 @@ def tune(
                      progress=progress)
     with preserved_rng():
         result = search.tune()
+    if bound_by_nofile and cap > 0 and result.num_workers >= cap:
+        warn_user(f"num_workers={cap} is the most the open-files limit allows (`ulimit -n` is {nofile}; each worker "
+                  f"needs about 32 descriptors) and more workers might load faster: raise it, e.g. `ulimit -n 4096` "
+                  f"in the shell that starts training (LimitNOFILE= for a systemd service)")
     log.info("tuned %s in %.1f s: %s", type(dataset).__name__, result.seconds, result.config.label())
     return result

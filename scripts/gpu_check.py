@@ -198,6 +198,93 @@ def check_no_corruption_under_allocator_churn() -> Outcome:
                                                "(last epoch consumed on a non-default stream)")
 
 
+class CudaInWorker(Dataset):
+    """Touches CUDA in __getitem__: a user bug under fork once the parent has initialised CUDA."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.ones(4, device="cuda").cpu()
+
+
+@check
+def check_cuda_initialised_before_tuning() -> Outcome:
+    """CUDA initialised in the parent, then tuning with forked workers: the worker trials run (workers never touch
+    CUDA; the prefetcher moves batches in the main process), and a dataset that does touch CUDA in a worker surfaces
+    torch's own "Cannot re-initialize CUDA in forked subprocess" error, not a tuner error or a hang."""
+    import warnings
+
+    from autoloader import make_loader
+    from autoloader.failures import TuningError
+
+    torch.zeros(1, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loader = make_loader(Images(512, 64), batch_size=32, device="cuda", step=0.002, budget=8, cache=False,
+                             num_workers=2, multiprocessing_context="fork")
+    worker_trials = [t for t in loader.tuning.trials if t.config.num_workers > 0]
+    on_gpu = sum(1 for images, _, _ in loader if images.is_cuda)
+    del loader
+    surfaced = "nothing raised"
+    try:
+        make_loader(CudaInWorker(), batch_size=8, device="cuda", cache=False, budget=4, num_workers=2,
+                    multiprocessing_context="fork")
+    except TuningError as err:
+        surfaced = f"TuningError: {err}"
+    except RuntimeError as err:
+        surfaced = ("torch's error" if "Cannot re-initialize CUDA in forked subprocess" in str(err)
+                    else f"RuntimeError: {str(err)[:200]}")
+    ok = bool(worker_trials) and all(t.ok for t in worker_trials) and on_gpu == 16 and surfaced == "torch's error"
+    return ok, (f"{len(worker_trials)} worker trial(s), failed: {[t.reason for t in worker_trials if not t.ok]}; "
+                f"{on_gpu}/16 batches on cuda; CUDA touched in a worker gives: {surfaced}")
+
+@check
+def check_simulated_step_is_calibrated() -> Outcome:
+    """``step=0.01`` on CUDA is a GPU-side spin calibrated to seconds: ~10 ms of GPU time, and the host returns at
+    once (it stays free, as with a real GPU step)."""
+    from autoloader.consumer import Consumer
+
+    consumer = Consumer(0.01, torch.device("cuda"))
+    consumer(None)
+    torch.cuda.synchronize()
+    host = time.perf_counter()
+    for _ in range(10):
+        consumer(None)
+    host_ms = (time.perf_counter() - host) * 1000 / 10
+    torch.cuda.synchronize()
+    gpu_ms = cuda_time_ms(lambda: consumer(None), repeat=10)
+    ok = 8.0 <= gpu_ms <= 12.5 and host_ms < 1.0
+    return ok, f"step=0.01 takes {gpu_ms:.2f} ms on the GPU (target 10 +/- 2) and {host_ms:.3f} ms of host time"
+
+
+@check
+def check_tuning_on_gpu() -> Outcome:
+    """make_loader on CUDA with a simulated 5 ms step: trials run against the GPU step, pin_memory is tried, the
+    chosen loader delivers normalised float batches on the GPU, and no worker survives."""
+    import warnings
+
+    import psutil
+
+    from autoloader import make_loader
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loader = make_loader(Images(2048, 96), batch_size=64, device="cuda", step=0.005, budget=15, cache=False,
+                             normalize=(MEAN, STD), dtype=torch.float32)
+    tuning = loader.tuning
+    pins = {t.config.pin_memory for t in tuning.trials if t.ok}
+    batches = [images for images, _, _ in loader]
+    on_gpu = all(b.is_cuda and b.dtype == torch.float32 for b in batches)
+    del loader, batches
+    time.sleep(1.0)
+    left = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    ok = tuning.source == "tuned" and tuning.samples_per_s and on_gpu and pins == {True, False} and not left
+    return bool(ok), (f"{tuning.config.label()} {tuning.samples_per_s or 0:,.0f} samples/s, bottleneck "
+                      f"{tuning.bottleneck}, {len(tuning.trials)} trials in {tuning.seconds:.1f} s, pin tried "
+                      f"{sorted(pins)}, batches on cuda float32: {on_gpu}, processes left: {len(left)}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     wanted = list(sys.argv[1:] if argv is None else argv)
     if not torch.cuda.is_available():

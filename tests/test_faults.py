@@ -26,10 +26,11 @@ from torch.utils.data import TensorDataset
 
 import fault_data as fd
 from autoloader import AutoloaderWarning, LoaderConfig, TrialResult, make_loader
-from autoloader.advice import COPY_ON_READ_MIN_BYTES, copy_on_read_advice
+from autoloader.advice import COPY_ON_READ_MIN_BYTES, copy_on_read_advice, warn_once
 from autoloader.cache import TuneCache
 from autoloader.consumer import Consumer
-from autoloader.trial import failure_reason, run_trial
+from autoloader.failures import failure_reason
+from autoloader.trial import run_trial
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -85,12 +86,11 @@ def test_every_worker_count_killed_falls_back_to_no_workers_with_a_warning(cache
     worker_trials = [t for t in tuning.trials if t.config.num_workers > 0]
     assert worker_trials and all(t.status == "failed" and "worker" in t.reason for t in worker_trials)
     messages = _autoloader_warnings(record)
-    assert any("every worker count failed" in m and "worker" in m.split("failed", 1)[1] for m in messages), messages
+    named = {t.reason.split(":")[0] for t in worker_trials}  # e.g. "worker killed (SIGKILL, ...)"
+    assert any("num_workers=0" in m and any(n in m for n in named) for m in messages), (messages, named)
     assert sum(1 for _ in loader) == 16
 
 
-@pytest.mark.xfail(reason="needs fix in policy.py (next_worker_count: after a failed count, try fewer workers)",
-                   strict=True)
 def test_tuning_goes_on_with_fewer_workers_after_a_killed_candidate(cache_dir):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AutoloaderWarning)
@@ -139,14 +139,12 @@ def test_make_loader_survives_a_dataset_that_hangs_everywhere(cache_dir):
     assert any("timed out" in m for m in _autoloader_warnings(record))
 
 
-@pytest.mark.xfail(reason="needs fix in factory.py (bound the fingerprint's read of dataset[0] by a time limit)",
-                   strict=True)
 def test_make_loader_with_the_cache_survives_a_dataset_that_hangs(cache_dir):
     started = time.monotonic()
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        loader = make_loader(fd.Hang("always", hang_s=8.0), batch_size=4, budget=2, max_workers=2)
-    assert time.monotonic() - started < 7.5, "reading dataset[0] for the cache key was not cut"
+        loader = make_loader(fd.Hang("always", hang_s=6.0), batch_size=4, budget=2, max_workers=2)
+    assert time.monotonic() - started < 5.5, "reading dataset[0] for the cache key was not cut"
     assert loader.tuning.num_workers == 0 and _autoloader_warnings(record)
     assert _entries(cache_dir) == []
 
@@ -160,7 +158,7 @@ def test_make_loader_survives_a_dataset_that_hangs_in_workers(cache_dir):
     assert loader.tuning.num_workers == 0
     failed = [t for t in loader.tuning.trials if t.config.num_workers > 0]
     assert failed and all(t.status == "failed" and "timed out" in t.reason for t in failed)
-    assert any("every worker count failed" in m for m in _autoloader_warnings(record))
+    assert any("num_workers=0" in m and "timed out" in m for m in _autoloader_warnings(record))
 
 
 # -- /dev/shm too small -----------------------------------------------------------------------------------------------
@@ -175,7 +173,7 @@ def _private_tmpfs_works() -> bool:
 
 
 _SHM_SCRIPT = """
-import json, warnings, psutil, torch
+import json, warnings, torch
 import fault_data as fd
 from autoloader import LoaderConfig, make_loader, probe_machine
 from autoloader.consumer import Consumer
@@ -189,11 +187,9 @@ with warnings.catch_warnings():
     loader = make_loader(ds, batch_size=2, step=0.001, budget=4, cache=False)
 batches = sum(1 for _ in loader)
 tuning = loader.tuning
-left = [p.pid for p in psutil.Process().children(recursive=True)]
 del loader
 print(json.dumps({"direct": [direct.status, direct.reason], "num_workers": tuning.num_workers, "batches": batches,
-                  "trials": [[t.config.num_workers, t.status, t.reason] for t in tuning.trials],
-                  "children_while_loader_alive": left}))
+                  "trials": [[t.config.num_workers, t.status, t.reason] for t in tuning.trials]}))
 """
 
 
@@ -246,6 +242,38 @@ def test_reading_the_default_start_method_does_not_fix_it(tmp_path):
     assert out == [multiprocessing.get_all_start_methods()[0], None]
 
 
+_SPAWN_TRIAL_SCRIPT = """
+import json, time, psutil, torch
+import fault_data as fd
+from autoloader import LoaderConfig
+from autoloader.consumer import Consumer
+from autoloader.trial import run_trial
+
+if __name__ == "__main__":
+    out = {}
+    for method in ("spawn", "forkserver"):
+        started = time.monotonic()
+        result = run_trial(fd.Tensors(n=256), 4, LoaderConfig(2, 2), consumer=Consumer(None, torch.device("cpu")),
+                           time_limit=1.5, loader_kwargs={"multiprocessing_context": method})
+        out[method] = [result.status, time.monotonic() - started]
+    left = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)]
+    out["helpers_alive"] = sum("resource_tracker" in c or "forkserver" in c for c in left)
+    out["others_left"] = [c for c in left if "resource_tracker" not in c and "forkserver" not in c]
+    print(json.dumps(out))
+"""
+
+
+def test_spawn_trials_leave_multiprocessing_helpers_alone_and_end_promptly(tmp_path):
+    """The resource tracker and fork server that the first spawn/forkserver worker starts belong to the process, not
+    to the trial: a trial that waited for them to exit, then killed them, took 5 s longer and broke multiprocessing's
+    bookkeeping ("resource_tracker: process died unexpectedly")."""
+    out = _python(_SPAWN_TRIAL_SCRIPT, tmp_path)
+    for method in ("spawn", "forkserver"):
+        status, took = out[method]
+        assert status == "ok" and took < 6.0, (method, status, took)
+    assert out["helpers_alive"] >= 1 and out["others_left"] == []
+
+
 # -- bad arguments ----------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dataset, kwargs, error, argument", [
@@ -295,10 +323,24 @@ def test_unsharded_iterable_dataset_warns_once():
         first = _trial(stream, LoaderConfig(2, 2))
         _trial(stream, LoaderConfig(3, 2))
     assert first.ok
-    messages = _autoloader_warnings(record)
-    assert len(messages) == 1, messages
-    assert "get_worker_info" in messages[0] and "each sample would be loaded 2 times" in messages[0]
-    assert record[0].filename == __file__
+    ours = [w for w in record if issubclass(w.category, AutoloaderWarning)]
+    assert len(ours) == 1, [str(w.message) for w in ours]
+    assert "get_worker_info" in str(ours[0].message) and "each sample would be loaded 2 times" in str(ours[0].message)
+    assert ours[0].filename == __file__, "the warning should point at the caller's line, not inside autoloader"
+
+
+class _Unhashable(fd.Stream):
+    __hash__ = None  # type: ignore[assignment]
+
+
+def test_warn_once_is_per_dataset_object_even_when_it_cannot_be_weakly_keyed():
+    plain, unhashable = fd.Stream(4), _Unhashable(4)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for dataset in (plain, plain, unhashable, unhashable):
+            warn_once(dataset, "test", "careful")
+        warn_once(plain, "other", "careful again")
+    assert _autoloader_warnings(record) == ["careful", "careful", "careful again"]
 
 
 @pytest.mark.parametrize("stream", [fd.Stream(400, sharded=True), fd.Stream(400, sharded=False, constant=True)],
@@ -362,7 +404,6 @@ def test_low_nofile_default_still_gives_a_working_loader(low_nofile_run):
     assert default["batches"] == 128 and default["num_workers"] <= 64 // 32
 
 
-@pytest.mark.xfail(reason="needs fix in tuner.py (say when ulimit -n bounds the worker count)", strict=True)
 def test_low_nofile_default_says_ulimit_bounds_the_workers(low_nofile_run):
     assert low_nofile_run["default"]["names_ulimit"], low_nofile_run["default"]
 

@@ -92,7 +92,8 @@ def test_predict_from_workers_extrapolates_per_worker_rate_and_cpu():
     ({0: 300, 4: 1000, 8: 1000}, {}, 2),            # 4 keeps up as well as 8: is 2 enough?
     ({0: 300, 4: 1000, 8: 1000, 2: 600}, {}, 3),
     ({0: 300, 4: 1000, 8: 1000, 2: 600, 3: 900}, {}, None),
-    ({0: 100, 4: None}, {}, None),                  # the only worker count failed: stay at zero
+    ({0: 100, 4: None}, {}, 2),                     # the only worker count failed: try half as many
+    ({0: 100, 4: None, 2: None, 1: None}, {}, None),  # every count down to one failed: stay at zero
     ({0: 100, 2: 150, 4: None}, {}, 1),             # a failure above is not climbed into again
 ])
 def test_next_worker_count(rates, saturated, expected):
