@@ -87,16 +87,17 @@ def cpu_saturated(trial: TrialResult, *, usable_cpus: int, level: float = 0.85) 
     return used >= level * usable_cpus
 
 
-def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int, saturated: Mapping[int, bool],
+def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int,
                       tolerance: float = DEFAULT_TOLERANCE) -> Optional[int]:
     """The next worker count to try, from the rates measured so far (None = failed or skipped); None when done.
 
     A count that failed or was skipped (None) is a ceiling: no climb reaches it, and while no worker count has
     measured a rate, half of the smallest such count is tried next (a killed or out-of-memory candidate may fit with
-    fewer workers). Climb (double) while the best is the largest count tried, still gaining more than ``tolerance``
-    over the count below it, and not CPU-saturated. Then descend: between the fewest workers within ``tolerance`` of
-    the best and the largest count below it, try the (geometric) middle until they are within a factor of 1.5 or
-    adjacent.
+    fewer workers). Climb (double) while the best is the largest count tried and still gains more than ``tolerance``
+    over the counts below it. The climb does not stop at the core count: whether more workers than cores pay (they
+    fill the gaps while others hand over batches) or lose to oversubscription is measured, and one doubling that does
+    not gain ends it. Then descend: between the fewest workers within ``tolerance`` of the best and the largest count
+    below it, try the (geometric) middle until they are within a factor of 1.5 or adjacent.
     """
     measured = {n: r for n, r in rates.items() if r is not None}
     if not measured:
@@ -108,7 +109,7 @@ def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int, saturat
         return fewer if fewer >= 1 and fewer not in rates else None
     best_rate = max(measured.values())
     best = min(n for n, r in measured.items() if r == best_rate)
-    if best > 0 and best == max(measured) and best < cap and not saturated.get(best, False):
+    if best > 0 and best == max(measured) and best < cap:
         below = [r for n, r in measured.items() if n < best]
         if not below or best_rate > (1.0 + tolerance) * max(below):
             candidate = min(cap, 2 * best)

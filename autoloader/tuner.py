@@ -215,10 +215,7 @@ class _Search:
             if second is not None and second != first:
                 self.run(self.config(second))
         while self.elapsed() < self.budget:
-            saturated = {c.num_workers: policy.cpu_saturated(t, usable_cpus=self.usable)
-                         for c, t in self.by_config.items() if t.ok}
-            proposal = policy.next_worker_count(self.rates(), cap=self.cap, saturated=saturated,
-                                                tolerance=self.tolerance)
+            proposal = policy.next_worker_count(self.rates(), cap=self.cap, tolerance=self.tolerance)
             if proposal is None:
                 return
             self.run(self.config(proposal))

@@ -79,31 +79,33 @@ def test_predict_from_workers_extrapolates_per_worker_rate_and_cpu():
     assert policy.predict_from_workers(trial(4, 100), batch_size=32, consumer_s=0.0, usable_cpus=2, cap=64) is None
 
 
-@pytest.mark.parametrize("rates, saturated, expected", [
-    ({0: 50, 8: 400}, {}, 16),                      # still climbing: double
-    ({0: 50, 8: 400, 16: 800, 32: 1500}, {}, 64),
-    ({0: 50, 8: 400, 64: 1600}, {}, 23),            # at the cap: descend between 8 and 64 (geometric middle)
-    ({0: 50, 8: 400, 23: 1200, 64: 1600}, {}, 38),
-    ({0: 50, 8: 400, 23: 1200, 38: 1550, 64: 1600}, {}, 30),     # 38 within 5 %; 38/23 > 1.5 -> middle 30
-    ({0: 50, 8: 400, 23: 1200, 30: 1300, 38: 1550, 64: 1600}, {}, None),   # 38/30 < 1.5: done
-    ({0: 100, 2: 170}, {2: True}, 1),               # CPU-saturated: no climb; try 1 below
-    ({0: 100, 2: 170, 1: 98}, {2: True}, None),
-    ({0: 10000, 2: 900}, {}, None),                 # zero is best: nothing to refine
-    ({0: 300, 4: 1000, 8: 1000}, {}, 2),            # 4 keeps up as well as 8: is 2 enough?
-    ({0: 300, 4: 1000, 8: 1000, 2: 600}, {}, 3),
-    ({0: 300, 4: 1000, 8: 1000, 2: 600, 3: 900}, {}, None),
-    ({0: 100, 4: None}, {}, 2),                     # the only worker count failed: try half as many
-    ({0: 100, 4: None, 2: None, 1: None}, {}, None),  # every count down to one failed: stay at zero
-    ({0: 100, 2: 150, 4: None}, {}, 1),             # a failure above is not climbed into again
+@pytest.mark.parametrize("rates, expected", [
+    ({0: 50, 8: 400}, 16),                      # still climbing: double
+    ({0: 50, 8: 400, 16: 800, 32: 1500}, 64),
+    ({0: 50, 8: 400, 64: 1600}, 23),            # at the cap: descend between 8 and 64 (geometric middle)
+    ({0: 50, 8: 400, 23: 1200, 64: 1600}, 38),
+    ({0: 50, 8: 400, 23: 1200, 38: 1550, 64: 1600}, 30),     # 38 within 5 %; 38/23 > 1.5 -> middle 30
+    ({0: 50, 8: 400, 23: 1200, 30: 1300, 38: 1550, 64: 1600}, None),   # 38/30 < 1.5: done
+    ({0: 100, 2: 170}, 4),                      # cores full, yet more may fill the gaps: measured, not assumed
+    ({0: 100, 2: 170, 4: 172}, 1),              # 4 gains < 5 %: no climb; 2 is the fewest near the best: try 1
+    ({0: 100, 2: 170, 4: 120}, 1),              # oversubscription lost: stay below
+    ({0: 100, 2: 170, 4: 172, 1: 98}, None),
+    ({0: 10000, 2: 900}, None),                 # zero is best: nothing to refine
+    ({0: 300, 4: 1000, 8: 1000}, 2),            # 4 keeps up as well as 8: is 2 enough?
+    ({0: 300, 4: 1000, 8: 1000, 2: 600}, 3),
+    ({0: 300, 4: 1000, 8: 1000, 2: 600, 3: 900}, None),
+    ({0: 100, 4: None}, 2),                     # the only worker count failed: try half as many
+    ({0: 100, 4: None, 2: None, 1: None}, None),  # every count down to one failed: stay at zero
+    ({0: 100, 2: 150, 4: None}, 1),             # a failure above is not climbed into again
 ])
-def test_next_worker_count(rates, saturated, expected):
-    assert policy.next_worker_count(rates, cap=64, saturated=saturated) == expected
+def test_next_worker_count(rates, expected):
+    assert policy.next_worker_count(rates, cap=64) == expected
 
 
 def test_next_worker_count_never_exceeds_cap_nor_repeats():
-    assert policy.next_worker_count({0: 50, 8: 400}, cap=10, saturated={}) == 10
-    assert policy.next_worker_count({0: 50, 8: 400, 10: 500}, cap=10, saturated={}) is None
-    assert policy.next_worker_count({}, cap=10, saturated={}) is None
+    assert policy.next_worker_count({0: 50, 8: 400}, cap=10) == 10
+    assert policy.next_worker_count({0: 50, 8: 400, 10: 500}, cap=10) is None
+    assert policy.next_worker_count({}, cap=10) is None
 
 
 def test_default_max_workers():

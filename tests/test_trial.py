@@ -1,0 +1,110 @@
+"""run_trial: the steady-state window, what it measures, and that the user's state is untouched."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, SequentialSampler
+
+import autoloader
+from autoloader.consumer import Consumer
+from autoloader.results import LoaderConfig
+from autoloader.trial import _Cycle, _window_open, build_trial_loader, run_trial
+from workloads import CpuBound, InMemory, LatencyBound
+
+CPU = Consumer(None, torch.device("cpu"))
+
+
+def test_cycle_repeats_forever_and_stops_on_an_empty_base():
+    it = iter(_Cycle([1, 2, 3]))
+    assert [next(it) for _ in range(7)] == [1, 2, 3, 1, 2, 3, 1]
+    assert list(_Cycle([])) == []
+
+
+@pytest.mark.parametrize("count, skip, n, expected", [
+    (20, 7, 2, 6),      # past the burst (2 x 2 prefetched + 2): the window opens after batch index 6
+    (5, 7, 2, 2),       # the burst never drained: open after the first wave of 2
+    (3, 7, 2, 0),       # not even that: after the first batch
+    (2, 7, 2, None),    # fewer than two batches after anything: no rate
+    (10, 1, 0, 0),      # no workers: only the first batch is skipped
+])
+def test_window_open(count, skip, n, expected):
+    assert _window_open(count, skip, n) == expected
+
+
+def test_trial_loader_keeps_user_arguments_and_never_ends(tmp_path):
+    def collate(samples):
+        return torch.stack(samples)
+
+    data = InMemory(n=10)
+    loader = build_trial_loader(data, 4, LoaderConfig(0), shuffle=False,
+                                loader_kwargs={"collate_fn": collate, "sampler": SequentialSampler(data)}, timeout=1)
+    assert isinstance(loader, DataLoader) and loader.collate_fn is collate
+    it = iter(loader)
+    batches = [next(it) for _ in range(6)]  # 60 samples from a dataset of 10
+    assert torch.equal(batches[0], data.data[:4])
+
+
+def test_serial_trial_measures_the_steady_state():
+    result = run_trial(CpuBound(cost_s=0.001), 8, LoaderConfig(0), consumer=CPU, time_limit=3, min_window_s=0.3)
+    assert result.ok and result.steady and result.config.num_workers == 0
+    assert result.batches >= 6 and result.window_s >= 0.3
+    # 8 samples x 1 ms of CPU each: at most ~1000 samples/s on one core (generous)
+    assert 200 < result.samples_per_s < 1500
+    assert result.fetch_cpu_s_per_batch / result.fetch_s_per_batch > 0.5, "CPU-bound fetches use the CPU"
+    assert result.stall_fraction > 0.8, "nothing else happens but loading"
+    assert result.batch_bytes == 8 * 16 * 4 and result.startup_s is not None
+    assert result.worker_cpu_util is None
+
+
+def test_worker_trial_measures_workers():
+    result = run_trial(LatencyBound(latency_s=0.002), 8, LoaderConfig(2, 2), consumer=CPU, time_limit=4,
+                       min_window_s=0.3)
+    assert result.ok and result.config.num_workers == 2
+    assert result.worker_cpu_util is not None and result.worker_cpu_util < 0.5, "sleeping workers are idle"
+    assert result.worker_rss_bytes and result.worker_uss_bytes
+    # each worker: one batch per ~16 ms -> ~1000 samples/s for two; generous bounds
+    assert 300 < result.samples_per_s < 1500
+
+
+def test_slow_consumer_is_measured_and_the_step_dominates():
+    result = run_trial(InMemory(n=512), 16, LoaderConfig(0), consumer=Consumer(0.02, torch.device("cpu")),
+                       time_limit=3, min_window_s=0.3, measure_consumer=True)
+    assert result.consumer_s_per_batch == pytest.approx(0.02, rel=0.5)
+    assert result.stall_fraction < 0.3
+    assert result.samples_per_s < 16 / 0.02 * 1.1
+
+
+def test_user_generator_state_is_untouched():
+    generator = torch.Generator().manual_seed(11)
+    before = generator.get_state().clone()
+    run_trial(InMemory(n=256), 8, LoaderConfig(1, 2), consumer=CPU, shuffle=True, time_limit=2,
+              loader_kwargs={"generator": generator})
+    assert torch.equal(generator.get_state(), before)
+
+
+def test_step_exception_surfaces_unchanged():
+    class StepFailed(Exception):
+        pass
+
+    def step(batch):
+        raise StepFailed("loss is nan")
+
+    with pytest.raises(StepFailed, match="loss is nan"):
+        run_trial(InMemory(n=64), 8, LoaderConfig(2, 2), consumer=Consumer(step, torch.device("cpu")), time_limit=2)
+
+
+def test_public_names_are_sorted_and_import_touches_no_hardware():
+    assert autoloader.__all__ == sorted(autoloader.__all__)
+    code = ("import sys, torch, autoloader\n"
+            "assert not torch.cuda.is_initialized()\n"
+            "assert 'autoloader.probe' in sys.modules\n"
+            "import psutil\n"
+            "assert not psutil.Process().children()\n"
+            "print('ok')\n")
+    root = str(Path(__file__).resolve().parents[1])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": root})
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
