@@ -93,11 +93,12 @@ def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int,
 
     A count that failed or was skipped (None) is a ceiling: no climb reaches it, and while no worker count has
     measured a rate, half of the smallest such count is tried next (a killed or out-of-memory candidate may fit with
-    fewer workers). Climb (double) while the best is the largest count tried and still gains more than ``tolerance``
-    over the counts below it. The climb does not stop at the core count: whether more workers than cores pay (they
-    fill the gaps while others hand over batches) or lose to oversubscription is measured, and one doubling that does
-    not gain ends it. Then descend: between the fewest workers within ``tolerance`` of the best and the largest count
-    below it, try the (geometric) middle until they are within a factor of 1.5 or adjacent.
+    fewer workers). Climb (double) while the best is the largest count tried and gains more than half the
+    ``tolerance`` over the counts below it. The climb does not stop at the core count: whether more workers than cores
+    pay (they fill the gaps while others hand over batches) or lose to oversubscription is measured, and such gains
+    come in small steps (2-5 % a doubling, measured on 2 cores) that a full-tolerance threshold would stop too early.
+    Then descend: between the fewest workers within ``tolerance`` of the best and the largest count below it, try the
+    (geometric) middle until they are within a factor of 1.5 or adjacent.
     """
     measured = {n: r for n, r in rates.items() if r is not None}
     if not measured:
@@ -111,7 +112,7 @@ def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int,
     best = min(n for n, r in measured.items() if r == best_rate)
     if best > 0 and best == max(measured) and best < cap:
         below = [r for n, r in measured.items() if n < best]
-        if not below or best_rate > (1.0 + tolerance) * max(below):
+        if not below or best_rate > (1.0 + tolerance / 2) * max(below):
             candidate = min(cap, 2 * best)
             if candidate not in rates and (ceiling is None or candidate < ceiling):
                 return candidate

@@ -87,7 +87,8 @@ def test_predict_from_workers_extrapolates_per_worker_rate_and_cpu():
     ({0: 50, 8: 400, 23: 1200, 38: 1550, 64: 1600}, 30),     # 38 within 5 %; 38/23 > 1.5 -> middle 30
     ({0: 50, 8: 400, 23: 1200, 30: 1300, 38: 1550, 64: 1600}, None),   # 38/30 < 1.5: done
     ({0: 100, 2: 170}, 4),                      # cores full, yet more may fill the gaps: measured, not assumed
-    ({0: 100, 2: 170, 4: 172}, 1),              # 4 gains < 5 %: no climb; 2 is the fewest near the best: try 1
+    ({0: 100, 2: 170, 4: 172}, 1),              # 4 gains < 2.5 %: no climb; 2 is the fewest near the best: try 1
+    ({0: 100, 2: 170, 4: 176}, 8),              # 4 gains 3.5 %: small steps add up past the cores, climb on
     ({0: 100, 2: 170, 4: 120}, 1),              # oversubscription lost: stay below
     ({0: 100, 2: 170, 4: 172, 1: 98}, None),
     ({0: 10000, 2: 900}, None),                 # zero is best: nothing to refine
