@@ -25,22 +25,18 @@ Two mistakes show up only once workers run, and both cost silently rather than f
 """
 from __future__ import annotations
 
-import inspect
-import os
-import warnings
 import weakref
 from typing import Any, Optional, Set
 
 import torch
 
 from ._batch import iter_tensors, map_tensors
-from .errors import AutoloaderWarning
+from .errors import warn_user
 from .results import TrialResult
 
 COPY_ON_READ_MIN_BYTES = 32 * 2**20
 COPY_ON_READ_MIN_SHARE = 0.25
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _warned: "weakref.WeakKeyDictionary[Any, Set[str]]" = weakref.WeakKeyDictionary()
 _warned_ids: Set[tuple] = set()
 
@@ -110,17 +106,6 @@ def repeated_stream_advice(dataset: Any, num_workers: int) -> str:
         f"`info = get_worker_info(); if info is not None: items = itertools.islice(items, info.id, None, "
         f"info.num_workers)`, or split the files by info.id (see the IterableDataset docs), or use num_workers=0"
     )
-
-
-def warn_user(message: str) -> None:
-    """Warn with ``AutoloaderWarning`` at the first caller outside autoloader, however deep inside it this runs."""
-    level = 1
-    frame = inspect.currentframe()
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
-        frame = frame.f_back
-        level += 1
-    del frame
-    warnings.warn(message, AutoloaderWarning, stacklevel=level)
 
 
 def warn_once(dataset: Any, kind: str, message: str) -> None:

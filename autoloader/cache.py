@@ -7,20 +7,18 @@ No pickle: entries are plain JSON produced by ``TuneResult.to_dict``.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import logging
 import os
 import re
 import stat
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional, Union
 
 from ._fs import atomic_write_json, default_cache_dir
-from .errors import AutoloaderWarning
+from .errors import warn_user
 from .fingerprint import SCHEMA_VERSION
 from .results import TuneResult
 
@@ -32,22 +30,10 @@ PROFILE_NAME = "machine.json"
 _KEY_RE = re.compile(r"[0-9a-f]{16,64}")
 _TEMP_RE = re.compile(r"\.(?P<stem>[0-9a-f]{16,64}|machine)\.json\..+\.tmp")
 _MAX_ENTRY_BYTES = 4 * 2**20
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class _BadEntry(Exception):
     """Why a cache file cannot be used (internal; becomes a warning or ``CacheEntry.error``)."""
-
-
-def _warn(message: str) -> None:
-    """Warn at the first caller outside autoloader, whatever the call depth inside it."""
-    level = 1
-    frame = inspect.currentframe()
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
-        frame = frame.f_back
-        level += 1
-    del frame
-    warnings.warn(message, AutoloaderWarning, stacklevel=level)
 
 
 def _check_key(key: Any) -> str:
@@ -163,7 +149,7 @@ class TuneCache:
             logger.debug("cache miss: %s", path)
             return None
         except _BadEntry as bad:
-            _warn(
+            warn_user(
                 f"ignoring autoloader cache entry {path}: {bad}. The loader is tuned again and the entry "
                 f"replaced; `autotune clear` removes bad entries."
             )
@@ -188,7 +174,7 @@ class TuneCache:
         try:
             atomic_write_json(path, payload)
         except OSError as err:
-            _warn(
+            warn_user(
                 f"could not write the autoloader cache entry {path} ({err.strerror or err}); tuning still happened "
                 f"and its result is used for this run, but the next run will tune again. Make {self.directory} "
                 f"a writable directory, set AUTOLOADER_CACHE_DIR to one, or pass cache=False."

@@ -23,24 +23,18 @@ DEMO_BUDGET_S = 20.0
 DEMO_BATCH_SIZE = 32
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _int_at_least(minimum: int) -> Any:
+    """An argparse type: a whole number >= ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
 
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+    return parse
 
 
 def _seconds(text: str, *, positive: bool) -> float:
@@ -66,14 +60,14 @@ def _device(text: str) -> str:
 
 def _tuning_options(parser: argparse.ArgumentParser, *, batch_default: Optional[int], budget_default: Optional[float],
                     budget_help: str) -> None:
-    parser.add_argument("--batch-size", type=_positive_int, default=batch_default, required=batch_default is None,
+    parser.add_argument("--batch-size", type=_int_at_least(1), default=batch_default, required=batch_default is None,
                         metavar="N", help="samples per batch" + (f" (default {batch_default})" if batch_default
                                                                 else " (the one your training uses)"))
     parser.add_argument("--step", type=lambda t: _seconds(t, positive=False), metavar="SECONDS",
                         help="simulate a training step of SECONDS per batch (default: none, only the transfer)")
     parser.add_argument("--budget", type=lambda t: _seconds(t, positive=True), default=budget_default,
                         metavar="SECONDS", help=budget_help)
-    parser.add_argument("--max-workers", type=_count, metavar="N", help="never try more than N workers")
+    parser.add_argument("--max-workers", type=_int_at_least(0), metavar="N", help="never try more than N workers")
     parser.add_argument("--device", type=_device, help="where batches go: cuda, cuda:N or cpu (default: cuda if "
                                                        "available)")
     parser.add_argument("--json", action="store_true", help="print JSON and nothing else on stdout")

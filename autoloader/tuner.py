@@ -22,7 +22,7 @@ import psutil
 import torch
 
 from . import policy
-from .advice import warn_user
+from .errors import warn_user
 from .consumer import Consumer, Step
 from .results import LoaderConfig, TrialResult, TuneResult
 from .failures import TuningError
