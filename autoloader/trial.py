@@ -38,9 +38,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from . import _procs, advice
-from .failures import HARD_LIMIT_GRACE_S, TuningError, failure_reason, hard_limit, timed_out
 from ._batch import batch_nbytes, iter_tensors
 from .consumer import Consumer
+from .failures import HARD_LIMIT_GRACE_S, TuningError, failure_reason, hard_limit, timed_out
 from .prefetch import PrefetchLoader, quiet_worker_count_warning
 from .results import LoaderConfig, TrialResult
 
