@@ -96,10 +96,3 @@ class Consumer:
                 break
         self.synchronize()
         return (time.perf_counter() - start) / calls
-
-    def describe(self) -> str:
-        if self.step is None:
-            return "transfer only"
-        if callable(self.step):
-            return getattr(self.step, "__qualname__", type(self.step).__name__)
-        return f"simulated {float(self.step) * 1000:.1f} ms/batch"

@@ -244,9 +244,12 @@ class _Search:
         worker_failures = [t for t in self.trials if t.status == "failed" and t.config.num_workers > 0]
         if chosen is None:
             reasons = "; ".join(sorted({t.reason or t.status for t in self.trials})) or "no trial ran"
-            warn_user(f"autoloader could not measure any configuration ({reasons}); using num_workers=0")
-            return TuneResult(0, None, self.pin, False, None, None, "fallback", tuple(self.trials),
-                              consumer_rate, seconds, f"no trial measured a rate: {reasons}")
+            fallback = fallback_result(self.fixed, device=self.consumer.device,
+                                       reason=f"no trial measured a rate: {reasons}")
+            warn_user(f"autoloader could not measure any configuration ({reasons}); using "
+                      f"num_workers={fallback.num_workers}")
+            return dataclasses.replace(fallback, trials=tuple(self.trials), consumer_samples_per_s=consumer_rate,
+                                       seconds=seconds)
         n = chosen.config.num_workers
         if n == 0 and worker_failures and not any(t.ok and t.config.num_workers for t in self.trials):
             warn_user(f"every worker count failed ({worker_failures[0].reason}); using num_workers=0")
