@@ -233,7 +233,8 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import DemoImages, baselines
     from .probe import probe_machine, save_profile
     from .report import format_comparison, format_profile, format_tune_result
-    from .tuner import resolve_device, tune
+    from .prefetch import resolve_device
+    from .tuner import tune
 
     _check_plot_and_device(args)
     if args.data_dir is not None and not Path(args.data_dir).is_dir():

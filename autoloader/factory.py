@@ -15,12 +15,12 @@ from . import policy
 from .cache import resolve_cache
 from .consumer import Step
 from .errors import AutoloaderWarning
-from .fingerprint import cache_key, dataset_fingerprint, machine_fingerprint, step_descriptor
-from .prefetch import PrefetchLoader, quiet_worker_count_warning
+from .fingerprint import cache_key, dataset_fingerprint, dataset_length, machine_fingerprint, step_descriptor
+from .prefetch import PrefetchLoader, quiet_worker_count_warning, resolve_device
 from .probe import probe_machine
 from .results import TuneResult
 from .failures import HARD_LIMIT_GRACE_S, TrialTimeout, TuningError, hard_limit
-from .tuner import TUNED_KNOBS, fallback_result, open_files_limit, resolve_device, trial_limit, tune
+from .tuner import TUNED_KNOBS, fallback_result, open_files_limit, trial_limit, tune
 from .validate import (check_common, check_dataset, check_loader_kwargs, check_picklable,
                        worker_start_method)
 
@@ -126,7 +126,7 @@ def make_loader(
             result = group.broadcast(result)
         if store_for_me is not None and entry_key is not None and _worth_keeping(result):
             store_for_me.put(entry_key, result, meta={
-                "dataset": type(dataset).__qualname__, "len": _length(dataset), "key": key,
+                "dataset": type(dataset).__qualname__, "len": dataset_length(dataset), "key": key,
                 "batch_size": batch_size, "step": step_descriptor(step), "device": device.type,
                 "shuffle": shuffle})
     config = result.config.loader_kwargs()
@@ -175,10 +175,3 @@ def _fits_today(result: TuneResult, profile: Any) -> bool:
     if reason is not None:
         log.info("cached config %s no longer fits (%s); tuning again", result.config.label(), reason)
     return reason is None
-
-
-def _length(dataset: Any) -> Optional[int]:
-    try:
-        return len(dataset)
-    except TypeError:
-        return None

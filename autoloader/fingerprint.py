@@ -33,7 +33,8 @@ def _qualified(tp: type) -> str:
     return f"{getattr(tp, '__module__', None) or '?'}.{getattr(tp, '__qualname__', None) or tp.__name__}"
 
 
-def _length(dataset: Any) -> Optional[int]:
+def dataset_length(dataset: Any) -> Optional[int]:
+    """``len(dataset)``, or None when it has none (or refuses, as some IterableDatasets do)."""
     try:
         return len(dataset)
     except (TypeError, NotImplementedError):  # no __len__, or one that refuses (some IterableDatasets)
@@ -60,7 +61,7 @@ def _wrapped(dataset: Any, depth: int) -> Optional[list]:
     if not inners:
         return None
     return [
-        {"class": _qualified(type(d)), "len": _length(d), "root": _root(d), "wraps": _wrapped(d, depth + 1)}
+        {"class": _qualified(type(d)), "len": dataset_length(d), "root": _root(d), "wraps": _wrapped(d, depth + 1)}
         for d in inners
     ]
 
@@ -111,7 +112,7 @@ def _first_sample(dataset: Any) -> tuple:
             close = getattr(iterator, "close", None)
             if callable(close):
                 close()
-    if _length(dataset) == 0:
+    if dataset_length(dataset) == 0:
         return False, None
     return True, dataset[0]
 
@@ -131,7 +132,7 @@ def dataset_fingerprint(dataset: Any, *, key: Optional[str] = None) -> dict:
     has_sample, sample = _first_sample(dataset)
     return {
         "class": _qualified(type(dataset)),
-        "len": _length(dataset),
+        "len": dataset_length(dataset),
         "iterable": isinstance(dataset, IterableDataset),
         "root": _root(dataset),
         "wraps": _wrapped(dataset, 0),

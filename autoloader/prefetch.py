@@ -56,7 +56,8 @@ class _EpochClock:
         return EpochStats(self.epoch, self.batches, self.end - self.start, self.wait)
 
 
-def _resolve_device(device: Union[str, torch.device, None]) -> torch.device:
+def resolve_device(device: Union[str, torch.device, None]) -> torch.device:
+    """``device`` checked, or CUDA when available, else the CPU (CUDA is not initialised by asking)."""
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if isinstance(device, str):
@@ -139,7 +140,7 @@ class PrefetchLoader:
         if self._normalize is not None and dtype is not None and not dtype.is_floating_point:
             raise ValueError(f"dtype={dtype} cannot hold normalised values; use a floating dtype such as torch.float32")
         self.loader = loader
-        self.device = _resolve_device(device)
+        self.device = resolve_device(device)
         self.tuning = tuning
         self._dtype = dtype
         self._input_key = input_key

@@ -26,6 +26,7 @@ from .errors import warn_user
 from .consumer import Consumer, Step
 from .results import LoaderConfig, TrialResult, TuneResult
 from .failures import TuningError
+from .prefetch import resolve_device
 from .trial import run_trial
 
 log = logging.getLogger("autoloader.tuner")
@@ -50,14 +51,6 @@ class _Alone:
 def trial_limit(budget: Optional[float]) -> float:
     """Each trial's soft wall-clock limit: a fifth of the budget, between 1.5 and 8 seconds."""
     return min(8.0, max(1.5, (DEFAULT_BUDGET_S if budget is None else budget) / 5.0))
-
-
-def resolve_device(device: Any) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device must be a str or torch.device such as 'cuda' or 'cpu', got {type(device).__name__}")
-    return torch.device(device)
 
 
 @contextlib.contextmanager
