@@ -1,19 +1,20 @@
 """Worker processes of a trial: find them, read what they cost (psutil), and make sure none outlives the trial.
 
 # NOTE [ Process cleanup ]
-# A trial's DataLoader workers are reaped in three steps, in this order, in the trial's ``finally``:
-# 1. Drop every reference to the DataLoader iterator, including the ones a pending exception's traceback holds
+# A trial's DataLoader workers are reaped in its ``finally``, inside ``SignalGuard.shield()`` (no signal raises there:
+# see NOTE [ Asynchronous exceptions ] in _signals.py), in these steps:
+# 1. When the trial failed (a worker died, the limit passed, the dataset or the step raised, Ctrl-C), ``terminate()``
+#    stops every worker first: SIGTERM, which makes a DataLoader worker exit with status 0 (torch's worker signal
+#    handler), then SIGKILL after a short wait for one that ignores it. Otherwise the DataLoader's own shutdown would
+#    wait up to 5 s for each stuck worker in turn, and Ctrl-C while 36 of 64 workers were still starting took 6.5 s.
+# 2. Drop every reference to the DataLoader iterator, including the ones a pending exception's traceback holds
 #    through its frames (``traceback.clear_frames``), then ``gc.collect()``. The iterator's ``__del__`` runs the
-#    DataLoader's own shutdown: it signals the workers, joins them and reaps them. This is the public way; we never
-#    call ``_shutdown_workers`` ourselves.
-# 2. ``reap()`` then checks, with psutil, the processes that appeared during the trial. Any still running after a
+#    DataLoader's own shutdown: it signals the workers, joins them and closes its queues. This is the public way; we
+#    never call ``_shutdown_workers`` ourselves.
+# 3. ``reap()`` then checks, with psutil, the processes that appeared during the trial. Any still running after a
 #    grace period (a worker stuck in uninterruptible user code) gets SIGTERM, then SIGKILL.
-# 3. We never ``waitpid`` a worker ourselves: multiprocessing owns that, and reaping a pid behind its back would let it
-#    signal a recycled pid later. ``multiprocessing.active_children()`` lets it collect what is left.
-# A trial that timed out is different: its workers are stuck in the dataset, and the DataLoader's shutdown would wait
-# 5 s for each of them in turn before terminating it. So ``terminate()`` signals them first, before step 1. SIGTERM
-# from the parent makes a DataLoader worker exit with status 0 (torch's worker signal handler), so the DataLoader's
-# SIGCHLD handler does not raise in the main thread; SIGKILL follows for one that ignores it.
+# We never ``waitpid`` a worker ourselves: multiprocessing owns that, and reaping a pid behind its back would let it
+# signal a recycled pid later. ``multiprocessing.active_children()`` lets it collect what is left.
 # The trial only ever touches children that did not exist when it started (less multiprocessing's resource tracker and
 # fork server, which the first spawn/forkserver worker starts for the whole process), so a user's own children are safe
 # (unless another thread of the user's starts processes during a trial, which autoloader cannot tell apart).
@@ -80,13 +81,13 @@ def _signal_until_gone(alive: List[psutil.Process], *, level: int, why: str) -> 
                 getattr(proc, sig_name)()
             except psutil.NoSuchProcess:
                 continue
-        alive = _wait_gone(alive, 2.0)
+        alive = _wait_gone(alive, 1.0)
 
 
-def terminate(procs: Iterable[psutil.Process]) -> int:
-    """SIGTERM (then SIGKILL) ``procs`` now: the workers of a trial that timed out. Returns how many were running."""
+def terminate(procs: Iterable[psutil.Process], *, why: str = "belong to a failed trial") -> int:
+    """SIGTERM (then SIGKILL) ``procs`` now: the workers of a trial that failed. Returns how many were running."""
     alive = [p for p in procs if _running(p)]
-    _signal_until_gone(alive, level=logging.INFO, why="are stuck after a timeout")
+    _signal_until_gone(alive, level=logging.INFO, why=why)
     return len(alive)
 
 
@@ -109,29 +110,42 @@ class WorkerSample:
     uss_by_pid: Dict[int, int]
 
 
-def sample_workers(procs: Iterable[psutil.Process], *, memory: bool = True) -> WorkerSample:
-    """CPU seconds, bytes read and memory of ``procs``; a figure the platform refuses to report is None."""
-    cpu = 0.0
-    read: Optional[int] = 0
-    rss: Optional[int] = None
-    uss: Dict[int, int] = {}
-    for proc in procs:
-        try:
-            with proc.oneshot():
-                times = proc.cpu_times()
-                cpu += times.user + times.system
-                if read is not None:
+class WorkerTracker:
+    """Cumulative CPU time and bytes read of a trial's workers, each worker counted at its last reading once it has
+    exited: a finite IterableDataset's workers exit before the trial ends, and a sample taken then would miss all of
+    their work (issue 14: every WebDataset trial read 0 % worker CPU). ``sample()`` often enough keeps the loss to
+    the work done since the last reading."""
+
+    def __init__(self, procs: Iterable[psutil.Process]) -> None:
+        self.procs = list(procs)
+        self._cpu: Dict[int, float] = {}
+        self._read: Dict[int, Optional[int]] = {}
+        self.last_sampled = -float("inf")
+
+    def sample(self, *, memory: bool = True) -> WorkerSample:
+        """CPU seconds, bytes read and memory of the workers; a figure the platform refuses to report is None.
+        Memory is that of the workers still running."""
+        rss: Optional[int] = None
+        uss: Dict[int, int] = {}
+        for proc in self.procs:
+            try:
+                with proc.oneshot():
+                    times = proc.cpu_times()
+                    self._cpu[proc.pid] = times.user + times.system
                     try:
-                        read += proc.io_counters().read_chars
+                        self._read[proc.pid] = proc.io_counters().read_chars
                     except (psutil.AccessDenied, AttributeError, NotImplementedError):
-                        read = None
-                if memory:
-                    try:
-                        info = proc.memory_full_info()
-                        uss[proc.pid] = info.uss
-                        rss = max(rss or 0, info.rss)
-                    except (psutil.AccessDenied, AttributeError, NotImplementedError):
-                        rss = max(rss or 0, proc.memory_info().rss)
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-    return WorkerSample(cpu, read, rss, max(uss.values()) if uss else None, uss)
+                        self._read[proc.pid] = None
+                    if memory:
+                        try:
+                            info = proc.memory_full_info()
+                            uss[proc.pid] = info.uss
+                            rss = max(rss or 0, info.rss)
+                        except (psutil.AccessDenied, AttributeError, NotImplementedError):
+                            rss = max(rss or 0, proc.memory_info().rss)
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                continue
+        self.last_sampled = time.perf_counter()
+        reads = list(self._read.values())
+        read = None if any(r is None for r in reads) else sum(r for r in reads if r is not None)
+        return WorkerSample(sum(self._cpu.values()), read, rss, max(uss.values()) if uss else None, uss)

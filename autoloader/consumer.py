@@ -4,7 +4,8 @@ from __future__ import annotations
 import math
 import numbers
 import time
-from typing import Any, Callable, Dict, Optional, Union
+from collections import deque
+from typing import Any, Callable, Deque, Dict, Optional, Union
 
 import torch
 
@@ -27,22 +28,32 @@ def check_step(step: Any) -> None:
 
 
 def _cuda_cycles_per_second(device: torch.device) -> float:
-    """Calibrate ``torch.cuda._sleep`` (a spin of N GPU clock cycles) against CUDA events, once per device."""
+    """Calibrate ``torch.cuda._sleep`` (a spin of N GPU clock cycles) against CUDA events, once per device.
+
+    The clock is warmed first (about 100 ms of spinning: an idle GPU runs slow clocks until it has work), then the
+    median of five ~50 ms spins is taken, so one spin that shared the GPU with another job does not skew it.
+    """
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _CYCLES_PER_S:
-        cycles = 10_000_000
-        best = 0.0
         with torch.cuda.device(index):
-            torch.cuda._sleep(1000)
-            for _ in range(3):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                torch.cuda._sleep(cycles)
-                end.record()
-                end.synchronize()
-                best = max(best, cycles / (start.elapsed_time(end) / 1000.0))
-        _CYCLES_PER_S[index] = best
+            estimate = _spin_rate(1_000_000)
+            _spin_rate(int(0.1 * estimate))
+            rates = sorted(_spin_rate(int(0.05 * estimate)) for _ in range(5))
+        _CYCLES_PER_S[index] = rates[len(rates) // 2]
     return _CYCLES_PER_S[index]
+
+
+def _spin_rate(cycles: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(max(1, cycles))
+    end.record()
+    end.synchronize()
+    return max(1, cycles) / max(1e-6, start.elapsed_time(end) / 1000.0)
+
+
+LEAD_STEPS = 2
+"""How many steps the host may queue ahead of the GPU during a trial (see NOTE [ Trial timing ])."""
 
 
 class Consumer:
@@ -50,8 +61,9 @@ class Consumer:
 
     ``None``: nothing beyond the transfer the prefetcher already did. A number: a simulated step of that many seconds
     that leaves the host CPU free, as a real GPU step does (``time.sleep`` on CPU; on CUDA a GPU-side spin calibrated
-    to seconds, queued asynchronously). A callable: called with the batch. ``synchronize()`` waits for queued device
-    work; trials call it at the end of their timed window only (see NOTE [ Trial timing ] in trial.py).
+    to seconds, queued asynchronously on ``device``). A callable: called with the batch. On CUDA, ``pace()`` after each
+    step keeps the host at most ``LEAD_STEPS`` steps ahead of the GPU, and ``synchronize()`` waits for all queued work
+    (see NOTE [ Trial timing ] in trial.py); on the CPU both are no-ops.
     """
 
     def __init__(self, step: Step, device: torch.device) -> None:
@@ -59,6 +71,7 @@ class Consumer:
         self.step = step
         self.device = torch.device(device)
         self._cycles: Optional[int] = None
+        self._events: Deque[Any] = deque()
         if isinstance(step, numbers.Real) and step > 0 and self.device.type == "cuda":
             self._cycles = int(float(step) * _cuda_cycles_per_second(self.device))
 
@@ -73,16 +86,30 @@ class Consumer:
         if callable(step):
             step(batch)
         elif self._cycles is not None:
-            torch.cuda._sleep(self._cycles)
+            with torch.cuda.device(self.device):
+                torch.cuda._sleep(self._cycles)
         elif step > 0:
             time.sleep(float(step))
 
+    def pace(self) -> None:
+        """Bound the host's lead over an asynchronous device: record an event after this step and wait for the one
+        recorded ``LEAD_STEPS`` steps ago."""
+        if self.device.type != "cuda":
+            return
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        self._events.append(event)
+        if len(self._events) > LEAD_STEPS:
+            self._events.popleft().synchronize()
+
     def synchronize(self) -> None:
+        self._events.clear()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
     def seconds_per_batch(self, batch: Any, *, seconds: float = 0.25, max_calls: int = 20) -> float:
-        """Time the step alone on one batch already on the device: calls it back to back, then synchronises."""
+        """Time the step alone on one batch already on the device: each call synchronised, so the 0.25 s stop sees
+        the device's time, not how fast the host queues work."""
         if self.is_noop:
             return 0.0
         self(batch)
@@ -91,8 +118,8 @@ class Consumer:
         start = time.perf_counter()
         while calls < max_calls:
             self(batch)
+            self.synchronize()
             calls += 1
             if calls >= 2 and time.perf_counter() - start >= seconds:
                 break
-        self.synchronize()
         return (time.perf_counter() - start) / calls

@@ -19,7 +19,8 @@ from .fingerprint import cache_key, dataset_fingerprint, dataset_length, machine
 from .prefetch import PrefetchLoader, quiet_worker_count_warning, resolve_device
 from .probe import probe_machine
 from .results import TuneResult
-from .failures import HARD_LIMIT_GRACE_S, TrialTimeout, TuningError, hard_limit
+from ._signals import SignalGuard
+from .failures import HARD_LIMIT_GRACE_S, TrialTimeout, TuningError
 from .tuner import TUNED_KNOBS, fallback_result, open_files_limit, trial_limit, tune
 from .validate import (check_common, check_dataset, check_loader_kwargs, check_picklable,
                        worker_start_method)
@@ -149,8 +150,8 @@ def _fingerprint_in_time(dataset: Any, *, key: Optional[str], budget: Optional[f
     """``dataset_fingerprint`` reads ``dataset[0]`` in this process; one that blocks is cut at a trial's hard limit
     (a sample that slow leaves no trial anything to measure), raising ``TrialTimeout``."""
     limit = trial_limit(budget) + HARD_LIMIT_GRACE_S
-    with hard_limit(limit, f"reading one sample of {type(dataset).__name__} for the cache key took more than "
-                           f"{limit:.1f} s"):
+    message = f"reading one sample of {type(dataset).__name__} for the cache key took more than {limit:.1f} s"
+    with SignalGuard(limit_s=limit, make_timeout=lambda: TrialTimeout(message)):
         return dataset_fingerprint(dataset, key=key)
 
 

@@ -1,4 +1,4 @@
-"""How a trial fails: its hard time limit, and which exceptions are the candidate's fault rather than the user's.
+"""How a trial fails: its time-limit exception, and which exceptions are the candidate's fault rather than the user's.
 
 A dataset or step that raises is the user's bug and surfaces unchanged. A worker killed (the OOM killer, a bus error
 from a full /dev/shm), a timeout, or running out of file descriptors, memory or /dev/shm is a property of the
@@ -6,12 +6,9 @@ candidate: fewer workers or a smaller queue may well work, so the tuner records 
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import re
-import signal
-import threading
-from typing import Any, Iterator, Optional
+from typing import Optional
 
 HARD_LIMIT_GRACE_S = 2.0
 """A trial is cut this long after its soft limit (checked after each batch), when a batch or a step never returns."""
@@ -20,35 +17,12 @@ HARD_LIMIT_GRACE_S = 2.0
 class TrialTimeout(Exception):
     """A trial ran past its hard wall-clock limit."""
 
+    from_limit = True
+    """Marks the exception a ``SignalGuard`` raises at its limit (see NOTE [ Asynchronous exceptions ])."""
+
 
 class TuningError(RuntimeError):
     """autoloader's own machinery failed during a trial (not the dataset, not the step); the factory falls back."""
-
-
-@contextlib.contextmanager
-def hard_limit(seconds: float, message: str) -> Iterator[None]:
-    """Raise ``TrialTimeout(message)`` in the main thread after ``seconds`` of wall time, wherever the main thread is
-    (a ``time.sleep`` or a blocking read in the dataset included); a no-op where SIGALRM is not ours to use (not the
-    main thread, no SIGALRM on this platform, or a handler of the user's is installed)."""
-    usable = (
-        hasattr(signal, "setitimer")
-        and threading.current_thread() is threading.main_thread()
-        and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None)
-    )
-    if not usable:
-        yield
-        return
-
-    def on_alarm(signum: int, frame: Any) -> None:
-        raise TrialTimeout(message)
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 _WORKER_DIED = re.compile(r"DataLoader worker \(pid")
@@ -91,8 +65,3 @@ def failure_reason(exc: BaseException) -> Optional[str]:
     if message.startswith("DataLoader timed out"):
         return f"timed out: {text}"
     return None
-
-
-def timed_out(exc: Optional[BaseException]) -> bool:
-    return isinstance(exc, TrialTimeout) or (isinstance(exc, RuntimeError) and
-                                             str(exc).startswith("DataLoader timed out"))

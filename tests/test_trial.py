@@ -11,7 +11,8 @@ from torch.utils.data import DataLoader, SequentialSampler
 import autoloader
 from autoloader.consumer import Consumer
 from autoloader.results import LoaderConfig
-from autoloader.trial import _Cycle, _window_open, build_trial_loader, run_trial
+from autoloader._window import window_open
+from autoloader.trial import _Cycle, build_trial_loader, run_trial
 from workloads import CpuBound, InMemory, LatencyBound
 
 CPU = Consumer(None, torch.device("cpu"))
@@ -31,7 +32,7 @@ def test_cycle_repeats_forever_and_stops_on_an_empty_base():
     (10, 1, 0, 0),      # no workers: only the first batch is skipped
 ])
 def test_window_open(count, skip, n, expected):
-    assert _window_open(count, skip, n) == expected
+    assert window_open(count, skip, n) == expected
 
 
 def test_trial_loader_keeps_user_arguments_and_never_ends(tmp_path):

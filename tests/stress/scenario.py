@@ -1,0 +1,50 @@
+"""One stress scenario in a fresh interpreter (tests/stress/test_stress.py runs it hundreds of times).
+
+    python tests/stress/scenario.py {killed,raising,hanging,interrupt}
+
+Prints one JSON line: the outcome and what make_loader returned or raised. For ``interrupt`` the parent sends SIGINT
+at a random moment; the script prints ``started`` first so the parent knows tuning has begun.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(os.path.dirname(HERE)), os.path.dirname(HERE)]
+
+import fault_data as fd  # noqa: E402
+import workloads  # noqa: E402
+from autoloader import make_loader  # noqa: E402
+
+
+def main(scenario: str) -> dict:
+    warnings.simplefilter("ignore")
+    common = dict(batch_size=4, cache=False)
+    if scenario == "killed":
+        loader = make_loader(fd.KillWorkers(from_workers=1), budget=4, max_workers=4, **common)
+        return {"workers": loader.tuning.num_workers, "source": loader.tuning.source}
+    if scenario == "raising":
+        try:
+            make_loader(fd.Raising("workers"), budget=4, max_workers=4, **common)
+        except fd.CorruptSample as err:
+            return {"raised": type(err).__name__}
+        return {"raised": None}
+    if scenario == "hanging":
+        loader = make_loader(fd.Hang("workers", hang_s=60), budget=2, max_workers=4, **common)
+        return {"workers": loader.tuning.num_workers, "source": loader.tuning.source}
+    if scenario == "interrupt":
+        print("started", flush=True)
+        try:
+            make_loader(workloads.LatencyBound(latency_s=0.004), budget=20, max_workers=64, **common)
+        except KeyboardInterrupt:
+            return {"interrupted": time.monotonic()}
+        return {"interrupted": None}
+    raise SystemExit(f"unknown scenario {scenario!r}")
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1])), flush=True)

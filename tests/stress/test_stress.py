@@ -1,0 +1,105 @@
+"""The fault suite, hundreds of times, each run in a fresh interpreter: zero hangs, nothing left behind.
+
+Not in the default run (``--stress``). Each scenario is a real make_loader call (tests/stress/scenario.py): every
+worker SIGKILLed on its first sample, a dataset that raises in workers, one that blocks in workers, and Ctrl-C
+(SIGINT) at a random moment of a tuning that climbs to 64 workers. A run that outlives its limit is a hang; a run
+whose session still holds a process after it exits left something behind.
+
+    python -m pytest tests/stress --stress -s          # 240 runs, about 12 minutes on 2 cores
+
+``AUTOLOADER_STRESS_RUNS`` sets the runs per scenario (default 60).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.stress
+
+SCRIPT = Path(__file__).resolve().parent / "scenario.py"
+RUNS = int(os.environ.get("AUTOLOADER_STRESS_RUNS", "60"))
+LIMIT_S = {"killed": 60, "raising": 60, "hanging": 60, "interrupt": 60}
+INTERRUPT_WITHIN_S = 2.0
+
+
+def _leftovers(session: int) -> list:
+    left = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getsid(proc.pid) == session and proc.status() != psutil.STATUS_ZOMBIE:
+                left.append(proc.pid)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return left
+
+
+def _run(scenario: str, seed: int) -> dict:
+    """One run in a new session; SIGINT at a random moment for ``interrupt``."""
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), scenario], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    signalled = None
+    try:
+        if scenario == "interrupt":
+            proc.stdout.readline()  # "started": the imports are done, tuning begins
+            time.sleep(random.Random(seed).uniform(0.0, 8.0))
+            signalled = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=LIMIT_S[scenario])
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return {"scenario": scenario, "hang": True, "seconds": time.monotonic() - started}
+    ended = time.monotonic()
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    result = json.loads(lines[-1]) if lines else {}
+    left = _leftovers(proc.pid)
+    if left:
+        os.killpg(proc.pid, signal.SIGKILL)
+    caught = result.get("interrupted")
+    return {"scenario": scenario, "hang": False, "rc": proc.returncode, "result": result, "left": left,
+            "seconds": ended - started, "after_signal": None if signalled is None else ended - signalled,
+            "caught_after": None if signalled is None or not caught else caught - signalled,
+            "stderr": err[-2000:] if proc.returncode else ""}
+
+
+def test_no_hang_in_hundreds_of_fault_runs():
+    jobs = [(scenario, seed) for seed in range(RUNS) for scenario in LIMIT_S]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = list(pool.map(lambda job: _run(*job), jobs))
+    by = {s: [r for r in runs if r["scenario"] == s] for s in LIMIT_S}
+    lines = []
+    for scenario, rs in by.items():
+        done = [r for r in rs if not r["hang"]]
+        line = (f"{scenario:10s} runs {len(rs):4d}  hangs {sum(r['hang'] for r in rs)}  "
+                f"left behind {sum(bool(r.get('left')) for r in done)}  "
+                f"seconds median {sorted(r['seconds'] for r in rs)[len(rs) // 2]:.1f} max {max(r['seconds'] for r in rs):.1f}")
+        after = [r["after_signal"] for r in done if r.get("after_signal") is not None]
+        if after:
+            caught = [r["caught_after"] for r in done if r.get("caught_after") is not None]
+            line += (f"  Ctrl-C to exit: median {sorted(after)[len(after) // 2]:.2f} s, worst {max(after):.2f} s"
+                     f" (KeyboardInterrupt out of make_loader: worst {max(caught, default=float('nan')):.2f} s)")
+        lines.append(line)
+    print("\n" + "\n".join(lines))
+    assert not [r for r in runs if r["hang"]], lines
+    assert not [r for r in runs if r.get("left")], [r for r in runs if r.get("left")][:3]
+    bad = [r for r in runs if not r["hang"] and r["rc"] != 0 and r["scenario"] != "interrupt"]
+    assert not bad, bad[:3]
+    assert all(r["result"].get("workers") == 0 and r["result"].get("source") == "tuned"
+               for r in by["killed"]), [r["result"] for r in by["killed"]][:5]
+    assert all(r["result"].get("raised") == "CorruptSample" for r in by["raising"])
+    assert all(r["result"].get("workers") == 0 for r in by["hanging"])
+    interrupted = [r for r in by["interrupt"] if r["result"].get("interrupted") or r["rc"] != 0]
+    assert interrupted, "no Ctrl-C landed during tuning"
+    slow = [r["after_signal"] for r in interrupted if r["after_signal"] > INTERRUPT_WITHIN_S]
+    assert not slow, f"Ctrl-C took longer than {INTERRUPT_WITHIN_S} s to end the process: {sorted(slow)}"
