@@ -5,7 +5,7 @@ Importing it probes no hardware and touches no CUDA; that happens when you call 
 """
 import logging
 
-from .errors import AutoloaderWarning
+from .errors import AutoloaderWarning, TuningError
 from .factory import make_loader
 from .prefetch import EpochStats, PrefetchLoader
 from .probe import MachineProfile, probe_machine
@@ -20,6 +20,7 @@ __all__ = [
     "PrefetchLoader",
     "TrialResult",
     "TuneResult",
+    "TuningError",
     "make_loader",
     "probe_machine",
     "tune",

@@ -7,6 +7,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+PROFILE_FILE = "machine.json"
+"""The saved machine profile, beside the cache entries in the cache directory."""
+
 
 def default_cache_dir() -> Path:
     """``$AUTOLOADER_CACHE_DIR``, else ``$XDG_CACHE_HOME/autoloader``, else ``~/.cache/autoloader``."""

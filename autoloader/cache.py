@@ -17,16 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional, Union
 
-from ._fs import atomic_write_json, default_cache_dir
+from ._fs import PROFILE_FILE, atomic_write_json, default_cache_dir
 from .errors import warn_user
-from .fingerprint import SCHEMA_VERSION
+from ._fingerprint import SCHEMA_VERSION
 from .results import TuneResult
 
 __all__ = ["SCHEMA_VERSION", "CacheEntry", "TuneCache", "resolve_cache"]
 
 logger = logging.getLogger("autoloader.cache")
 
-PROFILE_NAME = "machine.json"
 _KEY_RE = re.compile(r"[0-9a-f]{16,64}")
 _TEMP_RE = re.compile(r"\.(?P<stem>[0-9a-f]{16,64}|machine)\.json\..+\.tmp")
 _MAX_ENTRY_BYTES = 4 * 2**20
@@ -232,7 +231,7 @@ class TuneCache:
                 removed += int(self.remove(name[: -len(".json")]))
             elif temp and (temp.group("stem") != "machine" or include_profile):
                 removed += int(_unlink(self.directory / name))
-            elif name == PROFILE_NAME and include_profile:
+            elif name == PROFILE_FILE and include_profile:
                 removed += int(_unlink(self.directory / name))
         return removed
 

@@ -1,4 +1,4 @@
-"""The warning category autoloader uses, so users can filter it, and the one way autoloader warns."""
+"""autoloader's exception and warning types, and the one way autoloader warns."""
 import inspect
 import os
 import warnings
@@ -11,6 +11,18 @@ class AutoloaderWarning(UserWarning):
 
     Filter with ``warnings.filterwarnings("ignore", category=autoloader.AutoloaderWarning)``.
     """
+
+
+class TuningError(RuntimeError):
+    """autoloader's own machinery failed during a trial (not the dataset, not the step). ``make_loader`` catches it,
+    warns and falls back to a safe configuration; ``tune`` raises it."""
+
+
+class TrialTimeout(Exception):
+    """A trial (or the one sample read for the cache key) ran past its hard wall-clock limit."""
+
+    from_limit = True
+    """Marks the exception a ``SignalGuard`` raises at its limit (see NOTE [ Asynchronous exceptions ])."""
 
 
 def warn_user(message: str) -> None:

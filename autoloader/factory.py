@@ -1,43 +1,33 @@
-"""``make_loader``: cache -> tune -> DataLoader -> PrefetchLoader."""
+"""``make_loader`` in four steps: look up the cache, tune on a miss, store the result, build the loader."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
-import warnings
-from typing import Any, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.utils.data import DataLoader
 
 from . import distributed as _distributed
 from . import policy
-from .cache import resolve_cache
-from .consumer import Step
-from .errors import AutoloaderWarning
-from .fingerprint import cache_key, dataset_fingerprint, dataset_length, machine_fingerprint, step_descriptor
-from .prefetch import PrefetchLoader, quiet_worker_count_warning, resolve_device
-from .probe import probe_machine
-from .results import TuneResult
+from ._consumer import Step
+from ._failures import HARD_LIMIT_GRACE_S
+from ._fingerprint import cache_key, dataset_fingerprint, dataset_length, machine_fingerprint, step_descriptor
 from ._signals import SignalGuard
-from .failures import HARD_LIMIT_GRACE_S, TrialTimeout, TuningError
-from .tuner import TUNED_KNOBS, fallback_result, open_files_limit, trial_limit, tune
-from .validate import (check_common, check_dataset, check_loader_kwargs, check_picklable,
-                       worker_start_method)
+from ._validate import check_common, check_dataset, check_loader_kwargs, check_picklable
+from .cache import TuneCache, resolve_cache
+from .errors import TrialTimeout, TuningError, warn_user
+from .prefetch import PrefetchLoader, quiet_worker_count_warning, resolve_device
+from .probe import MachineProfile, open_files_limit, probe_machine, remembered_gpus, start_method
+from .results import TuneResult
+from .tuner import TUNED_KNOBS, fallback_result, trial_limit, tune_with
 
 log = logging.getLogger("autoloader")
 
 CacheArg = Union[bool, str, "os.PathLike[str]"]
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return repr(value)
 
 
 def make_loader(
@@ -51,6 +41,7 @@ def make_loader(
     dtype: Optional[torch.dtype] = None,
     input_key: Any = None,
     cache: CacheArg = True,
+    refresh: bool = False,
     budget: Optional[float] = None,
     max_workers: Optional[int] = None,
     key: Optional[str] = None,
@@ -59,91 +50,164 @@ def make_loader(
 ) -> PrefetchLoader:
     """A DataLoader tuned for this machine, dataset and training step, wrapped in a ``PrefetchLoader``.
 
-    On a cache hit no trial runs and no worker starts. On a miss, ``tune()`` times a few candidates against ``step``
-    (see ``autoloader.tuner``) and the choice is cached. Every other keyword goes to ``torch.utils.data.DataLoader``
-    unchanged; ``num_workers``, ``prefetch_factor``, ``pin_memory`` or ``persistent_workers`` given explicitly are
-    never overridden. ``distributed``: None follows ``torch.distributed.is_initialized()``.
+    On a cache hit no trial runs and no worker starts. On a miss (or with ``refresh=True``), ``tune()`` times a few
+    candidates against ``step`` and the choice is cached; ``loader.cache_key`` names the entry. Every other keyword
+    goes to ``torch.utils.data.DataLoader`` unchanged; ``num_workers``, ``prefetch_factor``, ``pin_memory`` or
+    ``persistent_workers`` given explicitly are never overridden. ``distributed``: None follows
+    ``torch.distributed.is_initialized()``.
     """
     started = time.perf_counter()
-    check_common(batch_size=batch_size, step=step, budget=budget, max_workers=max_workers, key=key, cache=cache)
-    check_dataset(dataset)
-    check_loader_kwargs(dataset, batch_size=batch_size, shuffle=shuffle, kwargs=dataloader_kwargs)
-    device = resolve_device(device)
-    kwargs = dict(dataloader_kwargs)
-    fixed = {k: kwargs.pop(k) for k in TUNED_KNOBS if k in kwargs}
-    group = _distributed.Group.current(distributed)
-    if group is not None:
-        kwargs, shuffle = group.shard(dataset, shuffle=shuffle, drop_last=kwargs.get("drop_last", False),
-                                      loader_kwargs=kwargs)
-    if fixed.get("num_workers", 1) > 0 and (max_workers is None or max_workers > 0):
-        check_picklable(start_method=worker_start_method(kwargs.get("multiprocessing_context")),
-                        objects={"dataset": dataset, "collate_fn": kwargs.get("collate_fn"),
-                                 "worker_init_fn": kwargs.get("worker_init_fn")})
-
-    profile = probe_machine(disk=False, gpus=False)
-    if group is not None:
-        profile = group.share_profile(profile)
-    store = resolve_cache(cache)
-    store_for_me = store if group is None or group.is_leader else None
-    entry_key = None
-    result: Optional[TuneResult] = None
-    if store is not None:
-        try:
-            dataset_fp = _fingerprint_in_time(dataset, key=key, budget=budget)
-        except TrialTimeout as err:
-            warnings.warn(f"autoloader could not tune: {err}; using a safe default configuration (pass "
-                          f"num_workers=... to choose one)", AutoloaderWarning, stacklevel=2)
-            result = fallback_result(fixed, device=device, reason=str(err))
-            store = store_for_me = None
-    if store is not None:
-        entry_key = cache_key(
-            dataset_fp=dataset_fp, batch_size=batch_size,
-            collate_fn=kwargs.get("collate_fn"), sampler=kwargs.get("sampler"),
-            batch_sampler=kwargs.get("batch_sampler"), drop_last=bool(kwargs.get("drop_last", False)),
-            step=step, device_type=device.type, machine_fp=machine_fingerprint(profile),
-            extra={"fixed": _jsonable(fixed), "normalize": _jsonable(normalize), "dtype": _jsonable(dtype),
-                   "shuffle": shuffle, "max_workers": max_workers,
-                   "world": None if group is None else group.local_world_size},
-        )
-    bound = max_workers if max_workers is not None else policy.default_max_workers(
-        usable_cpus=profile.cpu.usable or profile.cpu.logical, nofile=open_files_limit())
-    if store_for_me is not None and entry_key is not None:
-        result = store_for_me.get(entry_key, max_workers=bound)
-    if result is not None and not _fits_today(result, profile):
-        result = None
-    if group is not None:
-        result = group.broadcast(result)
+    if not isinstance(refresh, bool):
+        raise TypeError(f"refresh must be True (tune again, replacing a cached result) or False, got {refresh!r}")
+    request = _Request.checked(dataset, batch_size, shuffle=shuffle, step=step, device=device, normalize=normalize,
+                               dtype=dtype, input_key=input_key, cache=cache, budget=budget, max_workers=max_workers,
+                               key=key, distributed=distributed, dataloader_kwargs=dataloader_kwargs)
+    profile = dataclasses.replace(probe_machine(disk=False, gpus=False), gpus=remembered_gpus())
+    if request.group is not None:
+        profile = request.group.share_profile(profile)
+    slot = _Slot.find(request, profile, resolve_cache(cache))
+    result = slot.fallback or (None if refresh else slot.look_up())
+    in_cache = result is not None and result.source == "cache"
     if result is None:
-        try:
-            result = tune(dataset, batch_size, step=step, device=device, shuffle=shuffle, budget=budget,
-                          max_workers=max_workers, profile=profile, loader_kwargs=kwargs, fixed=fixed,
-                          normalize=normalize, dtype=dtype,
-                          agreement=group.agreement() if group is not None else None)
-        except TuningError as err:
-            warnings.warn(f"autoloader could not tune ({err}); using a safe default configuration",
-                          AutoloaderWarning, stacklevel=2)
-            result = fallback_result(fixed, device=device, reason=str(err))
+        result = _tune(request, profile)
+        in_cache = slot.store(result)
+    loader = _build(request, result, cache_key=slot.key if in_cache else None)
+    log.info("autoloader: %s, %s samples/s, bottleneck %s, from %s, %.2f s", result.config.label(),
+             "unknown" if result.samples_per_s is None else f"{result.samples_per_s:,.0f}",
+             result.bottleneck or "unknown", result.source, time.perf_counter() - started)
+    return loader
+
+
+@dataclass(frozen=True)
+class _Request:
+    """``make_loader``'s arguments, checked: the knobs the user fixed apart from the other DataLoader keywords, and
+    the data sharded across ranks when training is distributed."""
+
+    dataset: Any
+    batch_size: int
+    shuffle: bool
+    step: Step
+    device: torch.device
+    transform: Dict[str, Any]
+    budget: Optional[float]
+    max_workers: Optional[int]
+    key: Optional[str]
+    loader_kwargs: Dict[str, Any]
+    fixed: Dict[str, Any]
+    group: Optional[_distributed.Group] = field(default=None, compare=False)
+
+    @classmethod
+    def checked(cls, dataset: Any, batch_size: Any, *, shuffle: Any, step: Any, device: Any, normalize: Any,
+                dtype: Any, input_key: Any, cache: Any, budget: Any, max_workers: Any, key: Any, distributed: Any,
+                dataloader_kwargs: Dict[str, Any]) -> "_Request":
+        check_common(batch_size=batch_size, step=step, budget=budget, max_workers=max_workers, key=key, cache=cache)
+        check_dataset(dataset)
+        check_loader_kwargs(dataset, batch_size=batch_size, shuffle=shuffle, kwargs=dataloader_kwargs)
+        kwargs = dict(dataloader_kwargs)
+        fixed = {k: kwargs.pop(k) for k in TUNED_KNOBS if k in kwargs}
+        group = _distributed.Group.current(distributed)
         if group is not None:
-            result = group.broadcast(result)
-        if store_for_me is not None and entry_key is not None and _worth_keeping(result):
-            store_for_me.put(entry_key, result, meta={
-                "dataset": type(dataset).__qualname__, "len": dataset_length(dataset), "key": key,
-                "batch_size": batch_size, "step": step_descriptor(step), "device": device.type,
-                "shuffle": shuffle})
+            kwargs, shuffle = group.shard(dataset, shuffle=shuffle, drop_last=kwargs.get("drop_last", False),
+                                          loader_kwargs=kwargs)
+        if fixed.get("num_workers", 1) > 0 and (max_workers is None or max_workers > 0):
+            check_picklable(start_method=start_method(kwargs.get("multiprocessing_context")) or "fork",
+                            objects={"dataset": dataset, "collate_fn": kwargs.get("collate_fn"),
+                                     "worker_init_fn": kwargs.get("worker_init_fn")})
+        return cls(dataset, batch_size, shuffle, step, resolve_device(device),
+                   dict(normalize=normalize, dtype=dtype, input_key=input_key), budget, max_workers, key, kwargs,
+                   fixed, group)
+
+
+class _Slot:
+    """Where this request's tuning lives in the cache (rank 0's store only), and whether it is there and still fits
+    this machine today."""
+
+    def __init__(self, request: _Request, profile: MachineProfile, store: Optional[TuneCache], key: Optional[str],
+                 fallback: Optional[TuneResult] = None) -> None:
+        self.request, self.profile, self.key, self.fallback = request, profile, key, fallback
+        group = request.group
+        self.cache = store if group is None or group.is_leader else None
+
+    @classmethod
+    def find(cls, request: _Request, profile: MachineProfile, store: Optional[TuneCache]) -> "_Slot":
+        if store is None:
+            return cls(request, profile, None, None)
+        try:
+            fingerprint = _fingerprint_in_time(request.dataset, key=request.key, budget=request.budget)
+        except TrialTimeout as err:
+            warn_user(f"autoloader could not tune: {err}; using a safe default configuration (pass num_workers=... "
+                      f"to choose one)")
+            return cls(request, profile, None, None,
+                       fallback=fallback_result(request.fixed, device=request.device, reason=str(err)))
+        kwargs, transform = request.loader_kwargs, request.transform
+        key = cache_key(
+            dataset_fp=fingerprint, batch_size=request.batch_size, collate_fn=kwargs.get("collate_fn"),
+            sampler=kwargs.get("sampler"), batch_sampler=kwargs.get("batch_sampler"),
+            drop_last=bool(kwargs.get("drop_last", False)), step=request.step, device_type=request.device.type,
+            machine_fp=machine_fingerprint(profile),
+            extra={"fixed": _jsonable(request.fixed), "normalize": _jsonable(transform["normalize"]),
+                   "dtype": _jsonable(transform["dtype"]), "input_key": _jsonable(transform["input_key"]),
+                   "shuffle": request.shuffle, "max_workers": request.max_workers,
+                   "world": None if request.group is None else request.group.local_world_size})
+        return cls(request, profile, store, key)
+
+    def look_up(self) -> Optional[TuneResult]:
+        """The cached result when there is one and its workers fit in today's memory and /dev/shm; on every rank."""
+        result = None
+        if self.cache is not None and self.key is not None:
+            bound = self.request.max_workers
+            if bound is None:
+                bound = policy.default_max_workers(usable_cpus=self.profile.cpu.usable or self.profile.cpu.logical,
+                                                   nofile=open_files_limit()[0])
+            result = self.cache.get(self.key, max_workers=bound)
+        if result is not None:
+            reason = policy.no_longer_fits(result, budget_bytes=self.profile.memory.budget_bytes,
+                                           shm_free_bytes=self.profile.shm.free_bytes)
+            if reason is not None:
+                log.info("cached config %s no longer fits (%s); tuning again", result.config.label(), reason)
+                result = None
+        group = self.request.group
+        return result if group is None else group.broadcast(result)
+
+    def store(self, result: TuneResult) -> bool:
+        """Cache ``result`` when it is worth keeping; True when the entry under ``key`` now holds it (on ranks other
+        than 0, which write nothing: when rank 0 was asked to write it)."""
+        if self.key is None or not _worth_keeping(result):
+            return False
+        if self.cache is None:
+            return True
+        request = self.request
+        return self.cache.put(self.key, result, meta={
+            "dataset": type(request.dataset).__qualname__, "len": dataset_length(request.dataset),
+            "key": request.key, "batch_size": request.batch_size, "step": step_descriptor(request.step),
+            "device": request.device.type, "shuffle": request.shuffle}) is not None
+
+
+def _tune(request: _Request, profile: MachineProfile) -> TuneResult:
+    """Run the trials (on every rank together); a failure of autoloader's own falls back with a warning."""
+    group = request.group
+    try:
+        result = tune_with(request.dataset, request.batch_size, step=request.step, device=request.device,
+                           shuffle=request.shuffle, budget=request.budget, max_workers=request.max_workers,
+                           loader_kwargs=request.loader_kwargs, fixed=request.fixed, profile=profile,
+                           agreement=group.agreement() if group is not None else None, **request.transform)
+    except TuningError as err:
+        warn_user(f"autoloader could not tune ({err}); using a safe default configuration")
+        result = fallback_result(request.fixed, device=request.device, reason=str(err))
+    return result if group is None else group.broadcast(result)
+
+
+def _build(request: _Request, result: TuneResult, *, cache_key: Optional[str]) -> PrefetchLoader:
+    """The user's DataLoader with the chosen knobs (theirs where they fixed one), in the prefetcher."""
     config = result.config.loader_kwargs()
-    config.update(fixed)
+    config.update(request.fixed)
     if config.get("num_workers", 0) == 0:
         config.pop("prefetch_factor", None)
         config.pop("persistent_workers", None)
-    with quiet_worker_count_warning("num_workers" not in fixed):
-        loader = DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, **kwargs, **config)
-    wrapped = PrefetchLoader(loader, device=device, normalize=normalize, dtype=dtype, input_key=input_key,
-                             tuning=result)
-    log.info("autoloader: %s, %s samples/s, bottleneck %s, from %s, %.2f s",
-             result.config.label(),
-             "unknown" if result.samples_per_s is None else f"{result.samples_per_s:,.0f}",
-             result.bottleneck or "unknown", result.source, time.perf_counter() - started)
-    return wrapped
+    with quiet_worker_count_warning("num_workers" not in request.fixed):
+        loader = DataLoader(request.dataset, batch_size=request.batch_size, shuffle=request.shuffle,
+                            **request.loader_kwargs, **config)
+    return PrefetchLoader(loader, device=request.device, tuning=result, cache_key=cache_key, **request.transform)
 
 
 def _fingerprint_in_time(dataset: Any, *, key: Optional[str], budget: Optional[float]) -> dict:
@@ -164,15 +228,11 @@ def _worth_keeping(result: TuneResult) -> bool:
     return not worker_trials or any(t.ok for t in worker_trials)
 
 
-def _fits_today(result: TuneResult, profile: Any) -> bool:
-    """A cached config is reused only if its workers still fit in the memory and /dev/shm free now."""
-    per_worker = max((t.worker_uss_bytes + max(0, t.worker_uss_growth_bytes or 0)
-                      for t in result.trials if t.worker_uss_bytes is not None), default=None)
-    batch_bytes = next((t.batch_bytes for t in result.trials if t.batch_bytes is not None), None)
-    reason = policy.memory_guard(result.num_workers, per_worker_bytes=per_worker,
-                                 budget_bytes=profile.memory.budget_bytes) or \
-        policy.shm_guard(result.num_workers, result.prefetch_factor, batch_bytes=batch_bytes,
-                         shm_free_bytes=profile.shm.free_bytes)
-    if reason is not None:
-        log.info("cached config %s no longer fits (%s); tuning again", result.config.label(), reason)
-    return reason is None
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)

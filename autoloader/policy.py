@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from typing import Mapping, Optional, Sequence
 
-from .results import Bottleneck, TrialResult
+from .report import mib
+from .results import Bottleneck, TrialResult, TuneResult
 
 DEFAULT_TOLERANCE = 0.05
 HEADROOM = 1.2
@@ -136,25 +137,42 @@ def memory_guard(num_workers: int, *, per_worker_bytes: Optional[int], budget_by
         return None
     need = num_workers * per_worker_bytes
     if need > budget_bytes:
-        return (f"memory: {num_workers} workers x {_mib(per_worker_bytes)} MiB = {_mib(need)} MiB "
-                f"exceeds the memory budget of {_mib(budget_bytes)} MiB")
+        return (f"memory: {num_workers} workers x {mib(per_worker_bytes)} = {mib(need)} exceeds the memory budget "
+                f"of {mib(budget_bytes)}")
     return None
+
+
+def per_worker_bytes(trials: Sequence[TrialResult]) -> Optional[int]:
+    """What one worker needs, from trials that measured it: the largest USS plus its growth during the trial
+    (copy-on-read keeps growing, see NOTE [ Copy-on-read ]); None when no trial measured a worker."""
+    return max((t.worker_uss_bytes + max(0, t.worker_uss_growth_bytes or 0)
+                for t in trials if t.worker_uss_bytes is not None), default=None)
+
+
+def shm_need_bytes(num_workers: int, prefetch_factor: Optional[int], batch_bytes: int) -> int:
+    """/dev/shm the batches in flight take: up to ``num_workers * prefetch_factor`` queued, plus the one being pinned
+    and the one being consumed."""
+    return (num_workers * (prefetch_factor or 2) + 2) * batch_bytes
 
 
 def shm_guard(num_workers: int, prefetch_factor: Optional[int], *, batch_bytes: Optional[int],
               shm_free_bytes: Optional[int]) -> Optional[str]:
-    """Why the batches in flight would not fit in /dev/shm, or None.
-
-    Workers hand batches over through shared memory: up to ``num_workers * prefetch_factor`` queued, plus the one
-    being pinned and the one being consumed.
-    """
+    """Why the batches in flight (``shm_need_bytes``) would not fit in /dev/shm, or None."""
     if not num_workers or batch_bytes is None or shm_free_bytes is None:
         return None
-    need = (num_workers * (prefetch_factor or 2) + 2) * batch_bytes
+    need = shm_need_bytes(num_workers, prefetch_factor, batch_bytes)
     if need > SHM_MARGIN * shm_free_bytes:
-        return (f"/dev/shm: {num_workers} workers x prefetch {prefetch_factor} batches of {_mib(batch_bytes)} MiB "
-                f"need {_mib(need)} MiB, only {_mib(shm_free_bytes)} MiB free (Docker: --shm-size)")
+        return (f"/dev/shm: {num_workers} workers x prefetch {prefetch_factor} batches of {mib(batch_bytes)} "
+                f"need {mib(need)}, only {mib(shm_free_bytes)} free (Docker: --shm-size)")
     return None
+
+
+def no_longer_fits(result: TuneResult, *, budget_bytes: Optional[int], shm_free_bytes: Optional[int]) -> Optional[str]:
+    """Why a cached configuration's workers would not fit in today's memory budget or free /dev/shm, or None."""
+    batch_bytes = next((t.batch_bytes for t in result.trials if t.batch_bytes is not None), None)
+    return memory_guard(result.num_workers, per_worker_bytes=per_worker_bytes(result.trials),
+                        budget_bytes=budget_bytes) or \
+        shm_guard(result.num_workers, result.prefetch_factor, batch_bytes=batch_bytes, shm_free_bytes=shm_free_bytes)
 
 
 def keep_workers_alive(num_workers: int, *, per_worker_bytes: Optional[int], budget_bytes: Optional[int]) -> bool:
@@ -206,7 +224,3 @@ def bottleneck(chosen: TrialResult, trials: Sequence[TrialResult], *, consumer_s
 def _clamp(n: int, cap: int) -> int:
     return max(1, min(int(n), cap)) if cap >= 1 else 0
 
-
-def _mib(n: int) -> str:
-    mib = n / 2**20
-    return f"{mib:.1f}" if mib < 10 else f"{mib:,.0f}"

@@ -22,6 +22,7 @@ from typing import Any, Hashable, Iterable, Iterator, List, Optional, Sequence, 
 import torch
 
 from ._batch import _is_namedtuple, iter_tensors, map_tensors, rebuild_mapping
+from .results import TuneResult
 
 logger = logging.getLogger("autoloader.prefetch")
 
@@ -131,7 +132,7 @@ class PrefetchLoader:
     def __init__(self, loader: Iterable, *, device: Union[str, torch.device, None] = None,
                  normalize: Optional[Tuple[Sequence[float], Sequence[float]]] = None,
                  dtype: Optional[torch.dtype] = None, input_key: Optional[Hashable] = None,
-                 tuning: Any = None) -> None:
+                 tuning: Optional[TuneResult] = None, cache_key: Optional[str] = None) -> None:
         if not hasattr(loader, "__iter__"):
             raise TypeError(f"loader must be an iterable of batches (e.g. a DataLoader), got {type(loader).__name__}")
         if dtype is not None and not isinstance(dtype, torch.dtype):
@@ -142,6 +143,9 @@ class PrefetchLoader:
         self.loader = loader
         self.device = resolve_device(device)
         self.tuning = tuning
+        """What ``make_loader`` chose and why (``print`` it for the trial table); None for a loader you wrapped."""
+        self.cache_key = cache_key
+        """The cache entry holding ``tuning`` (``autotune show`` lists it); None when it is not cached."""
         self._dtype = dtype
         self._input_key = input_key
         self._transforms = self._normalize is not None or dtype is not None

@@ -4,16 +4,19 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
-from .results import BOTTLENECK_WORDS
-
 if TYPE_CHECKING:
     from .cache import CacheEntry
-    from .demo import Baseline
-    from .doctor import Finding
     from .probe import MachineProfile
     from .results import TrialResult, TuneResult
 
 UNKNOWN = "unknown"
+BOTTLENECK_WORDS = {
+    "consumer": "the training step: loading keeps up, more workers would not help",
+    "cpu": "CPU: the usable cores are busy decoding/augmenting samples",
+    "io": "waiting: workers mostly sleep on storage or network reads",
+    "ipc": "inter-process transfer: handing batches between processes costs more than loading them",
+    "memory": "memory: more workers would not fit in RAM or /dev/shm",
+}
 _BYPASS_WORDS = {"o_direct": "page cache bypassed with O_DIRECT", "fadvise": "page cache dropped with fadvise"}
 
 
@@ -24,6 +27,12 @@ def _bytes(n: Optional[int]) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"
+
+
+def mib(n: float) -> str:
+    """Bytes in MiB, with one decimal below 10 MiB: "1.5 MiB", "1,024 MiB"."""
+    value = n / (1 << 20)
+    return f"{value:.1f} MiB" if value < 10 else f"{value:,.0f} MiB"
 
 
 def _num(x: Optional[float], unit: str) -> str:
@@ -76,7 +85,7 @@ def format_profile(profile: "MachineProfile") -> str:
     return "Machine profile\n" + _table(rows)
 
 
-def _rate(x: Optional[float]) -> str:
+def rate(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:,.0f}"
 
 
@@ -84,7 +93,7 @@ def _when(created: Optional[float]) -> str:
     return UNKNOWN if created is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(created))
 
 
-def _grid(headers: Sequence[str], rows: Sequence[Sequence[str]], left: Sequence[int] = ()) -> List[str]:
+def grid(headers: Sequence[str], rows: Sequence[Sequence[str]], left: Sequence[int] = ()) -> List[str]:
     """Rows under headers, columns right-aligned except those in ``left`` (the last column is never padded)."""
     widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
 
@@ -134,7 +143,7 @@ def _trial_row(trial: "TrialResult", best: Optional[float], chosen: bool) -> Lis
         status = f"{trial.status}: {trial.reason or 'no reason recorded'}"
     pct = (lambda x: "-" if x is None else f"{100 * x:.0f}")
     return ["*" if chosen else "", str(c.num_workers), "-" if c.prefetch_factor is None else str(c.prefetch_factor),
-            "yes" if c.pin_memory else "no", _rate(trial.samples_per_s if trial.ok else None),
+            "yes" if c.pin_memory else "no", rate(trial.samples_per_s if trial.ok else None),
             f"{100 * trial.samples_per_s / best:.0f}%" if trial.ok and best else "-",
             "-" if trial.startup_s is None else f"{trial.startup_s:.2f}",
             pct(trial.stall_fraction if trial.ok else None),
@@ -145,10 +154,10 @@ def format_tune_result(result: "TuneResult") -> str:
     """The chosen configuration, its rate, bottleneck and source, then one row per trial (the chosen one marked
     ``*``); a cached or fallback result without trials says so instead of a table."""
     lines = [f"Chosen: {config_kwargs(result)}",
-             f"  {_rate(result.samples_per_s)} samples/s; bottleneck: {bottleneck_words(result.bottleneck)}",
+             f"  {rate(result.samples_per_s)} samples/s; bottleneck: {bottleneck_words(result.bottleneck)}",
              f"  {_source_words(result)}"]
     if result.consumer_samples_per_s:
-        lines.append(f"  the training step alone takes {_rate(result.consumer_samples_per_s)} samples/s")
+        lines.append(f"  the training step alone takes {rate(result.consumer_samples_per_s)} samples/s")
     if result.reason and result.source != "fallback":
         lines.append(f"  why: {result.reason}")
     if not result.trials:
@@ -165,34 +174,8 @@ def format_tune_result(result: "TuneResult") -> str:
     headers = ["", "workers", "prefetch", "pin", "samples/s", "vs best", "startup s", "stall %", "worker CPU %",
                "status"]
     lines.append("")
-    lines += ["  " + line for line in _grid(headers, rows, left=(0, 9))]
+    lines += ["  " + line for line in grid(headers, rows, left=(0, 9))]
     return "\n".join(lines)
-
-
-def format_comparison(result: "TuneResult", baselines: Sequence["Baseline"], *, usable_cpus: Optional[int]) -> str:
-    """The tuned rate against ``num_workers=0`` and the cores rule, with how each figure was obtained."""
-    rows = [["tuned", result.config.label(), _rate(result.samples_per_s), "", "chosen by the tuner"]]
-    for base in baselines:
-        label = base.config.label()
-        if base.name == "cores rule":
-            n = base.config.num_workers
-            label = f"max(1, {usable_cpus if usable_cpus is not None else '?'} usable CPUs - 1) = " \
-                    f"{n} worker{'s' if n != 1 else ''}"
-        rate = base.samples_per_s
-        if rate and result.samples_per_s:
-            ratio = f"tuned is {result.samples_per_s / rate:.2f}x"
-        else:
-            ratio = "-"
-        if base.trial is None:
-            how = "not run: more workers than --max-workers allows"
-        elif not base.trial.ok:
-            how = f"{base.trial.status}: {base.trial.reason}"
-        else:
-            how = "measured by the tuner" if base.measured_by_tuner else "one extra trial"
-        rows.append([base.name, label, _rate(rate), ratio, how])
-    headers = ["", "config", "samples/s", "", "figure from"]
-    return "Against the usual guesses (same consumer, same trial method)\n" + "\n".join(
-        "  " + line for line in _grid(headers, rows, left=(0, 1, 3)))
 
 
 def _entry_lines(entry: "CacheEntry") -> List[str]:
@@ -209,7 +192,7 @@ def _entry_lines(entry: "CacheEntry") -> List[str]:
     return [f"  {entry.key}",
             f"    dataset  {dataset}" + (f"; {args}" if args else ""),
             f"    chosen   {config_kwargs(result)}",
-            f"    rate     {_rate(result.samples_per_s)} samples/s; bottleneck {result.bottleneck or UNKNOWN}",
+            f"    rate     {rate(result.samples_per_s)} samples/s; bottleneck {result.bottleneck or UNKNOWN}",
             f"    tuned    {_when(entry.created)} in {result.seconds:.1f} s ({len(result.trials)} trials)"]
 
 
@@ -222,15 +205,4 @@ def format_entries(entries: Sequence["CacheEntry"], directory: object) -> str:
     lines = [head]
     for entry in entries:
         lines += _entry_lines(entry)
-    return "\n".join(lines)
-
-
-def format_findings(findings: Sequence["Finding"]) -> str:
-    """Doctor findings: one block per check with its status, what was found and the fix."""
-    counts = {s: sum(1 for f in findings if f.status == s) for s in ("fail", "warn")}
-    lines = [f"autotune doctor: {counts['fail']} problem(s), {counts['warn']} warning(s)"]
-    for finding in findings:
-        lines.append(f"  {('[' + finding.status + ']').ljust(6)} {finding.name}: {finding.detail}")
-        if finding.fix:
-            lines.append(f"  {' ' * 6} fix: {finding.fix}")
     return "\n".join(lines)

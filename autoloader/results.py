@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Optional, Tuple
 
+from .report import format_tune_result
+
 Bottleneck = Literal["consumer", "cpu", "io", "ipc", "memory"]
 Source = Literal["tuned", "cache", "fallback"]
 TrialStatus = Literal["ok", "skipped", "failed"]
@@ -17,14 +19,6 @@ TrialStatus = Literal["ok", "skipped", "failed"]
 BOTTLENECKS: Tuple[str, ...] = ("consumer", "cpu", "io", "ipc", "memory")
 SOURCES: Tuple[str, ...] = ("tuned", "cache", "fallback")
 TRIAL_STATUSES: Tuple[str, ...] = ("ok", "skipped", "failed")
-
-BOTTLENECK_WORDS = {
-    "consumer": "the training step: loading keeps up, more workers would not help",
-    "cpu": "CPU: the usable cores are busy decoding/augmenting samples",
-    "io": "waiting: workers mostly sleep on storage or network reads",
-    "ipc": "inter-process transfer: handing batches between processes costs more than loading them",
-    "memory": "memory: more workers would not fit in RAM or /dev/shm",
-}
 
 
 @dataclass(frozen=True)
@@ -153,8 +147,6 @@ class TuneResult:
         return result
 
     def __str__(self) -> str:
-        from .report import format_tune_result
-
         return format_tune_result(self)
 
 

@@ -23,8 +23,8 @@
 # the main thread, plus the DataLoader's own ``timeout`` for workers) that cuts a batch that never comes, raised only
 # where it cannot leak a lock (NOTE [ Asynchronous exceptions ] in _signals.py). However a trial ends, its workers are
 # stopped and reaped before it returns (NOTE [ Process cleanup ] in _procs.py).
-# While it runs, a trial also watches for two mistakes in the dataset (see advice.py): workers repeating an unsharded
-# IterableDataset (``advice.RepeatCheck``) and copy-on-read memory growth (worker USS from the first batch to the end).
+# While it runs, a trial also watches for two mistakes in the dataset (see _advice.py): workers repeating an unsharded
+# IterableDataset (``_advice.RepeatCheck``) and copy-on-read memory growth (worker USS from the first batch to the end).
 """
 from __future__ import annotations
 
@@ -39,11 +39,12 @@ from typing import Any, Iterator, Mapping, Optional, Set
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from . import _procs, advice
+from . import _procs, _advice
 from ._signals import SignalGuard
 from ._window import Window
-from .consumer import Consumer
-from .failures import HARD_LIMIT_GRACE_S, TrialTimeout, TuningError, failure_reason
+from ._consumer import Consumer
+from ._failures import HARD_LIMIT_GRACE_S, failure_reason
+from .errors import TrialTimeout, TuningError
 from .prefetch import PrefetchLoader, quiet_worker_count_warning
 from .results import LoaderConfig, TrialResult
 
@@ -176,7 +177,7 @@ def run_trial(
                                     loader_kwargs=loader_kwargs or {}, timeout=time_limit)
     prefetcher = PrefetchLoader(loader, device=consumer.device, normalize=normalize, dtype=dtype,
                                 input_key=input_key)
-    repeats = advice.RepeatCheck(window.skip) if config.num_workers >= 2 and isinstance(dataset, IterableDataset) \
+    repeats = _advice.RepeatCheck(window.skip) if config.num_workers >= 2 and isinstance(dataset, IterableDataset) \
         else None
     blame = _Blame()
     error: Optional[BaseException] = None
@@ -234,11 +235,11 @@ def run_trial(
         return TrialResult(config=config, status="failed", reason=reason, startup_s=window.startup_s,
                            elapsed_s=elapsed, batch_bytes=window.batch_bytes)
     if repeats is not None and repeats.repeated:
-        advice.warn_once(dataset, "repeated-stream", advice.repeated_stream_advice(dataset, config.num_workers))
+        _advice.warn_once(dataset, "repeated-stream", _advice.repeated_stream_advice(dataset, config.num_workers))
     result = window.result(elapsed)
-    copy_on_read = advice.copy_on_read_advice(result, dataset_name=type(dataset).__name__)
+    copy_on_read = _advice.copy_on_read_advice(result, dataset_name=type(dataset).__name__)
     if copy_on_read is not None:
-        advice.warn_once(dataset, "copy-on-read", copy_on_read)
+        _advice.warn_once(dataset, "copy-on-read", copy_on_read)
     return result
 
 

@@ -13,20 +13,20 @@ import dataclasses
 import logging
 import math
 import random
-import resource
 import time
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
 
 import numpy as np
 import psutil
 import torch
 
 from . import policy
-from .errors import warn_user
-from .consumer import Consumer, Step
+from .errors import TuningError, warn_user
+from ._consumer import Consumer, Step
 from .results import LoaderConfig, TrialResult, TuneResult
-from .failures import TuningError
+from ._validate import check_dataset, check_loader_kwargs, check_tuning_arguments
 from .prefetch import resolve_device
+from .probe import MachineProfile, open_files_limit, probe_machine
 from .trial import run_trial
 
 log = logging.getLogger("autoloader.tuner")
@@ -67,13 +67,7 @@ def preserved_rng() -> Iterator[None]:
         np.random.set_state(np_state)
 
 
-def open_files_limit() -> Optional[int]:
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return None if soft == resource.RLIM_INFINITY else int(soft)
-
-
-# Fields a decision reads, with the direction in which ranks must agree: the slowest rate, the largest cost.
-_AGREED_MIN = ("samples_per_s",)
+# Fields a decision reads that ranks must agree on, each the largest cost (the rate is agreed as the slowest).
 _AGREED_MAX = ("fetch_s_per_batch", "fetch_cpu_s_per_batch", "consumer_s_per_batch", "worker_cpu_util",
                "main_cpu_util", "stall_fraction", "worker_uss_bytes", "worker_uss_growth_bytes", "worker_rss_bytes",
                "batch_bytes")
@@ -81,13 +75,13 @@ _AGREED_MAX = ("fetch_s_per_batch", "fetch_cpu_s_per_batch", "consumer_s_per_bat
 
 class _Search:
     def __init__(self, *, dataset: Any, batch_size: int, consumer: Consumer, shuffle: bool,
-                 loader_kwargs: Mapping[str, Any], fixed: Mapping[str, Any], normalize: Any, dtype: Any,
+                 loader_kwargs: Mapping[str, Any], fixed: Mapping[str, Any], transform: Mapping[str, Any],
                  budget: float, cap: int, usable_cpus: int, memory_budget: Optional[int],
                  shm_free: Optional[int], tolerance: float, agreement: Agreement,
                  progress: Optional[Progress]) -> None:
         self.dataset, self.batch_size, self.consumer = dataset, batch_size, consumer
         self.shuffle, self.loader_kwargs, self.fixed = shuffle, loader_kwargs, fixed
-        self.normalize, self.dtype = normalize, dtype
+        self.transform = transform
         self.budget, self.cap, self.usable = budget, cap, usable_cpus
         self.memory_budget, self.shm_free = memory_budget, shm_free
         self.tolerance, self.agreement, self.progress = tolerance, agreement, progress
@@ -138,8 +132,8 @@ class _Search:
             broken: Optional[TuningError] = None
             try:
                 trial = run_trial(self.dataset, self.batch_size, config, consumer=self.consumer,
-                                  shuffle=self.shuffle, loader_kwargs=self.loader_kwargs, normalize=self.normalize,
-                                  dtype=self.dtype, time_limit=limit, measure_consumer=first)
+                                  shuffle=self.shuffle, loader_kwargs=self.loader_kwargs, time_limit=limit,
+                                  measure_consumer=first, **self.transform)
             except TuningError as err:
                 broken = err
             if not isinstance(self.agreement, _Alone) and self.agreement.reduce_min([0.0 if broken else 1.0])[0] == 0:
@@ -151,9 +145,7 @@ class _Search:
         self.by_config[config] = trial
         if trial.batch_bytes is not None and self.batch_bytes is None:
             self.batch_bytes = trial.batch_bytes
-        if trial.worker_uss_bytes is not None:
-            estimate = trial.worker_uss_bytes + max(0, trial.worker_uss_growth_bytes or 0)
-            self.per_worker_bytes = max(self.per_worker_bytes or 0, estimate)
+        self.per_worker_bytes = policy.per_worker_bytes(self.trials)
         elapsed = self.elapsed()
         log.info("trial %-26s %-24s %5.1f s of %.0f s budget", config.label(),
                  f"{trial.samples_per_s:,.0f} samples/s" if trial.ok else f"{trial.status}: {trial.reason}",
@@ -274,47 +266,70 @@ def tune(
     batch_size: int = 1,
     *,
     step: Step = None,
-    device: Any = None,
+    device: Union[str, torch.device, None] = None,
     shuffle: bool = False,
+    normalize: Optional[Tuple[Sequence[float], Sequence[float]]] = None,
+    dtype: Optional[torch.dtype] = None,
+    input_key: Any = None,
     budget: Optional[float] = None,
     max_workers: Optional[int] = None,
-    profile: Any = None,
-    loader_kwargs: Optional[Mapping[str, Any]] = None,
-    fixed: Optional[Mapping[str, Any]] = None,
-    normalize: Any = None,
-    dtype: Optional[torch.dtype] = None,
-    tolerance: float = policy.DEFAULT_TOLERANCE,
+    **dataloader_kwargs: Any,
+) -> TuneResult:
+    """Find the DataLoader configuration that feeds ``step`` fastest with the fewest workers, as ``make_loader``
+    would, without building the loader or touching the cache.
+
+    Takes ``make_loader``'s arguments: every other keyword goes to each trial's ``DataLoader`` unchanged, and a
+    ``num_workers``, ``prefetch_factor``, ``pin_memory`` or ``persistent_workers`` given explicitly is never tuned.
+    ``budget`` is in seconds (default 30); the result is the best found when it runs out, at most one trial's limit
+    later. The global RNG states are left as they were. Raises ``TuningError`` when autoloader itself fails.
+    """
+    check_tuning_arguments(batch_size=batch_size, step=step, budget=budget, max_workers=max_workers)
+    check_dataset(dataset)
+    check_loader_kwargs(dataset, batch_size=batch_size, shuffle=shuffle, kwargs=dataloader_kwargs)
+    kwargs = dict(dataloader_kwargs)
+    fixed = {k: kwargs.pop(k) for k in TUNED_KNOBS if k in kwargs}
+    return tune_with(dataset, batch_size, step=step, device=resolve_device(device), shuffle=shuffle,
+                     normalize=normalize, dtype=dtype, input_key=input_key, budget=budget, max_workers=max_workers,
+                     loader_kwargs=kwargs, fixed=fixed)
+
+
+def tune_with(
+    dataset: Any,
+    batch_size: int,
+    *,
+    step: Step,
+    device: torch.device,
+    shuffle: bool,
+    normalize: Any,
+    dtype: Optional[torch.dtype],
+    input_key: Any,
+    budget: Optional[float],
+    max_workers: Optional[int],
+    loader_kwargs: Mapping[str, Any],
+    fixed: Mapping[str, Any],
+    profile: Optional[MachineProfile] = None,
     agreement: Optional[Agreement] = None,
     progress: Optional[Progress] = None,
+    tolerance: float = policy.DEFAULT_TOLERANCE,
 ) -> TuneResult:
-    """Find the DataLoader configuration that feeds ``step`` fastest with the fewest workers.
-
-    ``loader_kwargs`` are the user's other DataLoader arguments, passed to every trial unchanged; ``fixed`` holds the
-    knobs the user set explicitly (any of ``num_workers``, ``prefetch_factor``, ``pin_memory``,
-    ``persistent_workers``), which are never tuned. ``budget`` is in seconds (default 30); the result is the best found
-    when it runs out, at most one trial's limit later. The global RNG states are left as they were.
-    """
-    from .probe import probe_machine
-
-    if budget is None:
-        budget = DEFAULT_BUDGET_S
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
-        raise ValueError(f"budget={budget!r} must be a number of seconds > 0 (e.g. budget=30)")
-    fixed = dict(fixed or {})
+    """``tune`` with its plumbing, for ``make_loader`` and the CLI: arguments already checked, the knobs the user
+    ``fixed`` apart from the other ``loader_kwargs``, the machine ``profile`` (probed when None), how ranks agree,
+    and a ``progress`` callback per trial."""
     unknown = set(fixed) - set(TUNED_KNOBS)
     if unknown:
         raise ValueError(f"fixed may only hold {TUNED_KNOBS}, got {sorted(unknown)}")
+    budget = DEFAULT_BUDGET_S if budget is None else float(budget)
     profile = profile if profile is not None else probe_machine(disk=False, gpus=False)
     usable = profile.cpu.usable or profile.cpu.logical or 1
-    nofile = open_files_limit()
+    nofile = open_files_limit()[0]
     cap = policy.default_max_workers(usable_cpus=usable, nofile=nofile)
     bound_by_nofile = cap < policy.default_max_workers(usable_cpus=usable, nofile=None)
     if max_workers is not None:
         cap, bound_by_nofile = max_workers, False
-    consumer = Consumer(step, resolve_device(device))
-    search = _Search(dataset=dataset, batch_size=batch_size, consumer=consumer, shuffle=shuffle,
-                     loader_kwargs=dict(loader_kwargs or {}), fixed=fixed, normalize=normalize, dtype=dtype,
-                     budget=float(budget), cap=cap, usable_cpus=usable, memory_budget=profile.memory.budget_bytes,
+    search = _Search(dataset=dataset, batch_size=batch_size, consumer=Consumer(step, device), shuffle=shuffle,
+                     loader_kwargs=dict(loader_kwargs), fixed=dict(fixed),
+                     transform=dict(normalize=normalize, dtype=dtype, input_key=input_key),
+                     budget=budget, cap=cap, usable_cpus=usable, memory_budget=profile.memory.budget_bytes,
                      shm_free=profile.shm.free_bytes, tolerance=tolerance, agreement=agreement or _Alone(),
                      progress=progress)
     with preserved_rng():

@@ -216,7 +216,7 @@ def check_cuda_initialised_before_tuning() -> Outcome:
     import warnings
 
     from autoloader import make_loader
-    from autoloader.failures import TuningError
+    from autoloader.errors import TuningError
 
     torch.zeros(1, device="cuda")
     with warnings.catch_warnings():
@@ -243,7 +243,7 @@ def check_cuda_initialised_before_tuning() -> Outcome:
 def check_simulated_step_is_calibrated() -> Outcome:
     """``step=0.01`` on CUDA is a GPU-side spin calibrated to seconds: ~10 ms of GPU time, and the host returns at
     once (it stays free, as with a real GPU step)."""
-    from autoloader.consumer import Consumer
+    from autoloader._consumer import Consumer
 
     consumer = Consumer(0.01, torch.device("cuda"))
     consumer(None)

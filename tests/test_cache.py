@@ -1,4 +1,4 @@
-"""Fingerprints, cache keys and the JSON tuning store (autoloader.fingerprint, autoloader.cache)."""
+"""Fingerprints, cache keys and the JSON tuning store (autoloader._fingerprint, autoloader.cache)."""
 from __future__ import annotations
 
 import collections
@@ -21,7 +21,7 @@ from torch.utils.data import BatchSampler, Dataset, IterableDataset, RandomSampl
 
 from autoloader.cache import SCHEMA_VERSION, CacheEntry, TuneCache, resolve_cache
 from autoloader.errors import AutoloaderWarning
-from autoloader.fingerprint import (
+from autoloader._fingerprint import (
     cache_key,
     callable_identity,
     dataset_fingerprint,
@@ -259,7 +259,7 @@ def test_key_is_stable_across_processes(tmp_path):
     code = (
         "import torch\n"
         "from torch.utils.data import TensorDataset, RandomSampler, default_collate\n"
-        "from autoloader.fingerprint import cache_key, dataset_fingerprint\n"
+        "from autoloader._fingerprint import cache_key, dataset_fingerprint\n"
         "ds = TensorDataset(torch.zeros(10, 3), torch.ones(10, dtype=torch.long))\n"
         "print(cache_key(dataset_fp=dataset_fingerprint(ds), batch_size=4, collate_fn=default_collate,\n"
         "                sampler=RandomSampler(ds), batch_sampler=None, drop_last=True, step=0.5,\n"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import resource
 import subprocess
 import sys
 import textwrap
@@ -16,14 +15,15 @@ import torch
 
 from autoloader import cli
 from autoloader.cache import CacheEntry, TuneCache
-from autoloader.demo import DemoImages, baselines, cores_rule_workers
-from autoloader.fingerprint import machine_fingerprint
-from autoloader.doctor import (DeviceHolder, ShmNeed, check_cache, check_cpus, check_gpu_holders, check_open_files,
+from autoloader.cli.demo import DemoImages, baselines, cores_rule_workers
+from autoloader._fingerprint import machine_fingerprint
+from autoloader.cli.doctor import (DeviceHolder, ShmNeed, check_cache, check_cpus, check_gpu_holders, check_open_files,
                                check_saved_profile, check_shm, check_start_method, check_thread_env,
                                find_nvidia_holders, shm_needs)
 from autoloader.probe import CpuInfo, ShmInfo, probe_machine, save_profile
-from autoloader.report import format_findings, format_tune_result
-from autoloader.results import BOTTLENECK_WORDS, LoaderConfig, TrialResult, TuneResult
+from autoloader.cli.doctor import format_findings
+from autoloader.report import BOTTLENECK_WORDS, format_tune_result
+from autoloader.results import LoaderConfig, TrialResult, TuneResult
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
@@ -214,7 +214,7 @@ def test_bad_usage_exits_2(work, capsys, argv):
 
 
 def test_plot_without_matplotlib_fails_before_tuning(work, capsys, monkeypatch):
-    monkeypatch.setattr("autoloader.plot.available", lambda: False)
+    monkeypatch.setattr("autoloader.cli.plot.available", lambda: False)
     assert cli.main(["tune", f"{USER_MODULE}:make_ds", "--batch-size", "4", "--plot", "x.png"]) == 1
     err = capsys.readouterr().err
     assert "install autoloader[plot] (matplotlib) for --plot" in err
@@ -278,7 +278,7 @@ def test_format_tune_result_without_trials():
 
 def test_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
-    from autoloader.plot import plot_tune_result
+    from autoloader.cli.plot import plot_tune_result
 
     path = plot_tune_result(tuned_result(), tmp_path / "t.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
@@ -313,8 +313,8 @@ def test_open_files_check():
     assert "raise the hard limit (1024)" in stuck.fix and "uses 1 workers" not in stuck.detail
     assert check_open_files(1024, 4096, sharing_strategy="file_system").status == "ok"
     assert check_open_files(65536, 65536, sharing_strategy="file_descriptor").status == "ok"
-    infinity = resource.RLIM_INFINITY
-    assert check_open_files(infinity, infinity, sharing_strategy="file_descriptor").status == "ok"
+    unlimited = check_open_files(None, None, sharing_strategy="file_descriptor")
+    assert unlimited.status == "ok" and "unlimited" in unlimited.detail
 
 
 def test_cpu_quota_check():
@@ -397,9 +397,9 @@ def test_baselines_reuse_the_tuners_trials_and_time_the_rest():
     assert rule.trial is not None and rule.trial.config == rule.config and rule.trial.status in ("ok", "failed")
     capped = baselines(data, 8, result, usable_cpus=3, step=None, device=torch.device("cpu"), max_workers=0)[1]
     assert capped.trial is None and capped.samples_per_s is None
-    from autoloader.report import format_comparison
+    from autoloader.cli.demo import format_comparison
 
-    text = format_comparison(result, [no_workers, capped], usable_cpus=3)
+    text = format_comparison(result, [no_workers, capped])
     assert "max(1, 3 usable CPUs - 1) = 2 workers" in text and "not run" in text and "tuned is 1.96x" in text
 
 

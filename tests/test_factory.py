@@ -42,7 +42,9 @@ def test_shuffled_batches_equal_a_bare_dataloader_with_the_same_generator(data, 
 
 def test_second_call_hits_the_cache_without_trials_or_workers(tmp_path):
     data = LatencyBound(n=2000, latency_s=0.002)
+    started = time.perf_counter()
     first = make_loader(data, 16, cache=tmp_path, budget=4)
+    tuning = time.perf_counter() - started
     assert first.tuning.source == "tuned" and first.tuning.trials
     assert len(entries(tmp_path)) == 1
     started = time.perf_counter()
@@ -51,7 +53,7 @@ def test_second_call_hits_the_cache_without_trials_or_workers(tmp_path):
     assert second.tuning.source == "cache"
     assert second.tuning.num_workers == first.tuning.num_workers
     assert not live_children(), "a cache hit must not start workers"
-    assert elapsed < 0.5, f"a hit took {elapsed:.3f} s (the benchmark checks the real figure, < 50 ms)"
+    assert elapsed < tuning / 10, f"a hit took {elapsed:.3f} s, tuning {tuning:.1f} s (the benchmark has the figures)"
 
 
 @pytest.mark.parametrize("change", [

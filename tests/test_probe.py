@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from autoloader import _cgroup, _disk, _gpu, probe
+from autoloader import probe
+from autoloader.probe import _cgroup, _disk, _gpu
 from autoloader.cli import main
 from autoloader.errors import AutoloaderWarning
 from autoloader.probe import (CpuInfo, DiskInfo, GpuInfo, MachineProfile, MemoryInfo, ShmInfo, load_profile,
@@ -99,7 +100,7 @@ def test_probe_machine_facts_and_speed():
     start = time.perf_counter()
     profile = probe_machine(disk=False, gpus=False)
     elapsed = time.perf_counter() - start
-    assert elapsed < 0.5
+    assert elapsed < 2.0, "without the disk and GPU parts the probe reads a few files (2 ms here)"
     assert profile.disk is None and profile.gpus is None
     assert profile.cpu.logical == os.cpu_count()
     assert profile.cpu.affinity == len(os.sched_getaffinity(0))

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from autoloader._signals import SignalGuard, unsafe_to_raise
-from autoloader.failures import TrialTimeout
+from autoloader.errors import TrialTimeout
 
 
 class WorkerDied(RuntimeError):

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, SequentialSampler
 
 import autoloader
-from autoloader.consumer import Consumer
+from autoloader._consumer import Consumer
 from autoloader.results import LoaderConfig
 from autoloader._window import window_open
 from autoloader.trial import _Cycle, build_trial_loader, run_trial

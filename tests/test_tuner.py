@@ -9,7 +9,8 @@ from torch.utils.data import Dataset
 
 from autoloader import tune
 from autoloader.results import TuneResult
-from autoloader.tuner import fallback_result
+from autoloader import make_loader
+from autoloader.tuner import fallback_result, tune_with
 from workloads import InMemory, LatencyBound
 
 
@@ -76,7 +77,7 @@ def test_budget_is_respected_on_a_slow_dataset():
 
 
 def test_fixed_knobs_are_not_tuned():
-    result = tune(LatencyBound(latency_s=0.001), 8, budget=4, fixed={"num_workers": 1, "persistent_workers": False})
+    result = tune(LatencyBound(latency_s=0.001), 8, budget=4, num_workers=1, persistent_workers=False)
     assert {t.config.num_workers for t in result.trials} == {1}
     assert result.num_workers == 1 and result.persistent_workers is False
 
@@ -104,22 +105,26 @@ def test_tuning_leaves_the_global_rngs_as_they_were():
 def test_user_generator_is_not_advanced():
     generator = torch.Generator().manual_seed(7)
     state = generator.get_state().clone()
-    tune(InMemory(n=512), 32, shuffle=True, budget=3, max_workers=1, loader_kwargs={"generator": generator})
+    tune(InMemory(n=512), 32, shuffle=True, budget=3, max_workers=1, generator=generator)
     assert torch.equal(generator.get_state(), state)
 
 
 def test_progress_is_reported_per_trial():
     seen = []
-    result = tune(InMemory(n=2048), 64, budget=4, max_workers=1,
-                  progress=lambda trial, elapsed, budget: seen.append((trial.config.num_workers, budget)))
+    result = tune_with(InMemory(n=2048), 64, step=None, device=torch.device("cpu"), shuffle=False, normalize=None,
+                       dtype=None, input_key=None, budget=4, max_workers=1, loader_kwargs={}, fixed={},
+                       progress=lambda trial, elapsed, budget: seen.append((trial.config.num_workers, budget)))
     assert [n for n, _ in seen] == [t.config.num_workers for t in result.trials]
     assert all(b == 4 for _, b in seen)
 
 
-@pytest.mark.parametrize("budget", [0, -1, "10", True])
-def test_bad_budget(budget):
-    with pytest.raises(ValueError, match="budget"):
+@pytest.mark.parametrize("budget, error", [(0, ValueError), (-1, ValueError), ("10", TypeError), (True, TypeError)])
+def test_bad_budget_raises_as_make_loader_does(budget, error):
+    with pytest.raises(error, match="budget") as raised:
         tune(InMemory(n=8), 4, budget=budget)
+    with pytest.raises(error, match="budget") as through_make_loader:
+        make_loader(InMemory(n=8), 4, budget=budget, cache=False)
+    assert str(raised.value) == str(through_make_loader.value)
 
 
 def test_result_round_trips_through_json_and_prints():

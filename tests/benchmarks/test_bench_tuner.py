@@ -13,7 +13,7 @@ import statistics
 import pytest
 
 from autoloader import tune
-from autoloader.consumer import Consumer
+from autoloader._consumer import Consumer
 from autoloader.probe import probe_machine
 from autoloader.results import LoaderConfig
 from autoloader.trial import run_trial

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 
 if TYPE_CHECKING:
-    from .results import TuneResult
+    from ..results import TuneResult
 
 MISSING = "install autoloader[plot] (matplotlib) for --plot"
 

@@ -1,4 +1,4 @@
-"""Facts about the machine a loader runs on: usable CPUs, memory, /dev/shm, disk, GPUs. No decisions.
+"""The ``MachineProfile``: usable CPUs, memory, /dev/shm, disk and GPUs, probed, saved and loaded.
 
 Every figure is measured or read from the system; one that cannot be is None, never a guess.
 """
@@ -8,11 +8,9 @@ import functools
 import json
 import logging
 import math
-import multiprocessing
 import os
 import platform
 import time
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, Optional, Tuple
@@ -22,19 +20,15 @@ import torch
 
 from . import _cgroup
 from ._disk import DiskInfo, measure_disk
-from ._fs import atomic_write_json, default_cache_dir
+from .._fs import PROFILE_FILE, atomic_write_json, default_cache_dir
 from ._gpu import GpuInfo, probe_gpus
-from .errors import AutoloaderWarning
-
-__all__ = ["CpuInfo", "MemoryInfo", "ShmInfo", "DiskInfo", "GpuInfo", "MachineProfile", "probe_machine",
-           "save_profile", "load_profile"]
+from ._process import THREAD_ENV_VARS, start_method
+from ..errors import warn_user
 
 logger = logging.getLogger("autoloader.probe")
 
 SCHEMA = 1
-PROFILE_FILE = "machine.json"
 SHM_PATH = "/dev/shm"
-THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
 @dataclass(frozen=True)
@@ -122,7 +116,7 @@ def probe_machine(data_dir: "str | os.PathLike[str] | None" = None, *, disk: boo
         shm=_probe_shm(),
         disk=disk_info,
         gpus=probe_gpus() if gpus else None,
-        start_method=_start_method(),
+        start_method=start_method(),
         torch_version=str(torch.__version__),
         python_version=platform.python_version(),
         thread_env={k: os.environ[k] for k in THREAD_ENV_VARS if k in os.environ},
@@ -195,16 +189,6 @@ def _probe_disk(data_dir: "str | os.PathLike[str] | None", seconds: float) -> Di
     return measure_disk(data_dir, seconds=seconds)
 
 
-def _start_method() -> Optional[str]:
-    """The start method set for this process, else the platform default; never fixes the context as a side effect
-    (``multiprocessing.get_start_method()``/``get_context()`` without arguments would)."""
-    method = multiprocessing.get_start_method(allow_none=True)
-    if method is None:
-        methods = multiprocessing.get_all_start_methods()  # documented: the first is the default
-        method = methods[0] if methods else None
-    return method
-
-
 def save_profile(profile: MachineProfile, cache_dir: "str | os.PathLike[str] | None" = None) -> Path:
     """Write ``profile`` to ``machine.json`` in ``cache_dir`` (default: the autoloader cache) atomically."""
     if not isinstance(profile, MachineProfile):
@@ -223,13 +207,12 @@ def load_profile(cache_dir: "str | os.PathLike[str] | None" = None) -> Optional[
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:
-        warnings.warn(f"cannot read the machine profile {path}: {exc}", AutoloaderWarning, stacklevel=2)
+        warn_user(f"cannot read the machine profile {path}: {exc}")
         return None
     try:
         return MachineProfile.from_dict(json.loads(text))
     except ValueError as exc:  # json.JSONDecodeError is a ValueError
-        warnings.warn(f"ignoring the corrupt machine profile {path} ({exc}); run `autotune probe` to redo it",
-                      AutoloaderWarning, stacklevel=2)
+        warn_user(f"ignoring the corrupt machine profile {path} ({exc}); run `autotune probe` to redo it")
         return None
 
 

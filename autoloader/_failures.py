@@ -1,4 +1,4 @@
-"""How a trial fails: its time-limit exception, and which exceptions are the candidate's fault rather than the user's.
+"""How a trial fails: which exceptions are the candidate's fault rather than the user's.
 
 A dataset or step that raises is the user's bug and surfaces unchanged. A worker killed (the OOM killer, a bus error
 from a full /dev/shm), a timeout, or running out of file descriptors, memory or /dev/shm is a property of the
@@ -10,19 +10,10 @@ import errno
 import re
 from typing import Optional
 
+from .errors import TrialTimeout
+
 HARD_LIMIT_GRACE_S = 2.0
 """A trial is cut this long after its soft limit (checked after each batch), when a batch or a step never returns."""
-
-
-class TrialTimeout(Exception):
-    """A trial ran past its hard wall-clock limit."""
-
-    from_limit = True
-    """Marks the exception a ``SignalGuard`` raises at its limit (see NOTE [ Asynchronous exceptions ])."""
-
-
-class TuningError(RuntimeError):
-    """autoloader's own machinery failed during a trial (not the dataset, not the step); the factory falls back."""
 
 
 _WORKER_DIED = re.compile(r"DataLoader worker \(pid")

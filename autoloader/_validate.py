@@ -8,7 +8,7 @@ from typing import Any, Mapping, Optional
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from .consumer import check_step
+from ._consumer import check_step
 
 _DATALOADER_ARGS = frozenset(inspect.signature(DataLoader.__init__).parameters) - {"self", "dataset"}
 _OURS = frozenset({"batch_size", "shuffle"})
@@ -97,31 +97,21 @@ def check_loader_kwargs(dataset: Any, *, batch_size: int, shuffle: Any, kwargs: 
         raise ValueError("persistent_workers=True needs num_workers > 0; drop one of them")
 
 
-def check_common(*, batch_size: Any, step: Any, budget: Any, max_workers: Any, key: Any, cache: Any) -> None:
+def check_tuning_arguments(*, batch_size: Any, step: Any, budget: Any, max_workers: Any) -> None:
+    """What ``tune`` and ``make_loader`` share."""
     check_batch_size(batch_size)
     check_step(step)
     check_budget(budget)
     check_max_workers(max_workers)
+
+
+def check_common(*, batch_size: Any, step: Any, budget: Any, max_workers: Any, key: Any, cache: Any) -> None:
+    check_tuning_arguments(batch_size=batch_size, step=step, budget=budget, max_workers=max_workers)
     if key is not None and not isinstance(key, str):
         raise TypeError(f"key must be a str naming the dataset for the cache (e.g. key='imagenet-train'), "
                         f"got {type(key).__name__}")
     if not isinstance(cache, (bool, str, os.PathLike)):
         raise TypeError(f"cache must be True (default location), False (no cache) or a directory path, got {cache!r}")
-
-
-def worker_start_method(multiprocessing_context: Any) -> str:
-    """How the DataLoader will start workers: the context the user passed, else the process default.
-
-    Reads the default without fixing it: ``multiprocessing.get_context()`` would, and a later
-    ``set_start_method()`` of the user's would then fail.
-    """
-    import multiprocessing
-
-    if multiprocessing_context is None:
-        return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
-    if isinstance(multiprocessing_context, str):
-        return multiprocessing_context
-    return multiprocessing_context.get_start_method()
 
 
 class _Discard:

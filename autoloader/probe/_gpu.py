@@ -1,6 +1,7 @@
 """The GPUs this process can use (name, memory), found without initialising CUDA in this process."""
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -67,6 +68,23 @@ def probe_gpus() -> Optional[Tuple[GpuInfo, ...]]:
     if gpus is None:
         logger.info("GPU probe: neither a child torch process nor nvidia-smi could list the GPUs")
     return gpus
+
+
+def remembered_gpus() -> Optional[Tuple[GpuInfo, ...]]:
+    """``probe_gpus()`` for the cache key of every ``make_loader`` call: in-process when CUDA is already initialised,
+    else asked once per process (nvidia-smi first, tens of milliseconds; then a child torch process) and remembered,
+    since a process's GPUs do not change while it runs."""
+    if torch.cuda.is_initialized():
+        return _in_process()
+    if not torch.backends.cuda.is_built():
+        return ()
+    return _asked_once(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+@functools.lru_cache(maxsize=None)
+def _asked_once(visible: Optional[str]) -> Optional[Tuple[GpuInfo, ...]]:
+    gpus = _from_nvidia_smi()
+    return gpus if gpus is not None else _from_child()
 
 
 def _in_process() -> Tuple[GpuInfo, ...]:

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .consumer import Consumer, Step
-from .results import LoaderConfig, TrialResult, TuneResult
+from .._consumer import Consumer, Step
+from ..report import grid, rate
+from ..results import LoaderConfig, TrialResult, TuneResult
+from ..trial import run_trial
 
 __all__ = ["DemoImages", "Baseline", "cores_rule_workers", "baselines"]
 
@@ -107,6 +109,8 @@ class Baseline:
     config: LoaderConfig
     trial: Optional[TrialResult]
     measured_by_tuner: bool
+    description: str = ""
+    """How the configuration was derived, in words (the cores rule's arithmetic); the config's label otherwise."""
 
     @property
     def samples_per_s(self) -> Optional[float]:
@@ -131,18 +135,37 @@ def baselines(dataset: Any, batch_size: int, result: TuneResult, *, usable_cpus:
     """``num_workers=0`` and the cores rule (same prefetch/pin defaults as the tuner), each taken from the tuner's
     trials when it tried that configuration, else timed now with one extra trial against the same consumer (never
     above ``max_workers``: such a baseline is left unmeasured)."""
-    from .trial import run_trial
-
     pin = result.pin_memory
-    wanted = [("num_workers=0", LoaderConfig(0, None, pin, False)),
-              ("cores rule", LoaderConfig(cores_rule_workers(usable_cpus), 2, pin, False))]
+    rule = cores_rule_workers(usable_cpus)
+    wanted = [("num_workers=0", LoaderConfig(0, None, pin, False), ""),
+              ("cores rule", LoaderConfig(rule, 2, pin, False),
+               f"max(1, {usable_cpus if usable_cpus is not None else '?'} usable CPUs - 1) = "
+               f"{rule} worker{'s' if rule != 1 else ''}")]
     consumer: Optional[Consumer] = None
     found = []
-    for name, config in wanted:
+    for name, config, description in wanted:
         trial = _tried(result, config)
         by_tuner = trial is not None
         if trial is None and (max_workers is None or config.num_workers <= max_workers):
             consumer = consumer or Consumer(step, device)
             trial = run_trial(dataset, batch_size, config, consumer=consumer, time_limit=time_limit)
-        found.append(Baseline(name, config, trial, by_tuner))
+        found.append(Baseline(name, config, trial, by_tuner, description))
     return found
+
+
+def format_comparison(result: TuneResult, baselines: Sequence[Baseline]) -> str:
+    """The tuned rate against each baseline, with how each figure was obtained."""
+    rows = [["tuned", result.config.label(), rate(result.samples_per_s), "", "chosen by the tuner"]]
+    for base in baselines:
+        measured = base.samples_per_s
+        ratio = f"tuned is {result.samples_per_s / measured:.2f}x" if measured and result.samples_per_s else "-"
+        if base.trial is None:
+            how = "not run: more workers than --max-workers allows"
+        elif not base.trial.ok:
+            how = f"{base.trial.status}: {base.trial.reason}"
+        else:
+            how = "measured by the tuner" if base.measured_by_tuner else "one extra trial"
+        rows.append([base.name, base.description or base.config.label(), rate(measured), ratio, how])
+    headers = ["", "config", "samples/s", "", "figure from"]
+    return "Against the usual guesses (same consumer, same trial method)\n" + "\n".join(
+        "  " + line for line in grid(headers, rows, left=(0, 1, 3)))

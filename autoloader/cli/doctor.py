@@ -8,24 +8,26 @@ from __future__ import annotations
 
 import glob
 import os
-import resource
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple
+from typing import Iterable, List, Literal, Mapping, Optional, Sequence, Tuple
 
-if TYPE_CHECKING:
-    from .cache import CacheEntry
-    from .probe import CpuInfo, GpuInfo, MachineProfile, ShmInfo
+import torch.multiprocessing
+
+from ..cache import CacheEntry, resolve_cache
+from ..policy import shm_need_bytes
+from ..probe import (THREAD_ENV_VARS, CpuInfo, GpuInfo, MachineProfile, ShmInfo, load_profile, open_files_limit,
+                     probe_machine)
+from ..report import mib
 
 __all__ = ["Finding", "DeviceHolder", "ShmNeed", "run_checks", "check_shm", "check_open_files", "check_cpus",
            "check_start_method", "check_thread_env", "check_gpu_holders", "check_gpus", "check_saved_profile",
-           "check_cache", "shm_needs", "find_nvidia_holders"]
+           "check_cache", "shm_needs", "find_nvidia_holders", "format_findings"]
 
 Status = Literal["ok", "warn", "fail", "info"]
 MIB = 1 << 20
 SMALL_SHM_BYTES = 256 * MIB
 LOW_NOFILE = 4096
 GOOD_NOFILE = 65536
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 @dataclass(frozen=True)
@@ -59,12 +61,8 @@ class DeviceHolder:
     devices: Tuple[str, ...]
 
 
-def _mib(n: float) -> str:
-    return f"{n / MIB:,.0f} MiB"
-
-
 # -- /dev/shm -------------------------------------------------------------------------------------------------------
-def shm_needs(entries: Iterable["CacheEntry"]) -> List[ShmNeed]:
+def shm_needs(entries: Iterable[CacheEntry]) -> List[ShmNeed]:
     """What each valid cached configuration with workers needs in /dev/shm: (workers x prefetch + 2) batches, the
     count ``policy.shm_guard`` uses; the batch size is the one its trials measured."""
     needs = []
@@ -75,26 +73,26 @@ def shm_needs(entries: Iterable["CacheEntry"]) -> List[ShmNeed]:
         batch = next((t.batch_bytes for t in result.trials if t.batch_bytes), None)
         if batch is None:
             continue
-        need = (result.num_workers * (result.prefetch_factor or 2) + 2) * batch
-        label = f"{entry.meta.get('dataset', entry.key[:12])} {result.config.label()}, {_mib(batch)} batches"
+        need = shm_need_bytes(result.num_workers, result.prefetch_factor, batch)
+        label = f"{entry.meta.get('dataset', entry.key[:12])} {result.config.label()}, {mib(batch)} batches"
         needs.append(ShmNeed(label, need))
     return needs
 
 
-def check_shm(shm: "ShmInfo", needs: Sequence[ShmNeed]) -> Finding:
+def check_shm(shm: ShmInfo, needs: Sequence[ShmNeed]) -> Finding:
     name = "shared memory"
     fix = ("give the container more: `docker run --shm-size=8g` (Kubernetes: an emptyDir with medium: Memory "
            "mounted at /dev/shm), or use fewer workers / a smaller prefetch_factor")
     if shm.free_bytes is None:
         return Finding(name, "info", f"{shm.path} size unknown (not mounted or not readable)")
-    have = f"{shm.path}: {_mib(shm.free_bytes)} free of {_mib(shm.total_bytes or 0)}"
+    have = f"{shm.path}: {mib(shm.free_bytes)} free of {mib(shm.total_bytes or 0)}"
     if not needs:
         if (shm.total_bytes or 0) < SMALL_SHM_BYTES:
             return Finding(name, "warn", f"{have}; Docker's default is 64 MiB, and workers pass every batch "
                                          f"through it (a full /dev/shm kills workers with a bus error)", fix)
         return Finding(name, "ok", f"{have}; no cached configuration to check it against")
     worst = max(needs, key=lambda n: n.need_bytes)
-    detail = f"{have}; the largest cached need is {_mib(worst.need_bytes)} ({worst.label})"
+    detail = f"{have}; the largest cached need is {mib(worst.need_bytes)} ({worst.label})"
     if worst.need_bytes > shm.free_bytes:
         return Finding(name, "fail", detail + ": workers will die with a bus error", fix)
     if worst.need_bytes > shm.free_bytes / 2:
@@ -103,20 +101,21 @@ def check_shm(shm: "ShmInfo", needs: Sequence[ShmNeed]) -> Finding:
 
 
 # -- open files -----------------------------------------------------------------------------------------------------
-def check_open_files(soft: int, hard: int, *, sharing_strategy: Optional[str],
+def check_open_files(soft: Optional[int], hard: Optional[int], *, sharing_strategy: Optional[str],
                      max_cached_workers: Optional[int] = None) -> Finding:
+    """``ulimit -n`` as ``probe.open_files_limit()`` reads it (None: unlimited)."""
     name = "open files"
-    show = (lambda n: "unlimited" if n == resource.RLIM_INFINITY or n < 0 else str(n))
+    show = (lambda n: "unlimited" if n is None else str(n))
     detail = f"ulimit -n is {show(soft)} (hard limit {show(hard)}); sharing strategy {sharing_strategy or 'unknown'}"
     if sharing_strategy == "file_system":
         return Finding(name, "ok", detail + ": tensors are shared by file name, not descriptors")
-    if soft == resource.RLIM_INFINITY or soft >= GOOD_NOFILE:
+    if soft is None or soft >= GOOD_NOFILE:
         return Finding(name, "ok", detail)
     if soft < LOW_NOFILE:
         workers = (f" (a cached configuration uses {max_cached_workers} workers)"
                    if max_cached_workers and max_cached_workers > 1 else "")
-        if hard == resource.RLIM_INFINITY or hard > soft:
-            raise_it = f"`ulimit -n {GOOD_NOFILE if hard == resource.RLIM_INFINITY else min(hard, GOOD_NOFILE)}`"
+        if hard is None or hard > soft:
+            raise_it = f"`ulimit -n {GOOD_NOFILE if hard is None else min(hard, GOOD_NOFILE)}`"
         else:
             raise_it = (f"raise the hard limit ({show(hard)}) as root, in /etc/security/limits.conf or with "
                         f"`docker run --ulimit nofile={GOOD_NOFILE}:{GOOD_NOFILE}`, then `ulimit -n {GOOD_NOFILE}`")
@@ -130,7 +129,7 @@ def check_open_files(soft: int, hard: int, *, sharing_strategy: Optional[str],
 
 
 # -- CPUs -----------------------------------------------------------------------------------------------------------
-def check_cpus(cpu: "CpuInfo") -> Finding:
+def check_cpus(cpu: CpuInfo) -> Finding:
     name = "usable CPUs"
     if cpu.usable is None or cpu.logical is None:
         return Finding(name, "info", f"could not tell (os.cpu_count() {cpu.logical}, usable {cpu.usable})")
@@ -168,7 +167,7 @@ def check_thread_env(env: Mapping[str, str], *, usable_cpus: Optional[int]) -> F
     name = "thread variables"
     fix = ("set OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 for the workers, e.g. in worker_init_fn "
            "with threadpoolctl.threadpool_limits(1) and cv2.setNumThreads(0), which leaves the main process alone")
-    set_vars = {k: v for k, v in env.items() if k in THREAD_VARS}
+    set_vars = {k: v for k, v in env.items() if k in THREAD_ENV_VARS}
     if set_vars:
         shown = ", ".join(f"{k}={v}" for k, v in sorted(set_vars.items()))
         big = [k for k, v in set_vars.items() if v.strip().isdigit() and usable_cpus and int(v) > usable_cpus]
@@ -176,7 +175,7 @@ def check_thread_env(env: Mapping[str, str], *, usable_cpus: Optional[int]) -> F
             return Finding(name, "warn", f"{shown}: more threads than the {usable_cpus} usable CPUs", fix)
         return Finding(name, "ok", shown)
     cores = usable_cpus or 1
-    detail = (f"none of {', '.join(THREAD_VARS)} is set: torch uses one thread in DataLoader workers, but numpy "
+    detail = (f"none of {', '.join(THREAD_ENV_VARS)} is set: torch uses one thread in DataLoader workers, but numpy "
               f"(OpenBLAS/MKL), OpenCV or numexpr in a dataset may start one thread per core in every worker "
               f"({cores} per worker here): oversubscription")
     return Finding(name, "warn" if cores >= 4 else "info", detail, fix)
@@ -237,7 +236,7 @@ def check_gpu_holders(holders: Sequence[DeviceHolder], *, device_files: Sequence
                    f"check them with `fuser -v /dev/nvidia*` or `nvidia-smi`, then `kill {pids}` for any leftover")
 
 
-def check_gpus(gpus: "Optional[Sequence[GpuInfo]]") -> Finding:
+def check_gpus(gpus: Optional[Sequence[GpuInfo]]) -> Finding:
     name = "GPUs"
     if gpus is None:
         return Finding(name, "info", "could not tell which GPUs are usable (the probe failed)")
@@ -250,7 +249,7 @@ def check_gpus(gpus: "Optional[Sequence[GpuInfo]]") -> Finding:
 
 
 # -- saved profile and cache ----------------------------------------------------------------------------------------
-def check_saved_profile(saved: "Optional[MachineProfile]", current: "MachineProfile") -> Finding:
+def check_saved_profile(saved: Optional[MachineProfile], current: MachineProfile) -> Finding:
     name = "machine profile"
     if saved is None:
         return Finding(name, "info", "no machine profile saved yet", "run `autotune` (or `autotune probe`) once")
@@ -266,7 +265,7 @@ def check_saved_profile(saved: "Optional[MachineProfile]", current: "MachineProf
     return Finding(name, "ok", "the saved profile matches this machine")
 
 
-def check_cache(entries: Sequence["CacheEntry"]) -> Finding:
+def check_cache(entries: Sequence[CacheEntry]) -> Finding:
     name = "cache"
     bad = [e for e in entries if e.result is None]
     if bad:
@@ -276,20 +275,15 @@ def check_cache(entries: Sequence["CacheEntry"]) -> Finding:
     return Finding(name, "ok" if entries else "info", f"{len(entries)} cached tuning(s); `autotune show` lists them")
 
 
-def run_checks(*, profile: "Optional[MachineProfile]" = None,
-               entries: "Optional[Sequence[CacheEntry]]" = None) -> List[Finding]:
+def run_checks(*, profile: Optional[MachineProfile] = None,
+               entries: Optional[Sequence[CacheEntry]] = None) -> List[Finding]:
     """Gather this machine's facts (no disk probe; GPUs listed without initialising CUDA) and run every check."""
-    import torch.multiprocessing
-
-    from .cache import resolve_cache
-    from .probe import load_profile, probe_machine
-
     if profile is None:
         profile = probe_machine(disk=False, gpus=True)
     if entries is None:
         cache = resolve_cache(True)
         entries = cache.entries() if cache is not None else []
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft, hard = open_files_limit()
     workers = [e.result.num_workers for e in entries if e.result is not None]
     device_files = sorted(glob.glob("/dev/nvidia*"))
     holders, denied = find_nvidia_holders(exclude={os.getpid()}) if device_files else ([], 0)
@@ -305,3 +299,14 @@ def run_checks(*, profile: "Optional[MachineProfile]" = None,
         check_saved_profile(load_profile(), profile),
         check_cache(entries),
     ]
+
+
+def format_findings(findings: Sequence[Finding]) -> str:
+    """Doctor findings: one block per check with its status, what was found and the fix."""
+    counts = {s: sum(1 for f in findings if f.status == s) for s in ("fail", "warn")}
+    lines = [f"autotune doctor: {counts['fail']} problem(s), {counts['warn']} warning(s)"]
+    for finding in findings:
+        lines.append(f"  {('[' + finding.status + ']').ljust(6)} {finding.name}: {finding.detail}")
+        if finding.fix:
+            lines.append(f"  {' ' * 6} fix: {finding.fix}")
+    return "\n".join(lines)
