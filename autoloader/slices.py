@@ -1,0 +1,298 @@
+"""Serve one epoch's batch order through a sequence of DataLoaders: the building block of online tuning.
+
+``EpochSlicer`` holds the user's DataLoader arguments. Each epoch, ``slicer.epoch()`` draws that epoch's randomness
+exactly as ``iter(DataLoader(...))`` would and returns an ``EpochSource``; ``source.take(k)`` hands out the next ``k``
+batches as a ``BatchSlice`` (a batch sampler), ``slicer.loader(slice, num_workers, prefetch_factor)`` builds the
+candidate DataLoader over it, and ``slice.delivered(n)`` closes it, re-issuing what the loop did not receive::
+
+    slicer = EpochSlicer(dataset, batch_size=64, shuffle=True, collate_fn=collate, pin_memory=True)
+    for epoch in range(epochs):
+        source = slicer.epoch()                      # len(source) == len(DataLoader(dataset, 64, shuffle=True))
+        for limit, workers in ((20, 0), (20, 4), (None, 2)):    # None: the rest of the epoch
+            part = source.take(limit)
+            it, n = iter(slicer.loader(part, num_workers=workers, prefetch_factor=2)), 0
+            for batch in it:                         # stop it early at will: a switch, or its workers died
+                n += 1
+                train_step(batch)
+            del it                                   # stops its workers
+            part.delivered(n)                        # the n batches the loop got; the rest go to the next slice
+        assert source.done
+"""
+# NOTE [ Exact epochs across candidates ]
+# Goal: whatever sequence of candidate loaders serves an epoch, the loop receives the batches one plain
+# ``DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, generator)`` yields for that epoch
+# (same indices, order and boundaries, each once), and each epoch leaves the user's ``generator`` and the global RNG
+# exactly as the plain loader leaves them, so later epochs (and the user's own draws) stay identical.
+# RNG rules, from torch/utils/data (torch 2.13):
+# 1. ``iter(loader)`` (``_BaseDataLoaderIter.__init__``, dataloader.py:689-694) first calls ``iter(index_sampler)``,
+#    then draws the base seed with ``torch.empty((), dtype=torch.int64).random_(generator=loader.generator)``: one draw
+#    from the user's generator, or from the global RNG when it is None. ``EpochSource.__init__`` does the same two
+#    steps in the same order with the same expression, and keeps the value as ``base_seed``. This order is torch's
+#    internal behaviour, not API: test_slices.py compares RNG states right after ``iter()`` so a change fails a test.
+# 2. Samplers draw when iterated: ``RandomSampler.__iter__`` (sampler.py:160-183) is a generator that, at the first
+#    ``next()``, draws its seed from the global RNG (no generator) or uses its generator; Weighted/SubsetRandomSampler
+#    draw there too; a batch sampler whose ``__iter__`` is eager draws at ``iter()``, before the base seed. The source
+#    pulls from that one index iterator, in order, so the same draws happen in the same order. (A sampler that kept
+#    drawing from the global RNG while it iterates could interleave differently with the loop's own draws, as prefetch
+#    depth already makes it do between plain loaders of different num_workers.)
+# 3. Candidates never touch the user's RNG: ``slicer.loader`` gives each a private ``torch.Generator`` (seeded from
+#    ``base_seed`` and the slice's number) for its own base-seed draw, and a BatchSlice draws nothing. Worker seeds
+#    therefore differ from the plain loader's, as they already do whenever num_workers changes.
+# Re-issue rule: a DataLoader pulls indices ahead of what it yields: at ``iter()`` and once per yielded batch, so with
+# workers up to ``num_workers * prefetch_factor`` are in flight (dataloader.py:1275, 1563-1566). A slice cannot know
+# how many of its batches the loop received, so the caller says it, after it stopped iterating that candidate (end of
+# slice, switch, break, dead workers): ``slice.delivered(n)``. The ``pulled - n`` undelivered batches go back, in
+# order, to the front of the source and the next slice hands them out first. One slice is open at a time, which keeps
+# the order. Candidates are built with ``in_order=True``, so "the first n" is well defined.
+from __future__ import annotations
+
+import collections
+import dataclasses
+import inspect
+import logging
+from typing import Any, Deque, Iterator, List, Optional, Sequence
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, Sampler
+
+log = logging.getLogger("autoloader.online")
+
+_SAMPLING = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last", "generator")
+_PER_CANDIDATE = ("num_workers", "prefetch_factor")
+_WORKERS_ONLY = ("persistent_workers", "multiprocessing_context", "timeout")  # rejected by DataLoader at 0 workers
+_LOADER_ARGS = frozenset(inspect.signature(DataLoader.__init__).parameters) - {"self", "dataset"}
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceRecord:
+    """One closed slice: batches ``[start, start + delivered)`` of the epoch went to the loop."""
+
+    number: int  # 0, 1, ... within the epoch
+    start: int
+    limit: Optional[int]  # None: the rest of the epoch
+    pulled: int  # handed to the DataLoader (fresh and re-issued)
+    delivered: int
+
+    @property
+    def reissued(self) -> int:
+        return self.pulled - self.delivered
+
+
+class BatchSlice(Sampler):
+    """At most ``limit`` consecutive batches of an epoch: pass it as a DataLoader's ``batch_sampler``.
+
+    Memory: it keeps only the batches it may have to give back, the last ``lookahead + 2`` it pulled (set by
+    ``EpochSlicer.loader``; unbounded when you build the DataLoader yourself).
+    """
+
+    def __init__(self) -> None:
+        self._source: Optional[EpochSource] = None
+        self._binding = 0
+        self.lookahead: Optional[int] = None
+
+    def _bind(self, source: EpochSource, number: int, limit: Optional[int]) -> None:
+        self._source, self._number, self._limit, self._start = source, number, limit, source.position
+        self._pulled, self._binding, self._closed = 0, self._binding + 1, False
+        keep = None if self.lookahead is None else self.lookahead + 2
+        self._recent: Deque[Any] = collections.deque(maxlen=keep)
+
+    @property
+    def source(self) -> EpochSource:
+        if self._source is None:
+            raise RuntimeError("this BatchSlice is not bound to an epoch: get one from EpochSource.take()")
+        return self._source
+
+    @property
+    def number(self) -> int:
+        """The slice's position in its epoch's sequence: 0, 1, ..."""
+        return self._number if self._source is not None else -1
+
+    @property
+    def pulled(self) -> int:
+        return self._pulled if self._source is not None else 0
+
+    def __len__(self) -> int:
+        remaining = self.source._remaining_at(self._start)
+        if remaining is None:
+            raise TypeError("this epoch's sampler has no len(), so neither has its slice")
+        return remaining if self._limit is None else min(self._limit, remaining)
+
+    def __iter__(self) -> Iterator[Any]:
+        source, binding = self.source, self._binding
+        while self._limit is None or self._pulled < self._limit:
+            if self._closed or binding != self._binding:
+                raise RuntimeError("this slice was closed by delivered(): stop iterating its DataLoader first, and "
+                                   "bind it again with EpochSource.take(limit, reuse=slice) before a new iter()")
+            batch = source._pull()
+            if batch is None:
+                return
+            self._pulled += 1
+            self._recent.append(batch)
+            yield batch
+
+    def delivered(self, n: int) -> SliceRecord:
+        """Close the slice: the loop received its first ``n`` batches; the rest are re-issued to the next slice.
+
+        Call it once the candidate's DataLoader iterator is stopped (exhausted, deleted, or failed).
+        """
+        source = self.source
+        if self._closed:
+            raise RuntimeError(f"slice {self._number} is already closed")
+        if not 0 <= n <= self._pulled:
+            raise ValueError(f"delivered({n}): slice {self._number} handed out only {self._pulled} batches; pass "
+                             f"the number of batches the training loop received from this slice's DataLoader")
+        back = self._pulled - n
+        if back > len(self._recent):
+            raise RuntimeError(f"slice {self._number} kept only its last {len(self._recent)} batches but {back} are "
+                               f"undelivered: was its DataLoader built with a larger prefetch than its lookahead?")
+        self._closed = True
+        undelivered = list(self._recent)[len(self._recent) - back:]
+        self._recent.clear()
+        return source._close(SliceRecord(self._number, self._start, self._limit, self._pulled, n), undelivered)
+
+
+class EpochSource:
+    """One epoch of an index sampler, drawn as ``iter(DataLoader)`` draws it; hands batches out lazily to slices.
+
+    ``index_sampler`` is what a plain DataLoader iterates (its ``batch_sampler``, or its ``sampler`` when
+    ``batch_size=None``); ``generator`` is the DataLoader's. Creating the source makes the epoch's RNG draws (see NOTE
+    [ Exact epochs across candidates ]): create it when the plain loader's ``iter()`` would run. It materialises
+    nothing beyond what the sampler itself does: it holds the sampler's iterator and at most one prefetch window of
+    re-issued batches, so a 1.2M-sample epoch costs what it costs a plain DataLoader.
+    """
+
+    def __init__(self, index_sampler: Any, generator: Optional[torch.Generator] = None) -> None:
+        self._it = iter(index_sampler)  # before the base seed: dataloader.py:689
+        self.base_seed: int = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+        try:  # after the draws, in case a __len__ draws too
+            self._len: Optional[int] = len(index_sampler)
+        except TypeError:
+            self._len = None
+        self._reissue: Deque[Any] = collections.deque()
+        self._exhausted = False
+        self._open: Optional[BatchSlice] = None
+        self._records: List[SliceRecord] = []
+        self.position = 0
+        """Batches the loop has received this epoch (from closed slices)."""
+
+    def __len__(self) -> int:
+        if self._len is None:
+            raise TypeError("this epoch's sampler has no len()")
+        return self._len
+
+    def _remaining_at(self, position: int) -> Optional[int]:
+        return None if self._len is None else max(0, self._len - position)
+
+    @property
+    def remaining(self) -> Optional[int]:
+        """Batches not yet delivered (None when the sampler has no len())."""
+        return self._remaining_at(self.position)
+
+    @property
+    def done(self) -> bool:
+        """No slice open, nothing to re-issue, and the sampler is used up (or, with a len(), fully delivered)."""
+        spent = self._exhausted or (self._len is not None and self.position >= self._len)
+        return self._open is None and not self._reissue and spent
+
+    @property
+    def slices(self) -> Sequence[SliceRecord]:
+        return tuple(self._records)
+
+    def take(self, limit: Optional[int] = None, *, reuse: Optional[BatchSlice] = None) -> BatchSlice:
+        """The next slice: at most ``limit`` batches (None: the rest of the epoch).
+
+        ``reuse``: bind an existing (closed) slice instead of a new one, for a DataLoader whose ``batch_sampler`` it
+        already is (persistent workers keep their DataLoader across slices and epochs).
+        """
+        if self._open is not None:
+            raise RuntimeError(f"slice {self._open.number} is still open: call its delivered(n) with the number of "
+                               f"batches the loop received from it before taking the next slice")
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0 or None (the rest of the epoch), got {limit}")
+        if reuse is not None and reuse._source is not None and not reuse._closed:
+            raise RuntimeError("reuse= needs a closed slice: call its delivered(n) first")
+        part = reuse if reuse is not None else BatchSlice()
+        part._bind(self, len(self._records), limit)
+        self._open = part
+        return part
+
+    def _pull(self) -> Any:
+        if self._reissue:
+            return self._reissue.popleft()
+        if not self._exhausted:
+            try:
+                return next(self._it)
+            except StopIteration:
+                self._exhausted = True
+        return None
+
+    def _close(self, record: SliceRecord, undelivered: List[Any]) -> SliceRecord:
+        self._reissue.extendleft(reversed(undelivered))
+        self._open = None
+        self.position += record.delivered
+        self._records.append(record)
+        log.debug("slice %d: delivered %d of %d pulled, %d re-issued (epoch position %d)",
+                  record.number, record.delivered, record.pulled, record.reissued, self.position)
+        return record
+
+
+class EpochSlicer:
+    """The user's DataLoader arguments, split into the epoch's sampling (shared) and per-candidate settings."""
+
+    def __init__(self, dataset: Any, **loader_kwargs: Any) -> None:
+        if isinstance(dataset, IterableDataset):
+            raise ValueError("an IterableDataset cannot be sliced exactly: a candidate DataLoader cannot resume "
+                             "another's stream; tune it with trials (tuning='trials') instead of online")
+        unknown = sorted(set(loader_kwargs) - _LOADER_ARGS)
+        if unknown:
+            raise TypeError(f"not DataLoader arguments: {unknown}; pass only what DataLoader(...) accepts")
+        sampling = {k: loader_kwargs.pop(k) for k in _SAMPLING if k in loader_kwargs}
+        for k in _PER_CANDIDATE:
+            loader_kwargs.pop(k, None)  # each candidate sets its own
+        if loader_kwargs.pop("in_order", True) is False:
+            log.info("in_order=False is ignored while tuning online: re-issuing a candidate's undelivered batches "
+                     "needs in-order delivery")
+        self.dataset = dataset
+        # A plain loader without workers: DataLoader's own checks and default samplers; it draws nothing.
+        self.reference = DataLoader(dataset, **sampling)
+        self._kwargs = loader_kwargs
+
+    @property
+    def index_sampler(self) -> Any:
+        """What a plain DataLoader iterates: its batch_sampler, or its sampler when ``batch_size=None``."""
+        ref = self.reference
+        return ref.batch_sampler if ref.batch_sampler is not None else ref.sampler
+
+    def __len__(self) -> int:
+        return len(self.reference)  # a TypeError when the sampler has no len(), as for the plain DataLoader
+
+    def epoch(self) -> EpochSource:
+        """Start an epoch; makes the RNG draws the plain loader's ``iter()`` makes (call ``set_epoch`` first)."""
+        return EpochSource(self.index_sampler, self.reference.generator)
+
+    def loader(self, part: BatchSlice, num_workers: int, prefetch_factor: Optional[int] = None) -> DataLoader:
+        """A DataLoader over ``part`` with the user's other arguments and a private generator."""
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        kwargs = dict(self._kwargs)
+        if num_workers == 0:
+            prefetch_factor = None
+            dropped = [k for k in _WORKERS_ONLY if kwargs.pop(k, None) not in (None, False, 0)]
+            if dropped:
+                log.debug("candidate with 0 workers: ignoring %s (they need workers)", dropped)
+        else:
+            prefetch_factor = 2 if prefetch_factor is None else prefetch_factor
+            if prefetch_factor < 1:
+                raise ValueError(f"prefetch_factor must be >= 1 with workers, got {prefetch_factor}")
+        if part.pulled:
+            raise RuntimeError("build the candidate's DataLoader before iterating its slice")
+        part.lookahead = num_workers * (prefetch_factor or 0)
+        part._recent = collections.deque(maxlen=part.lookahead + 2)
+        private = torch.Generator()
+        private.manual_seed((part.source.base_seed + 1 + part.number) % 2 ** 63)
+        if self.reference.batch_sampler is not None:
+            sampling: dict = {"batch_sampler": part}
+        else:
+            sampling = {"sampler": part, "batch_size": None}
+        return DataLoader(self.dataset, num_workers=num_workers, prefetch_factor=prefetch_factor,
+                          generator=private, in_order=True, **sampling, **kwargs)
