@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import resource
 import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Set
@@ -110,16 +111,27 @@ class WorkerSample:
     uss_by_pid: Dict[int, int]
 
 
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's children that have exited and been waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 class WorkerTracker:
-    """Cumulative CPU time and bytes read of a trial's workers, each worker counted at its last reading once it has
-    exited: a finite IterableDataset's workers exit before the trial ends, and a sample taken then would miss all of
-    their work (issue 14: every WebDataset trial read 0 % worker CPU). ``sample()`` often enough keeps the loss to
-    the work done since the last reading."""
+    """Cumulative CPU time and bytes read of a trial's workers, including those that exit during the trial.
+
+    A finite IterableDataset's workers exit, and the DataLoader joins them, before the trial ends: a sample taken then
+    finds no process and would miss all their work (issue 14: every WebDataset trial read 0 % worker CPU). A worker
+    still running (or a zombie not yet waited for) is read with psutil; once it has been waited for, its whole CPU time
+    is in this process's ``RUSAGE_CHILDREN``, so the total is the running workers' readings plus what
+    ``RUSAGE_CHILDREN`` gained since the tracker started (the only children waited for during a trial are its own
+    workers). Bytes read of a vanished worker stay at its last reading."""
 
     def __init__(self, procs: Iterable[psutil.Process]) -> None:
         self.procs = list(procs)
         self._cpu: Dict[int, float] = {}
         self._read: Dict[int, Optional[int]] = {}
+        self._children_at_start = _children_cpu_s()
         self.last_sampled = -float("inf")
 
     def sample(self, *, memory: bool = True) -> WorkerSample:
@@ -144,8 +156,10 @@ class WorkerTracker:
                         except (psutil.AccessDenied, AttributeError, NotImplementedError):
                             rss = max(rss or 0, proc.memory_info().rss)
             except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                self._cpu.pop(proc.pid, None)  # waited for: its CPU time is in RUSAGE_CHILDREN now
                 continue
         self.last_sampled = time.perf_counter()
         reads = list(self._read.values())
         read = None if any(r is None for r in reads) else sum(r for r in reads if r is not None)
-        return WorkerSample(sum(self._cpu.values()), read, rss, max(uss.values()) if uss else None, uss)
+        cpu = sum(self._cpu.values()) + max(0.0, _children_cpu_s() - self._children_at_start)
+        return WorkerSample(cpu, read, rss, max(uss.values()) if uss else None, uss)

@@ -19,7 +19,8 @@ import dataclasses
 import logging
 import os
 import socket
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+import sys
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 from torch.utils.data import IterableDataset
@@ -90,8 +91,8 @@ class Group:
         if isinstance(dataset, IterableDataset) or kwargs.get("sampler") is not None \
                 or kwargs.get("batch_sampler") is not None:
             return kwargs, shuffle
-        kwargs["sampler"] = DistributedSampler(dataset, num_replicas=self.world_size, rank=self.rank,
-                                               shuffle=shuffle, seed=seed, drop_last=drop_last)
+        kwargs["sampler"] = ShardingSampler(dataset, num_replicas=self.world_size, rank=self.rank,
+                                            shuffle=shuffle, seed=seed, drop_last=drop_last)
         return kwargs, False
 
     def share_profile(self, profile: Any) -> Any:
@@ -123,6 +124,40 @@ class Group:
     def agreement(self) -> "_MinAcrossRanks":
         """What ``tune(agreement=...)`` needs (see NOTE [ One decision across ranks ])."""
         return _MinAcrossRanks(self.world_size)
+
+
+class ShardingSampler(DistributedSampler):
+    """The ``DistributedSampler`` autoloader shards with, which refuses to be sharded a second time.
+
+    ``accelerator.prepare(make_loader(...).loader)`` rebuilds the DataLoader with Accelerate's ``BatchSamplerShard``
+    around this sampler's batches, and each process would then see ``1 / world_size**2`` of the data, silently. This
+    sampler is the one object of autoloader's that survives the rebuild, so the check lives here: when Accelerate's
+    shard sampler (looked up in ``sys.modules``, never imported) iterates it across several processes, it raises.
+    """
+
+    def __iter__(self) -> Iterator[int]:
+        _refuse_second_sharding(self.num_replicas)
+        return super().__iter__()
+
+
+def _refuse_second_sharding(num_replicas: int, *, depth: int = 8) -> None:
+    module = sys.modules.get("accelerate.data_loader")
+    shard_type = getattr(module, "BatchSamplerShard", None)
+    if not isinstance(shard_type, type):
+        return
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, shard_type) and getattr(owner, "num_processes", 1) > 1:
+            raise RuntimeError(
+                f"autoloader: accelerate shards this DataLoader again (BatchSamplerShard over "
+                f"{owner.num_processes} processes) although autoloader already shards it across {num_replicas} "
+                f"processes with a DistributedSampler: each process would see 1/{num_replicas * owner.num_processes} "
+                f"of the data. Pass the PrefetchLoader itself to accelerator.prepare (it comes back unchanged), or "
+                f"build it with make_loader(..., distributed=False) and prepare loader.loader")
+        frame = frame.f_back
 
 
 def _share(value: Optional[int], n: int) -> Optional[int]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from . import distributed as _distributed
 from . import policy
@@ -20,7 +20,8 @@ from ._signals import SignalGuard
 from ._validate import check_common, check_dataset, check_loader_kwargs, check_picklable
 from .cache import TuneCache, resolve_cache
 from .errors import TrialTimeout, TuningError, warn_user
-from .prefetch import PrefetchLoader, quiet_worker_count_warning, resolve_device
+from ._device import resolve_device
+from .prefetch import PrefetchLoader, quiet_worker_count_warning
 from .probe import MachineProfile, open_files_limit, probe_machine, remembered_gpus, start_method
 from .results import TuneResult
 from .tuner import TUNED_KNOBS, fallback_result, trial_limit, tune_with
@@ -95,6 +96,9 @@ class _Request:
     loader_kwargs: Dict[str, Any]
     fixed: Dict[str, Any]
     group: Optional[_distributed.Group] = field(default=None, compare=False)
+    unsharded: bool = False
+    """A map-style dataset with no sampler of the user's, loaded by one process because torch.distributed was not
+    initialised (yet): iterating it later under a group of several processes is a mistake PrefetchLoader reports."""
 
     @classmethod
     def checked(cls, dataset: Any, batch_size: Any, *, shuffle: Any, step: Any, device: Any, normalize: Any,
@@ -113,9 +117,11 @@ class _Request:
             check_picklable(start_method=start_method(kwargs.get("multiprocessing_context")) or "fork",
                             objects={"dataset": dataset, "collate_fn": kwargs.get("collate_fn"),
                                      "worker_init_fn": kwargs.get("worker_init_fn")})
+        unsharded = (distributed is None and group is None and not isinstance(dataset, IterableDataset)
+                     and kwargs.get("sampler") is None and kwargs.get("batch_sampler") is None)
         return cls(dataset, batch_size, shuffle, step, resolve_device(device),
                    dict(normalize=normalize, dtype=dtype, input_key=input_key), budget, max_workers, key, kwargs,
-                   fixed, group)
+                   fixed, group, unsharded)
 
 
 class _Slot:
@@ -207,7 +213,8 @@ def _build(request: _Request, result: TuneResult, *, cache_key: Optional[str]) -
     with quiet_worker_count_warning("num_workers" not in request.fixed):
         loader = DataLoader(request.dataset, batch_size=request.batch_size, shuffle=request.shuffle,
                             **request.loader_kwargs, **config)
-    return PrefetchLoader(loader, device=request.device, tuning=result, cache_key=cache_key, **request.transform)
+    return PrefetchLoader(loader, device=request.device, tuning=result, cache_key=cache_key,
+                          single_process=request.unsharded, **request.transform)
 
 
 def _fingerprint_in_time(dataset: Any, *, key: Optional[str], budget: Optional[float]) -> dict:

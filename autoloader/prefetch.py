@@ -4,10 +4,12 @@ works on the previous batch, optionally converted and normalised there. On the C
     loader = PrefetchLoader(DataLoader(ds, batch_size=64, pin_memory=True, num_workers=4),   # uint8 images
                             normalize=((123.7, 116.3, 103.5), (58.4, 57.1, 57.4)), dtype=torch.float32)
     for epoch in range(3):
-        loader.set_epoch(epoch)
         for images, labels in loader:     # on the GPU, images float32 and normalised
             train_step(images, labels)
         print(loader.stats.stall_fraction)  # share of the epoch spent waiting for data
+
+It also answers what training frameworks read from a DataLoader (``sampler``, ``batch_sampler``, ``dataset``,
+``batch_size``, ``worker_init_fn``, ``_iterator``: see NOTE [ What frameworks read ]).
 """
 from __future__ import annotations
 
@@ -15,13 +17,15 @@ import contextlib
 import logging
 import time
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.distributed as dist
 
-from ._batch import _is_namedtuple, iter_tensors, map_tensors, rebuild_mapping
+from ._batch import iter_tensors, map_tensors
+from ._device import resolve_device, side_stream
+from ._transform import InputTransform
 from .results import TuneResult
 
 logger = logging.getLogger("autoloader.prefetch")
@@ -57,54 +61,6 @@ class _EpochClock:
         return EpochStats(self.epoch, self.batches, self.end - self.start, self.wait)
 
 
-def resolve_device(device: Union[str, torch.device, None]) -> torch.device:
-    """``device`` checked, or CUDA when available, else the CPU (CUDA is not initialised by asking)."""
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if isinstance(device, str):
-        try:
-            resolved = torch.device(device)
-        except RuntimeError as exc:
-            raise ValueError(f"device={device!r} is not a device name; use 'cpu', 'cuda' or 'cuda:N'") from exc
-    elif isinstance(device, torch.device):
-        resolved = device
-    else:
-        raise TypeError(f"device must be a str or torch.device, got {device!r}; use e.g. device='cuda:0'")
-    if resolved.type not in ("cpu", "cuda"):
-        raise ValueError(f"device={device!r} is not supported; PrefetchLoader handles 'cpu' and 'cuda' devices")
-    if resolved.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device={device!r} but torch.cuda.is_available() is False; pass device='cpu'")
-        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
-            raise ValueError(f"device={device!r} but only {torch.cuda.device_count()} CUDA device(s) are visible")
-    return resolved
-
-
-def _check_normalize(normalize: Any) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-    if normalize is None:
-        return None
-    example = "e.g. normalize=((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))"
-    if not isinstance(normalize, (tuple, list)) or len(normalize) != 2:
-        raise TypeError(f"normalize must be a (mean, std) pair, got {normalize!r}; {example}")
-    parts: List[torch.Tensor] = []
-    for name, value in zip(("mean", "std"), normalize):
-        if isinstance(value, (str, bytes)):
-            raise TypeError(f"normalize {name} must be numbers per channel, got {value!r}; {example}")
-        try:
-            part = torch.as_tensor(value, dtype=torch.float64).detach().cpu().reshape(-1)
-        except (TypeError, ValueError, RuntimeError) as exc:
-            raise TypeError(f"normalize {name} must be numbers per channel, got {value!r}; {example}") from exc
-        if part.numel() == 0 or not bool(torch.isfinite(part).all()):
-            raise ValueError(f"normalize {name} must be finite numbers, one per channel, got {value!r}; {example}")
-        parts.append(part)
-    mean, std = parts
-    if mean.numel() != std.numel():
-        raise ValueError(f"normalize mean has {mean.numel()} channels but std has {std.numel()}; give one per channel")
-    if bool((std == 0).any()):
-        raise ValueError(f"normalize std must be non-zero, got {normalize[1]!r}")
-    return mean, std
-
-
 @contextlib.contextmanager
 def quiet_worker_count_warning(active: bool) -> Iterator[None]:
     """Silence DataLoader's "will create N worker processes ... suggested max" warning for a count autoloader chose.
@@ -120,38 +76,45 @@ def quiet_worker_count_warning(active: bool) -> Iterator[None]:
         yield
 
 
+def _samplers(loader: Any) -> List[Any]:
+    """The loader's samplers that have ``set_epoch``, each once: its sampler, batch sampler, batch sampler's
+    sampler."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    found: List[Any] = []
+    for sampler in (getattr(loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None)):
+        if callable(getattr(sampler, "set_epoch", None)) and all(sampler is not f for f in found):
+            found.append(sampler)
+    return found
+
+
 class PrefetchLoader:
     """Wraps ``loader`` (a DataLoader or any iterable of batches) and yields its batches on ``device``.
 
     ``dtype`` then ``normalize=(mean, std)`` (per channel, in the input's units: 0-255 for uint8 images) apply to
     the input tensor only: the batch itself when it is a tensor, its first element when it is a tuple/list,
-    ``batch[input_key]`` when it is a mapping. ``stats``/``history``
-    report the time the consumer waited for data (see ``EpochStats``).
+    ``batch[input_key]`` when it is a mapping. ``stats``/``history`` report the time the consumer waited for data
+    (see ``EpochStats``). ``single_process`` (set by ``make_loader`` for a loader it did not shard) makes iterating
+    under a multi-process ``torch.distributed`` group an error instead of every rank reading the whole dataset.
     """
 
     def __init__(self, loader: Iterable, *, device: Union[str, torch.device, None] = None,
                  normalize: Optional[Tuple[Sequence[float], Sequence[float]]] = None,
                  dtype: Optional[torch.dtype] = None, input_key: Optional[Hashable] = None,
-                 tuning: Optional[TuneResult] = None, cache_key: Optional[str] = None) -> None:
+                 tuning: Optional[TuneResult] = None, cache_key: Optional[str] = None,
+                 single_process: bool = False) -> None:
         if not hasattr(loader, "__iter__"):
             raise TypeError(f"loader must be an iterable of batches (e.g. a DataLoader), got {type(loader).__name__}")
-        if dtype is not None and not isinstance(dtype, torch.dtype):
-            raise TypeError(f"dtype must be a torch.dtype or None, got {dtype!r}; use e.g. dtype=torch.float32")
-        self._normalize = _check_normalize(normalize)
-        if self._normalize is not None and dtype is not None and not dtype.is_floating_point:
-            raise ValueError(f"dtype={dtype} cannot hold normalised values; use a floating dtype such as torch.float32")
+        self._transform = InputTransform(normalize=normalize, dtype=dtype, input_key=input_key)
         self.loader = loader
         self.device = resolve_device(device)
         self.tuning = tuning
         """What ``make_loader`` chose and why (``print`` it for the trial table); None for a loader you wrapped."""
         self.cache_key = cache_key
         """The cache entry holding ``tuning`` (``autotune show`` lists it); None when it is not cached."""
-        self._dtype = dtype
-        self._input_key = input_key
-        self._transforms = self._normalize is not None or dtype is not None
-        self._stream: Optional[torch.cuda.Stream] = None
-        self._norm_cache: dict = {}
+        self._single_process = single_process
         self._next_epoch = 0
+        self._epoch_set = False
+        self._sampler_epochs: Optional[List[Any]] = None
         self._clocks: List[_EpochClock] = []
 
     def __len__(self) -> int:
@@ -166,9 +129,46 @@ class PrefetchLoader:
         return getattr(self.loader, "batch_size", None)
 
     @property
-    def stream(self) -> Optional[torch.cuda.Stream]:
-        """The side CUDA stream (created on the first CUDA iteration, then reused); None on the CPU."""
-        return self._stream
+    def stream(self) -> Optional["torch.cuda.Stream"]:
+        """The side CUDA stream batches are copied on (one per device, see NOTE [ One side stream per device ]);
+        None on the CPU."""
+        return side_stream(self.device)
+
+    # NOTE [ What frameworks read ]
+    # Training frameworks take the loader they are given and read DataLoader attributes off it. Lightning (2.6) calls
+    # ``set_epoch`` on ``loader.sampler`` and ``loader.batch_sampler.sampler`` at every epoch, never on the loader
+    # itself, and shuts persistent workers down at the end of ``fit`` through ``loader._iterator``; it sets
+    # ``worker_init_fn`` for ``seed_everything(workers=True)``. Accelerate leaves any object that is not a DataLoader
+    # alone, and its loops never call ``set_epoch`` (its own loaders advance the epoch themselves). So a PrefetchLoader
+    # forwards these to the DataLoader it wraps, and advances the samplers' epoch itself when nobody else did
+    # between two epochs (``_advance_epoch``). It is not a DataLoader subclass: a framework that rebuilds loaders
+    # (Lightning's ``overfit_batches``, Accelerate's ``prepare`` on ``.loader``) cannot rebuild it, and says so.
+
+    @property
+    def sampler(self) -> Any:
+        return getattr(self.loader, "sampler", None)
+
+    @property
+    def batch_sampler(self) -> Any:
+        return getattr(self.loader, "batch_sampler", None)
+
+    @property
+    def worker_init_fn(self) -> Any:
+        return getattr(self.loader, "worker_init_fn", None)
+
+    @worker_init_fn.setter
+    def worker_init_fn(self, value: Any) -> None:
+        setattr(self.loader, "worker_init_fn", value)
+
+    @property
+    def _iterator(self) -> Any:
+        """The DataLoader's persistent-workers iterator (Lightning shuts its workers down through it)."""
+        return getattr(self.loader, "_iterator", None)
+
+    @_iterator.setter
+    def _iterator(self, value: Any) -> None:
+        if hasattr(self.loader, "_iterator"):
+            self.loader._iterator = value
 
     @property
     def stats(self) -> Optional[EpochStats]:
@@ -185,11 +185,34 @@ class PrefetchLoader:
         if isinstance(epoch, bool) or not isinstance(epoch, int):
             raise TypeError(f"epoch must be an int, got {epoch!r}")
         self._next_epoch = epoch
-        batch_sampler = getattr(self.loader, "batch_sampler", None)
-        candidates = (getattr(self.loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None))
-        for i, sampler in enumerate(candidates):
-            if callable(getattr(sampler, "set_epoch", None)) and all(sampler is not c for c in candidates[:i]):
-                sampler.set_epoch(epoch)
+        self._epoch_set = True
+        for sampler in _samplers(self.loader):
+            sampler.set_epoch(epoch)
+
+    def _advance_epoch(self) -> None:
+        """At an epoch's start: when neither ``set_epoch`` here nor anyone on the samplers themselves changed their
+        ``epoch`` since the last epoch started, advance it by one, as Accelerate's loaders do, so a
+        ``DistributedSampler`` reshuffles every epoch (see NOTE [ What frameworks read ])."""
+        samplers = [s for s in _samplers(self.loader) if isinstance(getattr(s, "epoch", None), int)]
+        epochs = [s.epoch for s in samplers]
+        if self._sampler_epochs == epochs and not self._epoch_set:
+            for sampler in samplers:
+                sampler.set_epoch(sampler.epoch + 1)
+            logger.debug("nobody called set_epoch since the last epoch: advanced the samplers to %s",
+                         [s.epoch for s in samplers])
+        self._sampler_epochs = [s.epoch for s in samplers]
+        self._epoch_set = False
+
+    def _check_single_process(self) -> None:
+        if not self._single_process or not (dist.is_available() and dist.is_initialized()):
+            return
+        world = dist.get_world_size()
+        if world > 1:
+            raise RuntimeError(
+                f"autoloader: this loader was made before torch.distributed was initialised, so it is not sharded, "
+                f"but it is now iterated by {world} processes: every rank would read the whole dataset. Call "
+                f"make_loader after init_process_group (Lightning: return it from train_dataloader(), not before "
+                f"Trainer.fit), or pass distributed=False if every rank should read everything")
 
     def __iter__(self) -> Iterator[Any]:
         return self._epoch()
@@ -203,8 +226,8 @@ class PrefetchLoader:
     #    copy is queued, so the consumer waits for batch i's copy only and the copy of i+1 overlaps its step.
     # 3. Each handed-out tensor was allocated on the side stream; ``record_stream(consumer)`` tells the caching
     #    allocator not to reuse its memory until the consumer's queued work on it has finished.
-    # The stream is created once per PrefetchLoader and reused: a stream per epoch strands each epoch's cached
-    # blocks in a pool no later stream can use, so reserved memory grows (timm issue 2781).
+    # The side stream is the device's one (NOTE [ One side stream per device ] in _device.py): a stream per epoch or
+    # per loader strands each one's cached blocks in a pool no later stream can use (timm issue 2781).
     # On the CPU the same loop runs with ``contextlib.nullcontext()`` in place of the stream context and no copy.
 
     def _tuned_workers(self) -> bool:
@@ -212,16 +235,10 @@ class PrefetchLoader:
         workers = getattr(self.loader, "num_workers", None)
         return bool(self.tuning is not None and workers and workers == getattr(self.tuning, "num_workers", None))
 
-    def _side_stream(self) -> Optional[torch.cuda.Stream]:
-        if self.device.type != "cuda":
-            return None
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(device=self.device)
-            logger.debug("created side stream %r on %s", self._stream, self.device)
-        return self._stream
-
     def _epoch(self) -> Iterator[Any]:
-        stream = self._side_stream()
+        self._check_single_process()
+        self._advance_epoch()
+        stream = side_stream(self.device)
         clock = _EpochClock(self._next_epoch, time.perf_counter())
         self._next_epoch += 1
         self._clocks.append(clock)
@@ -255,7 +272,7 @@ class PrefetchLoader:
             batch = next(it)
         except StopIteration:
             return _END
-        if stream is None and not self._transforms:
+        if stream is None and not self._transform.active:
             return batch
         consumer = torch.cuda.current_stream(self.device) if stream is not None else None
         context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
@@ -263,43 +280,6 @@ class PrefetchLoader:
             if stream is not None:
                 stream.wait_stream(consumer)
                 batch = map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
-            if self._transforms:
-                batch = self._transform_input(batch)
+            if self._transform.active:
+                batch = self._transform(batch)
         return batch
-
-    def _transform_input(self, batch: Any) -> Any:
-        if isinstance(batch, torch.Tensor):
-            return self._convert(batch)
-        if isinstance(batch, Mapping):
-            if self._input_key is None:
-                raise ValueError("the batches are mappings: pass input_key= to say which entry to normalise/convert")
-            if self._input_key not in batch:
-                raise ValueError(f"input_key={self._input_key!r} is not in the batch (keys: {list(batch)})")
-            items = dict(batch)
-            items[self._input_key] = self._convert(batch[self._input_key])
-            return rebuild_mapping(batch, items)
-        if isinstance(batch, (tuple, list)) and len(batch) > 0:
-            first = self._convert(batch[0])
-            if _is_namedtuple(batch):
-                return type(batch)(first, *batch[1:])
-            return (first,) + tuple(batch[1:]) if isinstance(batch, tuple) else [first, *batch[1:]]
-        raise TypeError(f"normalize/dtype need a tensor, a tuple/list or a mapping batch, got {type(batch).__name__}")
-
-    def _convert(self, x: Any) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"normalize/dtype apply to the input tensor, but the batch holds {type(x).__name__}")
-        if self._dtype is not None:
-            x = x.to(self._dtype)
-        if self._normalize is None:
-            return x
-        channels = self._normalize[0].numel()
-        if x.dim() < 2 or (channels > 1 and x.shape[1] != channels):
-            raise ValueError(f"normalize has {channels} channels but the input has shape {tuple(x.shape)}; "
-                             f"expected (N, {channels}, ...)")
-        dtype = x.dtype if x.is_floating_point() else torch.get_default_dtype()
-        key = (x.device, dtype)
-        if key not in self._norm_cache:
-            self._norm_cache[key] = tuple(t.to(device=x.device, dtype=dtype) for t in self._normalize)
-        mean, std = self._norm_cache[key]
-        shape = (1, mean.numel()) + (1,) * (x.dim() - 2)
-        return (x - mean.view(shape)) / std.view(shape)

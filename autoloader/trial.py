@@ -226,7 +226,8 @@ def run_trial(
                 _procs.reap(_procs.new_children(before))
     elapsed = time.perf_counter() - started
     if error is not None:
-        reason = failure_reason(error)
+        reason = failure_reason(error, stream_workers=config.num_workers if isinstance(dataset, IterableDataset)
+                                else 0)
         if isinstance(error, (KeyboardInterrupt, SystemExit)) or (reason is None and blame.user):
             raise error
         if reason is None:

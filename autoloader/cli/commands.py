@@ -18,7 +18,7 @@ import torch
 from .._fs import default_cache_dir
 from ..cache import resolve_cache
 from ..factory import make_loader
-from ..prefetch import resolve_device
+from .._device import resolve_device
 from ..probe import load_profile, probe_machine, save_profile
 from ..report import format_entries, format_profile, format_tune_result
 from ..tuner import tune_with
