@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Bump when the key inputs or the entry layout change: old entries then simply stop matching."""
 
 _ROOT_ATTRIBUTES = ("root", "path", "data_dir", "data_path", "filename")

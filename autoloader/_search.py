@@ -85,8 +85,12 @@ class Search:
     def __init__(self, *, batch_size: int, device: torch.device, fixed: Mapping[str, Any], budget: float, cap: int,
                  usable_cpus: int, memory_budget: Optional[int], shm_free: Optional[int],
                  tolerance: float = policy.DEFAULT_TOLERANCE, agreement: Optional[Agreement] = None,
-                 progress: Optional[Progress] = None, cap_reason: str = "") -> None:
+                 progress: Optional[Progress] = None, cap_reason: str = "", cap_by_open_files: bool = False,
+                 start: Optional[LoaderConfig] = None) -> None:
         self.batch_size, self.device, self.fixed = batch_size, device, fixed
+        self.cap_by_open_files = cap_by_open_files
+        self.start = start
+        """Search near this configuration (the one in force) instead of from the serial one."""
         self.cap_reason = cap_reason
         self.budget, self.cap, self.usable = budget, cap, usable_cpus
         self.memory_budget, self.shm_free = memory_budget, shm_free
@@ -149,9 +153,10 @@ class Search:
             self.batch_bytes = trial.batch_bytes
         self.per_worker_bytes = policy.per_worker_bytes(self.trials)
         elapsed = self.elapsed()
-        log.info("trial %-26s %-24s %5.1f s of %.0f s budget", config.label(),
+        log.info("%s %-26s %-24s %5.1f s%s", "trial" if math.isfinite(self.budget) else "candidate",
+                 config.label(),
                  f"{trial.samples_per_s:,.0f} samples/s" if trial.ok else f"{trial.status}: {trial.reason}",
-                 elapsed, self.budget)
+                 elapsed, f" of {self.budget:.0f} s budget" if math.isfinite(self.budget) else " (online)")
         if self.progress is not None:
             self.progress(trial, elapsed, self.budget)
         return trial if trial.ok else None
@@ -207,9 +212,21 @@ class Search:
                 return
             yield from self.run(self.config(proposal))
 
+    def search_near(self) -> Steps[None]:
+        """From the configuration in force: climb while more workers pay, halve while fewer keep up, then bisect."""
+        while self.elapsed() < self.budget:
+            proposal = policy.next_count_near(self.rates(), cap=self.cap, tolerance=self.tolerance)
+            if proposal is None:
+                return
+            yield from self.run(self.config(proposal))
+
     def steps(self) -> Steps[TuneResult]:
         fixed_n = self.fixed.get("num_workers")
-        if fixed_n is not None:
+        if self.start is not None and self.start.num_workers > 0 and fixed_n is None:
+            current = yield from self.run(self.config(self.start.num_workers), first=True)
+            consumer_s = (current.consumer_s_per_batch or 0.0) if current is not None else 0.0
+            yield from self.search_near()
+        elif fixed_n is not None:
             serial = yield from self.run(self.config(fixed_n), first=True)
             consumer_s = serial.consumer_s_per_batch if serial is not None else 0.0
         else:

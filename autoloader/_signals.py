@@ -17,10 +17,16 @@
 #   once its try block is entered (the pin-memory results), which releases what it holds on the way out.
 # - inside ``shielded()`` (a trial's cleanup) nothing is raised. A Ctrl-C kept there is raised when the guard exits;
 #   a worker's death or the limit passing is dropped, since the trial's outcome is already decided.
-# - only the first process owns the guard: a forked worker inherits the wrappers and calls the original handlers.
+# - only the first process owns the guard: a forked worker inherits the wrappers and calls the original handlers,
+#   and so does a wrapper left installed after its guard exited (two guards may exit out of order).
+# - ``hold_worker_errors`` (online tuning, where the user's own loop runs between our batches): a worker's death is
+#   never raised by the retry timer, only by ``check()`` in autoloader's own code, so it cannot land in the user's
+#   training step; Ctrl-C still lands at the next safe place.
 # torch installs its SIGCHLD handler once per process, in the first multi-worker iterator, on top of whatever is
 # there. We make it install first (``_set_SIGCHLD_handler``, a private torch function, called when it exists) so
 # that our wrapper sits above it; were it gone, torch's handler would sit above ours during the first iterator only.
+# Guards nest (the timer is the innermost one's until it exits, then the outer one's again) and may exit out of order:
+# an exited guard's wrappers stay transparent wherever they are still installed.
 # When SIGALRM is not ours to use (not the main thread, or the user's own handler is installed) nothing is wrapped:
 # kept exceptions could never be retried, so the guard stands aside and the limit is not enforced by a signal.
 """
@@ -70,6 +76,19 @@ def _rank(exc: BaseException) -> int:
     return 1 if getattr(exc, "from_limit", False) else 0
 
 
+def _guard_of(handler: Any) -> Optional["SignalGuard"]:
+    return getattr(handler, "_autoloader_guard", None)
+
+
+def _unwrapped(signum: int, handler: Any) -> Any:
+    """``handler``, or what it wrapped when it belongs to a guard that has exited (guards may exit out of order)."""
+    guard = _guard_of(handler)
+    while guard is not None and not guard.active:
+        handler = guard._previous.get(signum, signal.SIG_DFL)
+        guard = _guard_of(handler)
+    return handler
+
+
 def _ensure_torch_sigchld_handler() -> None:
     from torch.utils.data._utils import signal_handling
 
@@ -86,8 +105,8 @@ class SignalGuard:
     """
 
     def __init__(self, *, limit_s: Optional[float] = None,
-                 make_timeout: Optional[Callable[[], BaseException]] = None) -> None:
-        self.limit_s, self.make_timeout = limit_s, make_timeout
+                 make_timeout: Optional[Callable[[], BaseException]] = None, hold_worker_errors: bool = False) -> None:
+        self.limit_s, self.make_timeout, self.hold_worker_errors = limit_s, make_timeout, hold_worker_errors
         self.active = False
         self._pid = os.getpid()
         self._previous: Dict[int, Any] = {}
@@ -100,16 +119,17 @@ class SignalGuard:
     def __enter__(self) -> "SignalGuard":
         self.active = (hasattr(signal, "setitimer") and hasattr(signal, "SIGCHLD")
                        and threading.current_thread() is threading.main_thread()
-                       and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None))
+                       and (signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None)
+                            or _guard_of(signal.getsignal(signal.SIGALRM)) is not None))
         if not self.active:
             return self
         self._pid = os.getpid()
         _ensure_torch_sigchld_handler()
-        self._previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._on_alarm)
+        self._previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._owned(self._make_alarm()))
         for signum in (signal.SIGINT, signal.SIGCHLD):
             inner = signal.getsignal(signum)
             if callable(inner):
-                self._previous[signum] = signal.signal(signum, self._wrap(inner))
+                self._previous[signum] = signal.signal(signum, self._owned(self._wrap(inner)))
         if self.limit_s is not None and self.make_timeout is not None:
             self._deadline = time.monotonic() + self.limit_s
         self._arm()
@@ -118,19 +138,27 @@ class SignalGuard:
     def __exit__(self, *exc_info: Any) -> None:
         if not self.active:
             return
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous.clear()
         self.active = False
+        for signum, previous in self._previous.items():
+            if _guard_of(signal.getsignal(signum)) is self:
+                signal.signal(signum, _unwrapped(signum, previous))
+        owner = _guard_of(signal.getsignal(signal.SIGALRM))
+        if owner is not None and owner.active:
+            owner._arm()  # a guard entered after this one and still running keeps its timer
+        else:
+            signal.setitimer(signal.ITIMER_REAL, 0)
         kept, self._pending = self._pending, None
         if kept is not None and _rank(kept) == 2:
             raise kept
 
+    def _owned(self, handler: Any) -> Any:
+        handler._autoloader_guard = self
+        return handler
+
     # -- delivering ----------------------------------------------------------------------------------------------
     def _wrap(self, inner: Callable[[int, Optional[FrameType]], Any]) -> Callable[[int, Optional[FrameType]], None]:
         def handler(signum: int, frame: Optional[FrameType]) -> None:
-            if os.getpid() != self._pid:
+            if os.getpid() != self._pid or not self.active:
                 inner(signum, frame)
                 return
             try:
@@ -139,8 +167,13 @@ class SignalGuard:
                 self._deliver(exc, frame)
         return handler
 
+    def _make_alarm(self) -> Callable[[int, Optional[FrameType]], None]:
+        def handler(signum: int, frame: Optional[FrameType]) -> None:
+            self._on_alarm(signum, frame)
+        return handler
+
     def _on_alarm(self, signum: int, frame: Optional[FrameType]) -> None:
-        if os.getpid() != self._pid:
+        if os.getpid() != self._pid or not self.active:
             return
         exc = self._pending
         if self._deadline is not None and not self._limit_passed and time.monotonic() >= self._deadline:
@@ -154,7 +187,7 @@ class SignalGuard:
             self._arm()
 
     def _deliver(self, exc: BaseException, frame: Optional[FrameType]) -> None:
-        if self._shielded or unsafe_to_raise(frame):
+        if self._shielded or unsafe_to_raise(frame) or (self.hold_worker_errors and _rank(exc) == 0):
             if self._pending is None or _rank(exc) > _rank(self._pending):
                 self._pending = exc
             log.debug("kept %r: interrupted %s:%s", exc, frame and frame.f_code.co_filename,
@@ -169,7 +202,8 @@ class SignalGuard:
         if not self.active:
             return
         delays = []
-        if self._pending is not None and not self._shielded:
+        if self._pending is not None and not self._shielded and \
+                not (self.hold_worker_errors and _rank(self._pending) == 0):
             delays.append(RETRY_S)
         if self._deadline is not None and not self._limit_passed:
             delays.append(max(1e-4, self._deadline - time.monotonic()))

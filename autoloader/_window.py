@@ -100,14 +100,17 @@ class Window:
         elif self.tracker is not None and t_done - self.tracker.last_sampled >= SAMPLE_EVERY_S:
             self.tracker.sample(memory=False)
 
-    def complete(self, *, deadline: float) -> bool:
-        """Enough waves and seconds after the window opened, or the soft limit reached."""
+    def complete(self, *, deadline: float, patient: bool = False) -> bool:
+        """Enough waves and seconds after the window opened, or the soft limit reached. ``patient``: the limit ends
+        the window only once it has opened and holds a few batches (online, a slow training step must not cut a
+        candidate before it is measured)."""
         if not self.marks:
             return False
         last = self.marks[-1].done
-        if last >= deadline:
+        in_window = len(self.marks) - self.skip
+        if last >= deadline and (not patient or in_window >= 3):
             return True
-        return len(self.marks) - self.skip >= self.need and last - self.marks[self.skip - 1].done >= self.min_window_s
+        return in_window >= self.need and last - self.marks[self.skip - 1].done >= self.min_window_s
 
     def close(self) -> None:
         """Read the counters at the window's end (after the device caught up)."""

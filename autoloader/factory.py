@@ -3,17 +3,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Literal, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from . import distributed as _distributed
 from . import policy
-from ._consumer import Step
+from ._consumer import Consumer, Step
+from ._search import Search
 from ._failures import HARD_LIMIT_GRACE_S
 from ._fingerprint import cache_key, dataset_fingerprint, dataset_length, machine_fingerprint, step_descriptor
 from ._signals import SignalGuard
@@ -23,12 +25,16 @@ from .errors import TrialTimeout, TuningError, warn_user
 from ._device import resolve_device
 from .prefetch import PrefetchLoader, quiet_worker_count_warning
 from .probe import MachineProfile, open_files_limit, probe_machine, remembered_gpus, start_method
-from .results import TuneResult
-from .tuner import TUNED_KNOBS, fallback_result, trial_limit, tune_with
+from .online import OnlineTuner
+from .results import LoaderConfig, TuneResult
+from .slices import EpochSlicer
+from .tuner import TUNED_KNOBS, fallback_result, new_search, trial_limit, tune_with
 
 log = logging.getLogger("autoloader")
 
 CacheArg = Union[bool, str, "os.PathLike[str]"]
+Tuning = Literal["auto", "online", "trials"]
+TUNING_MODES = ("auto", "online", "trials")
 
 
 def make_loader(
@@ -41,6 +47,8 @@ def make_loader(
     normalize: Optional[Tuple[Sequence[float], Sequence[float]]] = None,
     dtype: Optional[torch.dtype] = None,
     input_key: Any = None,
+    tuning: Tuning = "auto",
+    retune: bool = True,
     cache: CacheArg = True,
     refresh: bool = False,
     budget: Optional[float] = None,
@@ -51,28 +59,45 @@ def make_loader(
 ) -> PrefetchLoader:
     """A DataLoader tuned for this machine, dataset and training step, wrapped in a ``PrefetchLoader``.
 
-    On a cache hit no trial runs and no worker starts. On a miss (or with ``refresh=True``), ``tune()`` times a few
-    candidates against ``step`` and the choice is cached; ``loader.cache_key`` names the entry. Every other keyword
-    goes to ``torch.utils.data.DataLoader`` unchanged; ``num_workers``, ``prefetch_factor``, ``pin_memory`` or
+    On a cache hit no trial runs and no worker starts. On a miss (or with ``refresh=True``), ``tuning`` says how:
+    ``"online"`` returns at once and tunes during the first epoch, in the training loop itself (see ``online.py``);
+    ``"trials"`` times a few candidates against ``step`` first (``tune()``); ``"auto"`` is online for a map-style
+    dataset when ``step`` is None, else trials. With ``retune`` (and a map-style dataset) the loader searches again,
+    online, after an epoch whose rate or stall moved away from the decision's (not with ``tuning="trials"``). The
+    choice is cached; ``loader.cache_key`` names the entry. Every other keyword goes to
+    ``torch.utils.data.DataLoader`` unchanged; ``num_workers``, ``prefetch_factor``, ``pin_memory`` or
     ``persistent_workers`` given explicitly are never overridden. ``distributed``: None follows
     ``torch.distributed.is_initialized()``.
     """
     started = time.perf_counter()
-    if not isinstance(refresh, bool):
-        raise TypeError(f"refresh must be True (tune again, replacing a cached result) or False, got {refresh!r}")
+    for name, value in (("refresh", refresh), ("retune", retune)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    if tuning not in TUNING_MODES:
+        raise ValueError(f"tuning={tuning!r} must be one of {TUNING_MODES}: 'online' tunes in the training loop, "
+                         f"'trials' before it, 'auto' picks")
     request = _Request.checked(dataset, batch_size, shuffle=shuffle, step=step, device=device, normalize=normalize,
                                dtype=dtype, input_key=input_key, cache=cache, budget=budget, max_workers=max_workers,
                                key=key, distributed=distributed, dataloader_kwargs=dataloader_kwargs)
     profile = dataclasses.replace(probe_machine(disk=False, gpus=False), gpus=remembered_gpus())
     if request.group is not None:
         profile = request.group.share_profile(profile)
+    online_why = _not_online(request)
+    if tuning == "online" and online_why:
+        raise ValueError(f"tuning='online' cannot serve this loader: {online_why}; use tuning='trials'")
     slot = _Slot.find(request, profile, resolve_cache(cache))
     result = slot.fallback or (None if refresh else slot.look_up())
     in_cache = result is not None and result.source == "cache"
-    if result is None:
+    search_online = result is None and not online_why and (tuning == "online" or request.step is None and
+                                                           tuning == "auto")
+    if result is None and not search_online:
         result = _tune(request, profile)
         in_cache = slot.store(result)
-    loader = _build(request, result, cache_key=slot.key if in_cache else None)
+    if not online_why and slot.fallback is None and (search_online or (retune and tuning != "trials")):
+        loader = _online(request, profile, slot, decision=result, retune=retune, in_cache=in_cache)
+    else:
+        loader = _build(request, result, cache_key=slot.key if in_cache else None)
+    result = loader.tuning
     log.info("autoloader: %s, %s samples/s, bottleneck %s, from %s, %.2f s", result.config.label(),
              "unknown" if result.samples_per_s is None else f"{result.samples_per_s:,.0f}",
              result.bottleneck or "unknown", result.source, time.perf_counter() - started)
@@ -203,18 +228,61 @@ def _tune(request: _Request, profile: MachineProfile) -> TuneResult:
     return result if group is None else group.broadcast(result)
 
 
-def _build(request: _Request, result: TuneResult, *, cache_key: Optional[str]) -> PrefetchLoader:
-    """The user's DataLoader with the chosen knobs (theirs where they fixed one), in the prefetcher."""
-    config = result.config.loader_kwargs()
-    config.update(request.fixed)
-    if config.get("num_workers", 0) == 0:
-        config.pop("prefetch_factor", None)
-        config.pop("persistent_workers", None)
+def _data_loader(request: _Request, config: LoaderConfig) -> DataLoader:
+    """The user's DataLoader with ``config``'s knobs (theirs where they fixed one)."""
+    kwargs = config.loader_kwargs()
+    kwargs.update(request.fixed)
+    if kwargs.get("num_workers", 0) == 0:
+        kwargs.pop("prefetch_factor", None)
+        kwargs.pop("persistent_workers", None)
     with quiet_worker_count_warning("num_workers" not in request.fixed):
-        loader = DataLoader(request.dataset, batch_size=request.batch_size, shuffle=request.shuffle,
-                            **request.loader_kwargs, **config)
-    return PrefetchLoader(loader, device=request.device, tuning=result, cache_key=cache_key,
-                          single_process=request.unsharded, **request.transform)
+        return DataLoader(request.dataset, batch_size=request.batch_size, shuffle=request.shuffle,
+                          **request.loader_kwargs, **kwargs)
+
+
+def _build(request: _Request, result: TuneResult, *, cache_key: Optional[str]) -> PrefetchLoader:
+    """The tuned DataLoader in the prefetcher."""
+    return PrefetchLoader(_data_loader(request, result.config), device=request.device, tuning=result,
+                          cache_key=cache_key, single_process=request.unsharded, **request.transform)
+
+
+def _not_online(request: _Request) -> str:
+    """Why this loader cannot be tuned online (empty when it can)."""
+    if isinstance(request.dataset, IterableDataset):
+        return "an IterableDataset's stream cannot be split exactly between candidate loaders"
+    if "num_workers" in request.fixed:
+        return f"num_workers={request.fixed['num_workers']} is fixed"
+    if request.max_workers == 0:
+        return "max_workers=0 leaves nothing to tune"
+    return ""
+
+
+def _online(request: _Request, profile: MachineProfile, slot: "_Slot", *, decision: Optional[TuneResult],
+            retune: bool, in_cache: bool) -> PrefetchLoader:
+    """A loader that tunes in its own training loop: from scratch when ``decision`` is None, else re-tuning from it
+    (see NOTE [ Online switching ] in online.py)."""
+    group = request.group
+    agreement = group.agreement() if group is not None else None
+
+    def search(start: Optional[LoaderConfig]) -> Search:
+        return new_search(request.dataset, request.batch_size, device=request.device, fixed=request.fixed,
+                          budget=math.inf, max_workers=request.max_workers, profile=profile, agreement=agreement,
+                          start=start)
+
+    def build(config: LoaderConfig) -> DataLoader:
+        return _data_loader(request, config)
+
+    first = build(decision.config if decision is not None else LoaderConfig(0))
+    sampling = {"batch_sampler": first.batch_sampler, "generator": first.generator}
+    slicer = EpochSlicer(request.dataset, **sampling, **{k: v for k, v in request.loader_kwargs.items()
+                                                          if k not in ("sampler", "batch_sampler", "shuffle",
+                                                                       "drop_last", "generator")})
+    tuner = OnlineTuner(slicer=slicer, batch_size=request.batch_size, consumer=Consumer(None, request.device),
+                        build=build, new_search=search, store=slot.store, decision=decision, retune=retune,
+                        dataset_for=lambda config: request.dataset, agreement=agreement,
+                        share=group.broadcast if group is not None else lambda result: result)
+    return PrefetchLoader(first, device=request.device, cache_key=slot.key, single_process=request.unsharded,
+                          online=tuner, **request.transform)
 
 
 def _fingerprint_in_time(dataset: Any, *, key: Optional[str], budget: Optional[float]) -> dict:
@@ -229,7 +297,7 @@ def _fingerprint_in_time(dataset: Any, *, key: Optional[str], budget: Optional[f
 def _worth_keeping(result: TuneResult) -> bool:
     """Cache tuned results, but not one where every worker count failed: the cause (a transient OOM, a full
     /dev/shm) may be gone next run, and a cached num_workers=0 would hide that for good."""
-    if result.source != "tuned":
+    if result.source not in ("tuned", "online"):
         return False
     worker_trials = [t for t in result.trials if t.config.num_workers > 0 and t.status != "skipped"]
     return not worker_trials or any(t.ok for t in worker_trials)

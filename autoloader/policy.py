@@ -131,6 +131,47 @@ def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int,
     return None if middle in rates else middle
 
 
+def next_count_near(rates: Mapping[int, Optional[float]], *, cap: int,
+                    tolerance: float = DEFAULT_TOLERANCE) -> Optional[int]:
+    """``next_worker_count``, for a search that starts from the configuration in force rather than from the serial
+    one: it climbs and bisects the same way, and while the fewest workers measured are still within ``tolerance`` of
+    the best, it tries half as many (a regime that got cheaper, such as files now in the page cache, needs fewer)."""
+    proposal = next_worker_count(rates, cap=cap, tolerance=tolerance)
+    if proposal is not None:
+        return proposal
+    measured = {n: r for n, r in rates.items() if r is not None}
+    if not measured:
+        return None
+    lowest = min(measured)
+    if lowest > 0 and measured[lowest] >= (1.0 - tolerance) * max(measured.values()) and lowest // 2 not in rates:
+        return lowest // 2
+    return None
+
+
+RETUNE_STALL = 0.10
+"""Loading is the bottleneck when the loop waits for data this share of an epoch or more."""
+RETUNE_RATE_CHANGE = 0.15
+"""A regime changed when an epoch's rate moved this much from the rate measured for the decision."""
+
+
+def retune_reason(*, decided_samples_per_s: Optional[float], decided_stall: Optional[float],
+                  epoch_samples_per_s: Optional[float], epoch_stall: Optional[float]) -> Optional[str]:
+    """Why the next epoch should search again (from the epoch just ended, steady state), or None to keep the decision.
+
+    Loading became the bottleneck (the loop waited ``RETUNE_STALL`` of the epoch or more, and more than when the
+    decision was measured), or the rate moved more than ``RETUNE_RATE_CHANGE`` from the decision's: the data's regime
+    changed (a cold first epoch then a warm page cache; another job sharing the machine)."""
+    if epoch_samples_per_s is None or epoch_stall is None or not decided_samples_per_s:
+        return None
+    if epoch_stall >= RETUNE_STALL and epoch_stall > (decided_stall or 0.0) + RETUNE_STALL:
+        return f"the loop waited for data {epoch_stall:.0%} of the epoch (at the decision: {decided_stall or 0.0:.0%})"
+    change = epoch_samples_per_s / decided_samples_per_s - 1.0
+    if abs(change) > RETUNE_RATE_CHANGE:
+        return (f"the epoch ran at {epoch_samples_per_s:,.0f} samples/s, {change:+.0%} from the "
+                f"{decided_samples_per_s:,.0f} measured for the decision")
+    return None
+
+
 def memory_guard(num_workers: int, *, per_worker_bytes: Optional[int], budget_bytes: Optional[int]) -> Optional[str]:
     """Why ``num_workers`` would not fit in RAM, or None when it fits (or either figure is unknown)."""
     if not num_workers or per_worker_bytes is None or budget_bytes is None:

@@ -18,7 +18,7 @@ import logging
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -26,7 +26,10 @@ import torch.distributed as dist
 from ._batch import iter_tensors, map_tensors
 from ._device import resolve_device, side_stream
 from ._transform import InputTransform
-from .results import TuneResult
+from .results import Decision, TuneResult
+
+if TYPE_CHECKING:
+    from .online import OnlineTuner
 
 logger = logging.getLogger("autoloader.prefetch")
 
@@ -101,14 +104,14 @@ class PrefetchLoader:
                  normalize: Optional[Tuple[Sequence[float], Sequence[float]]] = None,
                  dtype: Optional[torch.dtype] = None, input_key: Optional[Hashable] = None,
                  tuning: Optional[TuneResult] = None, cache_key: Optional[str] = None,
-                 single_process: bool = False) -> None:
+                 single_process: bool = False, online: Optional["OnlineTuner"] = None) -> None:
         if not hasattr(loader, "__iter__"):
             raise TypeError(f"loader must be an iterable of batches (e.g. a DataLoader), got {type(loader).__name__}")
         self._transform = InputTransform(normalize=normalize, dtype=dtype, input_key=input_key)
-        self.loader = loader
+        self._loader = loader
+        self._online = online
         self.device = resolve_device(device)
-        self.tuning = tuning
-        """What ``make_loader`` chose and why (``print`` it for the trial table); None for a loader you wrapped."""
+        self._tuning = tuning
         self.cache_key = cache_key
         """The cache entry holding ``tuning`` (``autotune show`` lists it); None when it is not cached."""
         self._single_process = single_process
@@ -117,16 +120,38 @@ class PrefetchLoader:
         self._sampler_epochs: Optional[List[Any]] = None
         self._clocks: List[_EpochClock] = []
 
+    @property
+    def loader(self) -> Any:
+        """The DataLoader in force: the one wrapped, or with online tuning the current candidate's during a search,
+        then the chosen one's."""
+        return self._online.in_force if self._online is not None else self._loader
+
+    @property
+    def _frame(self) -> Any:
+        """The DataLoader whose samplers and settings the user and frameworks see (one for the loader's life)."""
+        return self._online.plain if self._online is not None else self._loader
+
+    @property
+    def tuning(self) -> Optional[TuneResult]:
+        """What ``make_loader`` chose and why (``print`` it for the trial table); with online tuning, the decision
+        in force; None for a loader you wrapped yourself."""
+        return self._online.decision if self._online is not None else self._tuning
+
+    @property
+    def decisions(self) -> Tuple["Decision", ...]:
+        """Every online decision (epoch, config, rate, stall, why), oldest first; () without online tuning."""
+        return tuple(self._online.history) if self._online is not None else ()
+
     def __len__(self) -> int:
-        return len(self.loader)  # type: ignore[arg-type]
+        return len(self._frame)  # type: ignore[arg-type]
 
     @property
     def dataset(self) -> Any:
-        return getattr(self.loader, "dataset", None)
+        return getattr(self._frame, "dataset", None)
 
     @property
     def batch_size(self) -> Optional[int]:
-        return getattr(self.loader, "batch_size", None)
+        return getattr(self._frame, "batch_size", None)
 
     @property
     def stream(self) -> Optional["torch.cuda.Stream"]:
@@ -146,29 +171,29 @@ class PrefetchLoader:
 
     @property
     def sampler(self) -> Any:
-        return getattr(self.loader, "sampler", None)
+        return getattr(self._frame, "sampler", None)
 
     @property
     def batch_sampler(self) -> Any:
-        return getattr(self.loader, "batch_sampler", None)
+        return getattr(self._frame, "batch_sampler", None)
 
     @property
     def worker_init_fn(self) -> Any:
-        return getattr(self.loader, "worker_init_fn", None)
+        return getattr(self._frame, "worker_init_fn", None)
 
     @worker_init_fn.setter
     def worker_init_fn(self, value: Any) -> None:
-        setattr(self.loader, "worker_init_fn", value)
+        setattr(self._frame, "worker_init_fn", value)
 
     @property
     def _iterator(self) -> Any:
         """The DataLoader's persistent-workers iterator (Lightning shuts its workers down through it)."""
-        return getattr(self.loader, "_iterator", None)
+        return getattr(self._frame, "_iterator", None)
 
     @_iterator.setter
     def _iterator(self, value: Any) -> None:
-        if hasattr(self.loader, "_iterator"):
-            self.loader._iterator = value
+        if hasattr(self._frame, "_iterator"):
+            self._frame._iterator = value
 
     @property
     def stats(self) -> Optional[EpochStats]:
@@ -186,16 +211,16 @@ class PrefetchLoader:
             raise TypeError(f"epoch must be an int, got {epoch!r}")
         self._next_epoch = epoch
         self._epoch_set = True
-        for sampler in _samplers(self.loader):
+        for sampler in _samplers(self._frame):
             sampler.set_epoch(epoch)
 
     def _advance_epoch(self) -> None:
         """At an epoch's start: when neither ``set_epoch`` here nor anyone on the samplers themselves changed their
         ``epoch`` since the last epoch started, advance it by one, as Accelerate's loaders do, so a
         ``DistributedSampler`` reshuffles every epoch (see NOTE [ What frameworks read ])."""
-        samplers = [s for s in _samplers(self.loader) if isinstance(getattr(s, "epoch", None), int)]
+        samplers = [s for s in _samplers(self._frame) if isinstance(getattr(s, "epoch", None), int)]
         epochs = [s.epoch for s in samplers]
-        if self._sampler_epochs == epochs and not self._epoch_set:
+        if samplers and self._sampler_epochs == epochs and not self._epoch_set:
             for sampler in samplers:
                 sampler.set_epoch(sampler.epoch + 1)
             logger.debug("nobody called set_epoch since the last epoch: advanced the samplers to %s",
@@ -244,7 +269,7 @@ class PrefetchLoader:
         self._clocks.append(clock)
         entered = clock.start
         with quiet_worker_count_warning(self._tuned_workers()):
-            it = iter(self.loader)
+            it = self._online.epoch(clock.epoch) if self._online is not None else iter(self.loader)
         batch = self._fetch(it, stream)
         while batch is not _END:
             if stream is not None:

@@ -126,6 +126,11 @@ def _source_words(result: "TuneResult") -> str:
         return f"tuned in {result.seconds:.1f} s ({tried})"
     if result.source == "cache":
         return f"from the cache: no trial ran now (tuned {_when(result.created)} in {result.seconds:.1f} s, {tried})"
+    if result.source == "online":
+        if result.samples_per_s is None and not result.trials:
+            return f"online: {result.reason or 'not decided yet'}"
+        candidates = f"{len(result.trials)} candidate{'s' if len(result.trials) != 1 else ''}"
+        return f"tuned online, in the training loop ({candidates} over {result.seconds:.1f} s of its epochs)"
     return f"fallback, not tuned: {result.reason or 'no reason recorded'}"
 
 
@@ -158,7 +163,7 @@ def format_tune_result(result: "TuneResult") -> str:
              f"  {_source_words(result)}"]
     if result.consumer_samples_per_s:
         lines.append(f"  the training step alone takes {rate(result.consumer_samples_per_s)} samples/s")
-    if result.reason and result.source != "fallback":
+    if result.reason and result.source != "fallback" and not (result.source == "online" and not result.trials):
         lines.append(f"  why: {result.reason}")
     if not result.trials:
         lines.append("  (no trials recorded)")

@@ -13,11 +13,11 @@ from typing import Any, Literal, Mapping, Optional, Tuple
 from .report import format_tune_result
 
 Bottleneck = Literal["consumer", "cpu", "io", "ipc", "memory"]
-Source = Literal["tuned", "cache", "fallback"]
+Source = Literal["tuned", "online", "cache", "fallback"]
 TrialStatus = Literal["ok", "skipped", "failed"]
 
 BOTTLENECKS: Tuple[str, ...] = ("consumer", "cpu", "io", "ipc", "memory")
-SOURCES: Tuple[str, ...] = ("tuned", "cache", "fallback")
+SOURCES: Tuple[str, ...] = ("tuned", "online", "cache", "fallback")
 TRIAL_STATUSES: Tuple[str, ...] = ("ok", "skipped", "failed")
 
 
@@ -29,10 +29,14 @@ class LoaderConfig:
     prefetch_factor: Optional[int] = None
     pin_memory: bool = False
     persistent_workers: bool = False
+    threads: int = 1
+    """Threads fetching a batch's samples inside each process (see ``autoloader.threads``); 1: none."""
 
     def __post_init__(self) -> None:
         if self.num_workers == 0 and (self.prefetch_factor is not None or self.persistent_workers):
             raise ValueError("prefetch_factor and persistent_workers need num_workers > 0")
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
 
     def loader_kwargs(self) -> dict:
         """The keywords to pass to ``torch.utils.data.DataLoader`` for this configuration."""
@@ -46,6 +50,8 @@ class LoaderConfig:
         text = f"workers={self.num_workers}"
         if self.num_workers > 0:
             text += f" prefetch={self.prefetch_factor}"
+        if self.threads > 1:
+            text += f" threads={self.threads}"
         if self.pin_memory:
             text += " pin"
         return text
@@ -120,10 +126,12 @@ class TuneResult:
     seconds: float = 0.0
     reason: str = ""
     created: Optional[float] = field(default=None, compare=False)
+    threads: int = 1
 
     @property
     def config(self) -> LoaderConfig:
-        return LoaderConfig(self.num_workers, self.prefetch_factor, self.pin_memory, self.persistent_workers)
+        return LoaderConfig(self.num_workers, self.prefetch_factor, self.pin_memory, self.persistent_workers,
+                            self.threads)
 
     def with_source(self, source: Source) -> "TuneResult":
         return dataclasses.replace(self, source=source)
@@ -150,6 +158,24 @@ class TuneResult:
         return format_tune_result(self)
 
 
+@dataclass(frozen=True)
+class Decision:
+    """One decision of a loader tuned online: the configuration that served from ``epoch`` on, and why.
+
+    ``candidates`` were measured in the training loop itself for it, serving ``search_s`` seconds of the epoch (not
+    extra time), of which ``switch_s`` went to stopping one candidate's workers and starting the next's.
+    """
+
+    epoch: int
+    config: LoaderConfig
+    samples_per_s: Optional[float]
+    stall_fraction: Optional[float]
+    why: str
+    candidates: int = 0
+    search_s: float = 0.0
+    switch_s: float = 0.0
+
+
 def _check_types(result: TuneResult) -> None:
     def is_int(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool)
@@ -163,6 +189,8 @@ def _check_types(result: TuneResult) -> None:
     for name in ("pin_memory", "persistent_workers"):
         if not isinstance(getattr(result, name), bool):
             raise TypeError(f"{name} must be a bool")
+    if not is_int(result.threads) or result.threads < 1:
+        raise ValueError(f"threads must be an int >= 1, got {result.threads!r}")
     if result.samples_per_s is not None and (
         not isinstance(result.samples_per_s, (int, float)) or not math.isfinite(result.samples_per_s)
     ):

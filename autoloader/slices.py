@@ -270,11 +270,15 @@ class EpochSlicer:
         """Start an epoch; makes the RNG draws the plain loader's ``iter()`` makes (call ``set_epoch`` first)."""
         return EpochSource(self.index_sampler, self.reference.generator)
 
-    def loader(self, part: BatchSlice, num_workers: int, prefetch_factor: Optional[int] = None) -> DataLoader:
-        """A DataLoader over ``part`` with the user's other arguments and a private generator."""
+    def loader(self, part: BatchSlice, num_workers: int, prefetch_factor: Optional[int] = None, *,
+               pin_memory: Optional[bool] = None, dataset: Any = None) -> DataLoader:
+        """A DataLoader over ``part`` with the user's other arguments and a private generator; ``pin_memory`` and
+        ``dataset`` (the same samples, e.g. fetched with threads) override the user's when given."""
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         kwargs = dict(self._kwargs)
+        if pin_memory is not None:
+            kwargs["pin_memory"] = pin_memory
         if num_workers == 0:
             prefetch_factor = None
             dropped = [k for k in _WORKERS_ONLY if kwargs.pop(k, None) not in (None, False, 0)]
@@ -294,5 +298,6 @@ class EpochSlicer:
             sampling: dict = {"batch_sampler": part}
         else:
             sampling = {"sampler": part, "batch_size": None}
-        return DataLoader(self.dataset, num_workers=num_workers, prefetch_factor=prefetch_factor,
+        return DataLoader(self.dataset if dataset is None else dataset, num_workers=num_workers,
+                          prefetch_factor=prefetch_factor,
                           generator=private, in_order=True, **sampling, **kwargs)

@@ -21,7 +21,7 @@ from ._shards import shard_count
 from ._validate import check_dataset, check_loader_kwargs, check_tuning_arguments
 from .errors import TuningError, warn_user
 from .probe import MachineProfile, open_files_limit, probe_machine
-from .results import TrialResult, TuneResult
+from .results import LoaderConfig, TrialResult, TuneResult
 from .trial import run_trial
 
 __all__ = ["DEFAULT_BUDGET_S", "TUNED_KNOBS", "drive", "fallback_result", "preserved_rng", "trial_limit", "tune",
@@ -116,25 +116,8 @@ def tune_with(
     """``tune`` with its plumbing, for ``make_loader`` and the CLI: arguments already checked, the knobs the user
     ``fixed`` apart from the other ``loader_kwargs``, the machine ``profile`` (probed when None), how ranks agree,
     and a ``progress`` callback per trial."""
-    unknown = set(fixed) - set(TUNED_KNOBS)
-    if unknown:
-        raise ValueError(f"fixed may only hold {TUNED_KNOBS}, got {sorted(unknown)}")
-    budget = DEFAULT_BUDGET_S if budget is None else float(budget)
-    profile = profile if profile is not None else probe_machine(disk=False, gpus=False)
-    usable = profile.cpu.usable or profile.cpu.logical or 1
-    nofile = open_files_limit()[0]
-    cap = policy.default_max_workers(usable_cpus=usable, nofile=nofile)
-    bound_by_nofile = cap < policy.default_max_workers(usable_cpus=usable, nofile=None)
-    if max_workers is not None:
-        cap, bound_by_nofile = max_workers, False
-    cap_reason = ""
-    shards = shard_count(dataset) if isinstance(dataset, IterableDataset) else None
-    if shards is not None and shards < cap:
-        cap, bound_by_nofile = shards, False
-        cap_reason = f"at most {shards} workers: the dataset reads {shards} shards"
-    search = Search(batch_size=batch_size, device=device, fixed=dict(fixed), budget=budget, cap=cap,
-                    usable_cpus=usable, memory_budget=profile.memory.budget_bytes, shm_free=profile.shm.free_bytes,
-                    tolerance=tolerance, agreement=agreement, progress=progress, cap_reason=cap_reason)
+    search = new_search(dataset, batch_size, device=device, fixed=fixed, budget=budget, max_workers=max_workers,
+                        profile=profile, agreement=agreement, progress=progress, tolerance=tolerance)
     consumer = Consumer(step, device)
 
     def measure(candidate: Candidate) -> TrialResult:
@@ -147,9 +130,41 @@ def tune_with(
             result = drive(search.steps(), measure)
     finally:
         release_cached(device)
-    if bound_by_nofile and cap > 0 and result.num_workers >= cap:
-        warn_user(f"num_workers={cap} is the most the open-files limit allows (`ulimit -n` is {nofile}; each worker "
-                  f"needs about 32 descriptors) and more workers might load faster: raise it, e.g. `ulimit -n 4096` "
-                  f"in the shell that starts training (LimitNOFILE= for a systemd service)")
+    warn_if_bound_by_open_files(search, result)
     log.info("tuned %s in %.1f s: %s", type(dataset).__name__, result.seconds, result.config.label())
     return result
+
+
+def new_search(dataset: Any, batch_size: int, *, device: torch.device, fixed: Mapping[str, Any],
+               budget: Optional[float], max_workers: Optional[int], profile: Optional[MachineProfile] = None,
+               agreement: Optional[Agreement] = None, progress: Optional[Progress] = None,
+               tolerance: float = policy.DEFAULT_TOLERANCE, start: Optional[LoaderConfig] = None) -> Search:
+    """The search for ``dataset`` on this machine: its bounds (the user's ``max_workers``, else the open-files limit,
+    and the shards an IterableDataset reads) and budgets, for trials or online tuning alike."""
+    unknown = set(fixed) - set(TUNED_KNOBS)
+    if unknown:
+        raise ValueError(f"fixed may only hold {TUNED_KNOBS}, got {sorted(unknown)}")
+    profile = profile if profile is not None else probe_machine(disk=False, gpus=False)
+    usable = profile.cpu.usable or profile.cpu.logical or 1
+    nofile = open_files_limit()[0]
+    cap = policy.default_max_workers(usable_cpus=usable, nofile=nofile)
+    by_nofile = cap < policy.default_max_workers(usable_cpus=usable, nofile=None)
+    cap_reason = f"at most {cap} workers: `ulimit -n` is {nofile}" if by_nofile else ""
+    if max_workers is not None:
+        cap, cap_reason, by_nofile = max_workers, "", False
+    shards = shard_count(dataset) if isinstance(dataset, IterableDataset) else None
+    if shards is not None and shards < cap:
+        cap, by_nofile = shards, False
+        cap_reason = f"at most {shards} workers: the dataset reads {shards} shards"
+    return Search(batch_size=batch_size, device=device, fixed=dict(fixed),
+                  budget=DEFAULT_BUDGET_S if budget is None else float(budget), cap=cap, usable_cpus=usable,
+                  memory_budget=profile.memory.budget_bytes, shm_free=profile.shm.free_bytes, tolerance=tolerance,
+                  agreement=agreement, progress=progress, cap_reason=cap_reason, cap_by_open_files=by_nofile,
+                  start=start)
+
+
+def warn_if_bound_by_open_files(search: Search, result: TuneResult) -> None:
+    if search.cap_by_open_files and 0 < search.cap <= result.num_workers:
+        warn_user(f"num_workers={search.cap} is the most the open-files limit allows ({search.cap_reason}; each "
+                  f"worker needs about 32 descriptors) and more workers might load faster: raise it, e.g. "
+                  f"`ulimit -n 4096` in the shell that starts training (LimitNOFILE= for a systemd service)")

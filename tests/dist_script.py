@@ -45,9 +45,10 @@ class _Trials(logging.Handler):
         self.lines = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        if not (isinstance(record.msg, str) and record.msg.startswith("trial ")):
-            return
         args = record.args if isinstance(record.args, tuple) else ()
+        if not (args and args[0] in ("trial", "candidate")):
+            return
+        args = args[1:]
         if len(args) < 2:
             self.lines.append(record.getMessage())
             return
@@ -61,6 +62,7 @@ def main() -> int:
     parser.add_argument("cache_dir")
     parser.add_argument("--explicit", action="store_true", help="pass distributed=True instead of auto")
     parser.add_argument("--budget", type=float, default=4.0)
+    parser.add_argument("--online", action="store_true", help="tune online, in this script's epochs")
     args = parser.parse_args()
 
     trials = _Trials()
@@ -70,8 +72,10 @@ def main() -> int:
     dist.init_process_group("gloo")
     try:
         rank = dist.get_rank()
+        if args.online:
+            return _online(args, rank)
         loader = make_loader(Work(200), batch_size=8, shuffle=True, device="cpu", cache=args.cache_dir,
-                             budget=args.budget, distributed=True if args.explicit else None)
+                             budget=args.budget, distributed=True if args.explicit else None, tuning="trials")
         loader.set_epoch(1)
         indices = [int(i) for _, batch_indices in loader for i in batch_indices]
         sampler = loader.loader.sampler
@@ -92,6 +96,28 @@ def main() -> int:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    return 0
+
+
+def _online(args: argparse.Namespace, rank: int) -> int:
+    """Epochs of an online-tuned loader until it decided (at most 10): per epoch, the sample indices this rank got and
+    the configuration in force at each batch."""
+    loader = make_loader(Work(400), batch_size=8, shuffle=True, device="cpu", cache=args.cache_dir, max_workers=4,
+                         tuning="online")
+    epochs = []
+    while not loader.decisions and len(epochs) < 10:
+        loader.set_epoch(len(epochs))
+        indices, configs = [], []
+        for _, batch_indices in loader:
+            indices += [int(i) for i in batch_indices]
+            configs.append(loader.loader.num_workers)
+        epochs.append({"indices": indices, "configs": configs})
+    report = {"rank": rank, "epochs": epochs, "decisions": [repr(d.config) for d in loader.decisions],
+              "result": json.dumps(loader.tuning.to_dict(), sort_keys=True)}
+    with open(os.path.join(args.out_dir, f"rank{rank}.json"), "w") as fh:
+        json.dump(report, fh)
+    del loader
+    dist.barrier()
     return 0
 
 

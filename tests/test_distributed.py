@@ -242,7 +242,7 @@ def test_torchrun_two_ranks_agree_shard_and_share_the_cache(tmp_path, cache_dir)
     assert len(rank0["trials_run"]) == len(json.loads(rank0["result"])["trials"])
 
     for report in first:
-        assert report["sampler"] == "DistributedSampler"
+        assert report["sampler"] == "ShardingSampler"  # a DistributedSampler
         assert report["sampler_epoch"] == 1, "set_epoch reaches the sampler"
         assert len(report["indices"]) == 100
     assert not set(rank0["indices"]) & set(rank1["indices"]), "the two ranks' samples overlap"
@@ -259,7 +259,24 @@ def test_torchrun_two_ranks_agree_shard_and_share_the_cache(tmp_path, cache_dir)
         assert report["source"] == "cache"
         assert report["num_workers"] == rank0["num_workers"]
         assert report["trials_run"] == [], "a cache hit runs no trial on any rank"
-        assert report["sampler"] == "DistributedSampler"
+        assert report["sampler"] == "ShardingSampler"
     assert second[0]["result"] == second[1]["result"]
     assert sorted(second[0]["indices"] + second[1]["indices"]) == list(range(200))
     assert _cache_entries(cache_dir) == entries
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="this torch build has no torch.distributed")
+def test_torchrun_two_ranks_tune_online_in_step(tmp_path, cache_dir):
+    """Online tuning on 2 ranks: every rank holds the same configuration at every batch (they switch together), each
+    epoch covers every sample exactly once across the ranks, and both reach the same decision."""
+    rank0, rank1 = _launch(tmp_path / "online", cache_dir, "--online")
+    assert rank0["decisions"] and rank0["decisions"] == rank1["decisions"]
+    assert rank0["result"] == rank1["result"]
+    assert len(rank0["epochs"]) == len(rank1["epochs"])
+    switched = False
+    for first, second in zip(rank0["epochs"], rank1["epochs"]):
+        assert first["configs"] == second["configs"], "the ranks held different configurations at a batch"
+        assert sorted(first["indices"] + second["indices"]) == list(range(400))
+        switched = switched or len(set(first["configs"])) > 1
+    assert switched, "candidates served the epochs"
+    assert rank0["epochs"][0]["indices"] != rank0["epochs"][1]["indices"], "a new order every epoch"

@@ -175,3 +175,29 @@ def test_the_guard_stands_aside_outside_the_main_thread_and_beside_a_users_alarm
     finally:
         signal.signal(signal.SIGALRM, previous)
     assert seen == [False, False]
+
+
+def test_guards_that_exit_out_of_order_leave_the_original_handlers(raising_sigchld):
+    """Two loaders tuning online at once (zip(train, val)) enter and exit guards in any order."""
+    first = SignalGuard()
+    second = SignalGuard(limit_s=0.2, make_timeout=lambda: TrialTimeout("second's limit"))
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert second.active
+    with pytest.raises(TrialTimeout, match="second's limit"):
+        time.sleep(2)  # the second guard's timer still runs after the first exited
+    second.__exit__(None, None, None)
+    assert signal.getsignal(signal.SIGCHLD) is _raise_worker_died
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+    with SignalGuard() as third:
+        assert third.active, "a later guard can install again"
+
+
+def test_held_worker_errors_wait_for_check(raising_sigchld):
+    with SignalGuard(hold_worker_errors=True) as guard:
+        signal.getsignal(signal.SIGCHLD)(signal.SIGCHLD, sys._getframe())  # safe frame, yet held
+        time.sleep(0.1)  # no retry raises it here: this stands for the user's training step
+        with pytest.raises(WorkerDied):
+            guard.check()

@@ -179,7 +179,7 @@ def _tune(args: argparse.Namespace) -> int:
     _note(args, f"tuning {args.spec} ({type(dataset).__name__}), batch {args.batch_size}...")
     try:
         with _progress(args.quiet):
-            loader = make_loader(dataset, args.batch_size, refresh=args.force, **kwargs)
+            loader = make_loader(dataset, args.batch_size, refresh=args.force, tuning="trials", **kwargs)
     except Exception as err:  # bad arguments or the user's dataset failing in a trial: one line, unless asked
         if args.traceback:
             traceback.print_exc()
