@@ -1,11 +1,15 @@
+"""Hooks (the per-test watchdog, --benchmarks and --stress) and shared fixtures only; helpers live in helpers.py."""
 import faulthandler
 import os
 import sys
 import threading
-import time
 
 import psutil
 import pytest
+
+# wait_no_children is used by the fixture below; both are re-exported for the files that still import them from
+# conftest (test_threads.py, benchmarks/test_bench_cache.py): new code imports them from helpers.
+from helpers import USER_CODE, USER_MODULE, live_children, wait_no_children  # noqa: F401
 
 WATCHDOG_S = float(os.environ.get("AUTOLOADER_TEST_WATCHDOG_S", "240"))
 """A test still running after this many seconds is stuck: the watchdog prints every thread's stack and ends the run
@@ -75,27 +79,6 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
-def live_children():
-    """Children of this process that are still running (zombies are reaped by the time we look again)."""
-    alive = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE:
-                alive.append(child)
-        except psutil.NoSuchProcess:
-            continue
-    return alive
-
-
-def wait_no_children(timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not live_children():
-            return []
-        time.sleep(0.05)
-    return live_children()
-
-
 @pytest.fixture(autouse=True)
 def no_process_left_behind():
     """Every test must leave no child process behind (DataLoader workers included)."""
@@ -110,3 +93,14 @@ def cache_dir(tmp_path, monkeypatch):
     path = tmp_path / "cache"
     monkeypatch.setenv("AUTOLOADER_CACHE_DIR", str(path))
     return path
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    """A directory holding the user's module, used as the cwd; AUTOLOADER_CACHE_DIR is its ``cache`` folder."""
+    (tmp_path / f"{USER_MODULE}.py").write_text(USER_CODE)
+    monkeypatch.setenv("AUTOLOADER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [str(tmp_path)] + sys.path)  # the cwd first, as load_dataset makes it
+    yield tmp_path
+    sys.modules.pop(USER_MODULE, None)

@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader, SequentialSampler, TensorDataset
 
 from autoloader import AutoloaderWarning, PrefetchLoader, make_loader
-from conftest import live_children
+from helpers import live_children
 from workloads import InMemory, LatencyBound
 
 

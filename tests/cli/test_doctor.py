@@ -1,0 +1,229 @@
+"""``autotune doctor``: one run on this machine, and each check fed with fakes."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from autoloader import cli
+from autoloader.cache import CacheEntry
+from autoloader.cli.doctor import (INIT, ORPHAN, OTHER_USER, RUNNING, DeviceHolder, ShmNeed, check_cache, check_cpus,
+                                   check_gpu_holders, check_open_files, check_saved_profile, check_shm,
+                                   check_start_method, check_thread_env, classify_holder, find_nvidia_holders,
+                                   format_findings, shm_needs)
+from autoloader.probe import CpuInfo, ShmInfo, probe_machine
+from helpers import MIB, run_cli, tuned_result
+
+
+def test_doctor_runs_here(work):
+    proc = run_cli(["doctor", "--json"], work)
+    findings = json.loads(proc.stdout)["findings"]
+    names = {f["name"] for f in findings}
+    assert {"shared memory", "open files", "usable CPUs", "start method", "thread variables", "GPUs",
+            "GPU device holders", "machine profile", "cache"} <= names
+    assert all(f["status"] in ("ok", "warn", "fail", "info") and f["detail"] for f in findings)
+    assert proc.returncode == (1 if any(f["status"] == "fail" for f in findings) else 0)
+    holders = next(f for f in findings if f["name"] == "GPU device holders")
+    if not any(p.startswith("nvidia") for p in os.listdir("/dev")):
+        assert holders["status"] == "info" and "no NVIDIA device files" in holders["detail"]
+    code = cli.main(["doctor"])
+    assert code == proc.returncode
+
+
+# ---------------------------------------------------------------- doctor checks, with fakes
+
+
+def entry(result, key="c" * 32, meta=None):
+    return CacheEntry(key, Path("/x"), 1.0, meta or {"dataset": "Fake"}, result, None if result else "corrupt")
+
+
+def test_shm_check_against_cached_needs():
+    needs = shm_needs([entry(tuned_result())])              # (2 workers x prefetch 2 + 2) x 1 MiB batches
+    assert [n.need_bytes for n in needs] == [6 * MIB] and "Fake" in needs[0].label
+    assert shm_needs([entry(tuned_result(num_workers=0, prefetch_factor=None)), entry(None)]) == []
+    shm = ShmInfo("/dev/shm", 64 * MIB, 60 * MIB)
+    assert check_shm(shm, [ShmNeed("big", 100 * MIB)]).status == "fail"
+    warn = check_shm(shm, [ShmNeed("half", 40 * MIB)])
+    assert warn.status == "warn" and "--shm-size" in warn.fix
+    assert check_shm(shm, [ShmNeed("small", MIB)]).status == "ok"
+    assert check_shm(shm, []).status == "warn"                              # Docker's 64 MiB default
+    assert check_shm(ShmInfo("/dev/shm", 8 << 30, 8 << 30), []).status == "ok"
+    assert check_shm(ShmInfo("/dev/shm", None, None), []).status == "info"
+
+
+def test_open_files_check():
+    low = check_open_files(1024, 1048576, sharing_strategy="file_descriptor", max_cached_workers=16)
+    assert low.status == "warn" and "ulimit -n 65536" in low.fix and "set_sharing_strategy('file_system')" in low.fix
+    assert "16 workers" in low.detail
+    assert "ulimit -n 4096" in check_open_files(1024, 4096, sharing_strategy="file_descriptor").fix
+    stuck = check_open_files(1024, 1024, sharing_strategy="file_descriptor", max_cached_workers=1)
+    assert "raise the hard limit (1024)" in stuck.fix and "uses 1 workers" not in stuck.detail
+    assert check_open_files(1024, 4096, sharing_strategy="file_system").status == "ok"
+    assert check_open_files(65536, 65536, sharing_strategy="file_descriptor").status == "ok"
+    unlimited = check_open_files(None, None, sharing_strategy="file_descriptor")
+    assert unlimited.status == "ok" and "unlimited" in unlimited.detail
+
+
+def test_cpu_quota_check():
+    quota = check_cpus(CpuInfo(usable=4, logical=64, physical=32, model="x", affinity=64, quota=4.0))
+    assert quota.status == "warn" and "os.cpu_count() says 64 but this process may use 4" in quota.detail
+    assert "cgroup CPU quota 4" in quota.detail
+    assert check_cpus(CpuInfo(usable=8, logical=8, physical=4, model="x", affinity=8, quota=None)).status == "ok"
+    assert check_cpus(CpuInfo(None, None, None, None, None, None)).status == "info"
+
+
+def test_start_method_and_thread_checks():
+    spawn = check_start_method("spawn")
+    assert spawn.status == "info" and '__name__ == "__main__"' in spawn.fix and "pickl" in spawn.detail
+    assert check_start_method("fork").status == "ok"
+    assert check_thread_env({}, usable_cpus=16).status == "warn"
+    assert check_thread_env({}, usable_cpus=2).status == "info"
+    assert check_thread_env({"OMP_NUM_THREADS": "1"}, usable_cpus=16).status == "ok"
+    assert check_thread_env({"OMP_NUM_THREADS": "64"}, usable_cpus=8).status == "warn"
+
+
+def test_nvidia_holders_found_from_fd_links(tmp_path):
+    fd = tmp_path / str(os.getpid()) / "fd"
+    fd.mkdir(parents=True)
+    os.symlink("/dev/nvidia0", fd / "7")
+    os.symlink("/dev/nvidiactl", fd / "8")
+    os.symlink("/tmp/other", fd / "9")
+    holders, _ = find_nvidia_holders(proc_root=str(tmp_path))
+    [me] = holders
+    assert me.pid == os.getpid() and me.devices == ("/dev/nvidia0", "/dev/nvidiactl")
+    assert find_nvidia_holders(proc_root=str(tmp_path), exclude={os.getpid()})[0] == []
+    files = ["/dev/nvidia0", "/dev/nvidiactl"]
+    assert check_gpu_holders(holders, device_files=files).status == "info"
+    orphan = check_gpu_holders([DeviceHolder(4242, "python", 1, ("/dev/nvidia0",))], device_files=files)
+    assert orphan.status == "warn" and "orphaned" in orphan.detail and "kill 4242" in orphan.fix
+    assert check_gpu_holders([], device_files=files).status == "ok"
+    none = check_gpu_holders([], device_files=[])
+    assert none.status == "info" and "no NVIDIA device files" in none.detail
+
+
+def test_profile_and_cache_checks():
+    current = probe_machine(disk=False, gpus=False)
+    assert check_saved_profile(None, current).status == "info"
+    assert check_saved_profile(current, current).status == "ok"
+    from dataclasses import replace
+
+    old = check_saved_profile(replace(current, torch_version="1.0"), current)
+    assert old.status == "warn" and "torch 1.0 ->" in old.detail
+    bad = check_cache([entry(None), entry(tuned_result(), key="d" * 32)])
+    assert bad.status == "warn" and "1 of 2" in bad.detail and "autotune clear" in bad.fix
+    text = format_findings([bad, old])
+    assert "[warn] cache:" in text and "fix: `autotune clear" in text
+
+
+# ---------------------------------------------------------------- GPU device holders, on fake /proc trees
+
+ME = 1000
+"""Our uid in the fake trees."""
+
+
+def fake_proc(root: Path, processes: dict) -> str:
+    """A /proc tree: for each ``pid: (name, ppid, uid, cmdline, devices)`` a ``status``, a ``cmdline`` and ``fd``
+    links (the devices, plus a socket and a file that must be ignored); a few non-process entries besides."""
+    for pid, (name, ppid, uid, cmdline, devices) in processes.items():
+        base = root / str(pid)
+        (base / "fd").mkdir(parents=True)
+        (base / "status").write_text(f"Name:\t{name}\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t{pid}\nPid:\t{pid}\n"
+                                     f"PPid:\t{ppid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+        (base / "cmdline").write_bytes(b"".join(arg.encode() + b"\0" for arg in cmdline))
+        for fd, target in enumerate(["socket:[1234]", "/tmp/log.txt", *devices], start=3):
+            os.symlink(target, base / "fd" / str(fd))
+    (root / "self").mkdir(exist_ok=True)
+    (root / "cpuinfo").write_text("processor: 0\n")
+    return str(root)
+
+
+GPU = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm")
+SPAWN = ("/usr/bin/python3", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, "
+         "pipe_handle=7)", "--multiprocessing-fork")
+PERSISTENCED = {812: ("nvidia-persiste", 1, 0, ("/usr/bin/nvidia-persistenced", "--user", "nvidia-persistenced"), GPU)}
+HOSTENGINE = {903: ("nv-hostengine", 1, 0, ("/usr/bin/nv-hostengine", "-n", "--service-account", "nvidia-dcgm"), GPU)}
+SHELL = {900: ("bash", 1, ME, ("-bash",), ())}
+
+# name: (processes, expected status, what the detail must say, the pids offered `kill` (empty: no kill at all))
+HOLDER_CASES = {
+    "gpu-daemons-skipped": (
+        {**PERSISTENCED, **HOSTENGINE,
+         904: ("nv-fabricmanage", 1, 0, ("/usr/bin/nv-fabricmanager", "-c", "/etc/fabricmanager.cfg"), GPU),
+         905: ("dcgm-exporter", 1, ME, ("/usr/bin/dcgm-exporter",), GPU),
+         906: ("nvidia-cuda-mps", 1, ME, ("nvidia-cuda-mps-control", "-d"), GPU),
+         **SHELL, 950: ("nvidia-smi", 900, ME, ("nvidia-smi",), GPU)},
+        "ok", ["skipped 6 system daemons: nvidia-persistenced (pid 812), nv-hostengine (pid 903), "
+               "nv-fabricmanager (pid 904), dcgm-exporter (pid 905), nvidia-cuda-mps-control (pid 906), "
+               "nvidia-smi (pid 950)", "no other process of yours holds /dev/nvidia0"], set()),
+    "container-init-skipped": (
+        {1: ("sh", 0, ME, ("/bin/sh", "-c", "python train.py"), ("/dev/nvidia0",)),
+         77: ("containerd-shim", 1, ME, ("/usr/bin/containerd-shim-runc-v2", "-namespace", "moby"), GPU),
+         78: ("pause", 77, ME, ("/pause",), GPU)},
+        "ok", ["skipped 3 container init processes: sh (pid 1), containerd-shim-runc-v2 (pid 77), pause (pid 78)"],
+        set()),
+    "other-users-orphans-skipped": (
+        {4100: ("python3", 1, 1001, ("/usr/bin/python3", "train.py"), GPU),
+         4101: ("pt_data_worker", 1, 1001, ("/usr/bin/python3", "train.py"), GPU)},
+        "ok", ["skipped 2 processes of other users: python3 (pid 4100), pt_data_worker (pid 4101)"], set()),
+    "our-orphaned-dataloader-worker": (
+        {5000: ("pt_data_worker", 1, ME, ("/usr/bin/python3", "train.py", "--epochs", "90"), GPU)},
+        "warn", ["1 process of yours holds", "pid 5000 pt_data_worker (DataLoader worker, orphaned: parent is pid 1)"],
+        {5000}),
+    "our-spawn-worker-adopted-by-a-subreaper": (
+        {7: ("tini", 1, ME, ("/sbin/tini", "-s", "--", "python", "train.py"), ()), 5100: ("python3", 7, ME, SPAWN, GPU)},
+        "warn", ["pid 5100 python3 (DataLoader worker, orphaned: adopted by tini (pid 7))"], {5100}),
+    "our-orphaned-python-process": (
+        {5200: ("python3.11", 1, ME, ("/opt/venv/bin/python3.11", "eval.py"), GPU)},
+        "warn", ["pid 5200 python3.11 (orphaned: parent is pid 1)"], {5200}),
+    "live-parent-not-flagged": (
+        {**SHELL, 6000: ("python3", 900, ME, ("/usr/bin/python3", "train.py"), GPU),
+         6001: ("pt_data_worker", 6000, ME, ("/usr/bin/python3", "train.py"), GPU),
+         6002: ("pt_data_worker", 6000, ME, ("/usr/bin/python3", "train.py"), ())},
+        "info", ["2 processes of yours hold", "pid 6000 python3; pid 6001 pt_data_worker"],
+        set()),
+    "docker-exec-parent-pid-0-not-flagged": (
+        {6100: ("python", 0, ME, ("python", "train.py"), GPU)},
+        "info", ["pid 6100 python"], set()),
+    "our-orphan-not-python-left-alone": (
+        {7000: ("ffmpeg", 1, ME, ("ffmpeg", "-hwaccel", "cuda", "-i", "in.mp4", "out.mp4"), GPU)},
+        "info", ["pid 7000 ffmpeg (orphaned: parent is pid 1, not Python: left alone)"], set()),
+    "everything-at-once": (
+        {**PERSISTENCED, **HOSTENGINE, **SHELL,
+         4100: ("python3", 1, 1001, ("/usr/bin/python3", "train.py"), GPU),
+         5000: ("pt_data_worker", 1, ME, ("/usr/bin/python3", "train.py"), GPU),
+         6000: ("python3", 900, ME, ("/usr/bin/python3", "train.py"), GPU)},
+        "warn", ["skipped 2 system daemons: nvidia-persistenced (pid 812), nv-hostengine (pid 903); "
+                 "1 process of another user: python3 (pid 4100)", "pid 6000 python3"], {5000}),
+}
+
+
+@pytest.mark.parametrize("case", list(HOLDER_CASES))
+def test_gpu_holders_skip_daemons_and_other_users_and_kill_only_our_orphans(tmp_path, case):
+    processes, status, fragments, kill = HOLDER_CASES[case]
+    holders, denied = find_nvidia_holders(proc_root=fake_proc(tmp_path, processes))
+    assert denied == 0
+    assert sorted(h.pid for h in holders) == sorted(pid for pid, p in processes.items() if p[4])
+    finding = check_gpu_holders(holders, device_files=list(GPU), uid=ME)
+    assert finding.status == status, finding
+    for fragment in fragments:
+        assert fragment in finding.detail, (fragment, finding.detail)
+    offered = re.search(r"`kill ([\d ]+)`", finding.fix)
+    assert (set(map(int, offered.group(1).split())) if offered else set()) == kill, finding.fix
+
+
+def test_gpu_holder_facts_read_from_proc(tmp_path):
+    processes = {**SHELL, 5100: ("python3", 900, ME, SPAWN, GPU)}
+    [holder], _ = find_nvidia_holders(proc_root=fake_proc(tmp_path, processes))
+    assert holder == DeviceHolder(5100, "python3", 900, tuple(sorted(GPU)), uid=ME, cmdline=SPAWN, parent_name="bash")
+    assert classify_holder(holder, uid=ME) == RUNNING
+    assert classify_holder(holder, uid=0) == OTHER_USER
+    assert find_nvidia_holders(proc_root=str(tmp_path / "absent")) == ([], 0)
+
+
+def test_gpu_holder_of_unknown_uid_counts_as_ours(tmp_path):
+    orphan = DeviceHolder(5000, "pt_data_worker", 1, ("/dev/nvidia0",))
+    assert classify_holder(orphan) == classify_holder(orphan, uid=ME) == ORPHAN
+    assert classify_holder(DeviceHolder(1, "python", 0, ("/dev/nvidia0",)), uid=ME) == INIT

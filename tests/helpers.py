@@ -1,0 +1,126 @@
+"""Helpers shared by several test files (importable as ``helpers``: setup.cfg puts tests/ on the path).
+
+conftest.py holds only hooks and fixtures; what a test calls goes here.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+
+from autoloader.probe import CpuInfo, DiskInfo, GpuInfo, MachineProfile, MemoryInfo, ShmInfo
+from autoloader.results import LoaderConfig, TrialResult, TuneResult
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+# ---------------------------------------------------------------- child processes
+
+def live_children():
+    """Children of this process that are still running (zombies are reaped by the time we look again)."""
+    alive = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                alive.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
+
+
+def wait_no_children(timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not live_children():
+            return []
+        time.sleep(0.05)
+    return live_children()
+
+
+# ---------------------------------------------------------------- the autotune command
+
+USER_MODULE = "autotune_user_data"
+"""The user's module the CLI tests load datasets from (written by the ``work`` fixture in conftest.py)."""
+USER_CODE = textwrap.dedent('''
+    import time
+    import torch
+    from torch.utils.data import Dataset
+
+    class Squares(Dataset):
+        """Tiny samples with a 0.2 ms cost each, so every trial is short."""
+        def __init__(self, n=192):
+            self.n = n
+        def __len__(self):
+            return self.n
+        def __getitem__(self, i):
+            end = time.perf_counter() + 0.0002
+            while time.perf_counter() < end:
+                pass
+            return torch.full((8,), float(i)), i
+
+    def make_ds():
+        return Squares()
+
+    def make_list():
+        return [1, 2, 3]
+
+    answer = 42
+    ''')
+
+
+def run_cli(args, cwd, timeout=120, prefix=()):
+    """``autotune ARGS`` in a subprocess run in ``cwd``, with ``cwd/cache`` as its cache; ``prefix`` goes before the
+    interpreter (e.g. ``taskset -c 0``)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "AUTOLOADER_CACHE_DIR": str(Path(cwd) / "cache")}
+    return subprocess.run([*prefix, sys.executable, "-m", "autoloader.cli", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=timeout)
+
+
+def one_line_error(err: str) -> None:
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
+# ---------------------------------------------------------------- fake results and profiles
+
+def trial(n, rate, *, prefetch=2, status="ok", reason=None, batch_bytes=MIB, **kw):
+    config = LoaderConfig(n, prefetch if n else None, False, False)
+    return TrialResult(config=config, status=status, reason=reason, samples_per_s=rate if status == "ok" else None,
+                       startup_s=0.1, stall_fraction=0.2 if status == "ok" else None,
+                       worker_cpu_util=0.9 if n and status == "ok" else None, batch_bytes=batch_bytes, **kw)
+
+
+def tuned_result(**kw):
+    trials = (trial(0, 500.0), trial(2, 980.0), trial(4, 1000.0),
+              trial(8, None, status="skipped", reason="memory: 8 workers x 900 MiB exceed the budget"),
+              trial(16, None, status="failed", reason="worker died: killed"))
+    base = dict(num_workers=2, prefetch_factor=2, pin_memory=False, persistent_workers=True, samples_per_s=980.0,
+                bottleneck="cpu", source="tuned", trials=trials, consumer_samples_per_s=2000.0, seconds=6.5,
+                reason="fewest workers within 5% of the best", created=1.7e9)
+    base.update(kw)
+    return TuneResult(**base)
+
+
+def full_profile():
+    """A MachineProfile with every fact known (two fake GPUs, a measured disk)."""
+    G = GIB
+    return MachineProfile(
+        cpu=CpuInfo(usable=3, logical=8, physical=4, model="Test CPU", affinity=6, quota=2.5),
+        memory=MemoryInfo(total_bytes=16 * G, available_bytes=10 * G, limit_bytes=8 * G, budget_bytes=7 * G),
+        shm=ShmInfo("/dev/shm", 8 * G, None),
+        disk=DiskInfo("/data", 640.0, 12000.0, 9000.0, "o_direct"),
+        gpus=(GpuInfo(0, "Fake GPU", 80 * G), GpuInfo(1, "Fake GPU", 80 * G)),
+        start_method="spawn", torch_version="2.13.0", python_version="3.11.7",
+        thread_env={"OMP_NUM_THREADS": "1"}, created=1700000000.5)
+
+
+def probe_files(directory):
+    """The disk probe's scratch files left in ``directory`` (there should be none)."""
+    return sorted(n for n in os.listdir(directory) if n.startswith(".autoloader-disk-probe-"))

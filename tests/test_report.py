@@ -1,0 +1,42 @@
+"""The text autoloader prints (autoloader.report): a tuning's table and reasons, a machine profile."""
+from __future__ import annotations
+
+from autoloader.probe import DiskInfo, MachineProfile, probe_machine
+from autoloader.report import BOTTLENECK_WORDS, format_profile, format_tune_result
+from autoloader.results import TuneResult
+from helpers import full_profile, tuned_result
+
+
+def test_format_tune_result_table_marks_the_choice_and_shows_reasons():
+    text = format_tune_result(tuned_result())
+    assert str(tuned_result()) == text
+    lines = text.splitlines()
+    assert "num_workers=2, prefetch_factor=2" in lines[0] and "persistent_workers=True" in lines[0]
+    assert "980 samples/s" in text and BOTTLENECK_WORDS["cpu"] in text and "tuned in 6.5 s (5 trials)" in text
+    assert "2,000 samples/s" in text                                       # the consumer's own rate
+    header = next(line for line in lines if "workers" in line and "vs best" in line)
+    for column in ("prefetch", "pin", "samples/s", "startup s", "stall %", "worker CPU %", "status"):
+        assert column in header
+    chosen = [line for line in lines if line.lstrip().startswith("*")]
+    assert len(chosen) == 1 and " 2 " in chosen[0] and "98%" in chosen[0]
+    assert "skipped: memory: 8 workers" in text and "failed: worker died" in text
+
+
+def test_format_tune_result_without_trials():
+    cached = tuned_result(source="cache", trials=())
+    assert "from the cache" in format_tune_result(cached) and "no trials recorded" in format_tune_result(cached)
+    fallback = TuneResult(0, None, False, False, None, None, "fallback", reason="could not tune: boom")
+    text = format_tune_result(fallback)
+    assert "fallback, not tuned: could not tune: boom" in text and "unknown" in text
+
+
+def test_format_profile_shows_facts_and_unknowns():
+    text = format_profile(full_profile())
+    for fragment in ("usable", "3", "cgroup quota 2.5", "Test CPU", "8.0 GiB", "640 MB/s", "12,000 IOPS",
+                     "O_DIRECT", "cuda:1 Fake GPU", "OMP_NUM_THREADS=1", "spawn"):
+        assert fragment in text, fragment
+    assert "unknown" in text                                     # shm free_bytes is None
+    bare = probe_machine(disk=False, gpus=False)
+    bare_text = format_profile(MachineProfile(**{**bare.__dict__, "disk": DiskInfo("/dev/shm", None, None, 5e3,
+                                                                                    None)}))
+    assert "could not be bypassed" in bare_text and "GPUs" in bare_text
