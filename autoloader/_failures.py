@@ -22,22 +22,25 @@ _TOO_MANY_FILES = ("Too many open files", "received 0 items of ancdata")
 _SHM_FULL = ("No space left on device", "unable to write to file </torch_", "unable to allocate shared memory")
 
 
-def failure_reason(exc: BaseException, *, stream_workers: int = 0) -> Optional[str]:
+def failure_reason(exc: BaseException, *, workers: int = 0, stream: bool = False) -> Optional[str]:
     """Why a candidate failed, when ``exc`` is the candidate's fault; None when it is the user's own error.
 
     A dataset or step that raises is the user's bug and must surface unchanged. A worker killed (OOM killer, bus error
     from a full /dev/shm), a timeout, running out of file descriptors, memory or /dev/shm is a property of the
-    candidate: fewer workers or a smaller queue may well work. So is an error raised inside a worker of an
-    IterableDataset (``stream_workers``: the candidate's worker count): the tuner only gets there when fewer workers
-    ran, and a stream split between workers fails with too many of them (WebDataset's "No samples found in dataset;
-    perhaps you have fewer shards than workers").
+    candidate: fewer workers or a smaller queue may well work. With ``workers``, so is a connection to them that
+    breaks (a worker killed after it sent batches resets it), and, for a ``stream`` (an IterableDataset), an error
+    raised inside a worker: the tuner only gets there when fewer workers ran, and a stream split between workers
+    fails with too many of them (WebDataset's "No samples found in dataset; perhaps you have fewer shards than
+    workers").
     """
     message = str(exc).strip()
     lines = message.splitlines() or [type(exc).__name__]
     text = lines[-1] if message.startswith("Caught ") else lines[0]  # a worker's error: its last line says what
-    if stream_workers and _IN_WORKER.match(message):
-        return (f"raised in a worker with {stream_workers} workers, not with fewer (an IterableDataset split between "
+    if workers and stream and _IN_WORKER.match(message):
+        return (f"raised in a worker with {workers} workers, not with fewer (an IterableDataset split between "
                 f"workers may have fewer shards than workers): {type(exc).__name__}: {text}")
+    if workers and isinstance(exc, (ConnectionError, EOFError)) and not message.startswith("Caught "):
+        return f"worker died: its connection broke ({type(exc).__name__}: {text})"
     if isinstance(exc, TrialTimeout):
         return f"timed out: {text}"
     if isinstance(exc, MemoryError):

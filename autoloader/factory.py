@@ -26,7 +26,7 @@ from ._device import resolve_device
 from .prefetch import PrefetchLoader, quiet_worker_count_warning
 from .probe import MachineProfile, open_files_limit, probe_machine, remembered_gpus, start_method
 from .online import OnlineTuner
-from .results import LoaderConfig, TuneResult
+from .results import LoaderConfig, TuneResult, without_worker_only
 from .slices import EpochSlicer
 from .tuner import TUNED_KNOBS, fallback_result, new_search, trial_limit, tune_with
 
@@ -232,12 +232,11 @@ def _data_loader(request: _Request, config: LoaderConfig) -> DataLoader:
     """The user's DataLoader with ``config``'s knobs (theirs where they fixed one)."""
     kwargs = config.loader_kwargs()
     kwargs.update(request.fixed)
+    user = request.loader_kwargs
     if kwargs.get("num_workers", 0) == 0:
-        kwargs.pop("prefetch_factor", None)
-        kwargs.pop("persistent_workers", None)
+        kwargs, user = without_worker_only(kwargs), without_worker_only(user)
     with quiet_worker_count_warning("num_workers" not in request.fixed):
-        return DataLoader(request.dataset, batch_size=request.batch_size, shuffle=request.shuffle,
-                          **request.loader_kwargs, **kwargs)
+        return DataLoader(request.dataset, batch_size=request.batch_size, shuffle=request.shuffle, **user, **kwargs)
 
 
 def _build(request: _Request, result: TuneResult, *, cache_key: Optional[str]) -> PrefetchLoader:

@@ -287,7 +287,8 @@ class OnlineTuner:
     def _outcome(self, config: LoaderConfig, candidate: Optional[Candidate], window: Window,
                  error: Optional[BaseException], ended: bool, elapsed: float) -> Optional[TrialResult]:
         if error is not None:
-            reason = failure_reason(error) if not isinstance(error, TuningError) else str(error)
+            reason = failure_reason(error, workers=config.num_workers) if not isinstance(error, TuningError) \
+                else str(error)
             if reason is None or isinstance(error, (GeneratorExit, KeyboardInterrupt, SystemExit)):
                 raise error
             log.info("online candidate %s failed: %s", config.label(), reason)

@@ -21,6 +21,15 @@ SOURCES: Tuple[str, ...] = ("tuned", "online", "cache", "fallback")
 TRIAL_STATUSES: Tuple[str, ...] = ("ok", "skipped", "failed")
 
 
+WORKER_ONLY = ("multiprocessing_context", "timeout", "persistent_workers", "prefetch_factor")
+"""DataLoader keywords that only mean something with workers; DataLoader rejects some of them at num_workers=0."""
+
+
+def without_worker_only(kwargs: Mapping[str, Any]) -> dict:
+    """``kwargs`` less the keywords that need workers (for a configuration with ``num_workers=0``)."""
+    return {k: v for k, v in kwargs.items() if k not in WORKER_ONLY}
+
+
 @dataclass(frozen=True)
 class LoaderConfig:
     """The DataLoader knobs autoloader tunes. ``prefetch_factor`` is None when ``num_workers == 0``."""
@@ -39,7 +48,8 @@ class LoaderConfig:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
 
     def loader_kwargs(self) -> dict:
-        """The keywords to pass to ``torch.utils.data.DataLoader`` for this configuration."""
+        """The keywords to pass to ``torch.utils.data.DataLoader`` for this configuration (with no workers, drop
+        the user's ``WORKER_ONLY`` keywords first: ``without_worker_only``)."""
         kwargs: dict = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
         if self.num_workers > 0:
             kwargs["prefetch_factor"] = self.prefetch_factor

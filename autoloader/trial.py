@@ -46,11 +46,15 @@ from ._consumer import Consumer
 from ._failures import HARD_LIMIT_GRACE_S, failure_reason
 from .errors import TrialTimeout, TuningError
 from .prefetch import PrefetchLoader, quiet_worker_count_warning
-from .results import LoaderConfig, TrialResult
+from .probe import start_method
+from .results import LoaderConfig, TrialResult, without_worker_only
 
 log = logging.getLogger("autoloader.trial")
 
 _TRIAL_SEED = 0x5EED
+SPAWN_STARTUP_S = 15.0
+"""Allowed on top of a trial's limit when its workers are spawned (spawn, forkserver): each imports torch before its
+first batch, seconds on a busy machine, and that start-up is reported apart, never the candidate's fault."""
 _END = object()
 
 
@@ -90,9 +94,10 @@ def build_trial_loader(
     timeout: float,
 ) -> DataLoader:
     """The DataLoader a trial iterates: the user's arguments, the candidate's knobs, and a sampler that never ends."""
-    kwargs = dict(loader_kwargs)
+    kwargs = dict(loader_kwargs) if config.num_workers else without_worker_only(loader_kwargs)
     kwargs.update(config.loader_kwargs())
-    kwargs["persistent_workers"] = False
+    if config.num_workers:
+        kwargs["persistent_workers"] = False
     generator = _private_generator(kwargs.get("generator"))
     kwargs["generator"] = generator
     if config.num_workers > 0 and not kwargs.get("timeout"):
@@ -170,11 +175,14 @@ def run_trial(
     """
     started = time.perf_counter()
     before = _procs.child_pids()
+    loader_kwargs = loader_kwargs or {}
+    spawned = config.num_workers > 0 and start_method(loader_kwargs.get("multiprocessing_context")) != "fork"
+    time_limit += SPAWN_STARTUP_S if spawned else 0.0
     window = Window(config, started=started, batch_size=batch_size, min_window_s=min_window_s,
                     min_rounds=min_rounds, min_batches=min_batches)
     with quiet_worker_count_warning(True):
-        loader = build_trial_loader(dataset, batch_size, config, shuffle=shuffle,
-                                    loader_kwargs=loader_kwargs or {}, timeout=time_limit)
+        loader = build_trial_loader(dataset, batch_size, config, shuffle=shuffle, loader_kwargs=loader_kwargs,
+                                    timeout=time_limit)
     prefetcher = PrefetchLoader(loader, device=consumer.device, normalize=normalize, dtype=dtype,
                                 input_key=input_key)
     repeats = _advice.RepeatCheck(window.skip) if config.num_workers >= 2 and isinstance(dataset, IterableDataset) \
@@ -226,8 +234,7 @@ def run_trial(
                 _procs.reap(_procs.new_children(before))
     elapsed = time.perf_counter() - started
     if error is not None:
-        reason = failure_reason(error, stream_workers=config.num_workers if isinstance(dataset, IterableDataset)
-                                else 0)
+        reason = failure_reason(error, workers=config.num_workers, stream=isinstance(dataset, IterableDataset))
         if isinstance(error, (KeyboardInterrupt, SystemExit)) or (reason is None and blame.user):
             raise error
         if reason is None:

@@ -41,6 +41,26 @@ class KillWorkers(Dataset):
         return torch.full((4,), float(i))
 
 
+class KillWorkersLater(Dataset):
+    """Each worker is SIGKILLed on its ``at``-th sample, after it has already sent batches of ``sample_bytes``
+    samples (shared-memory tensors whose descriptors the main process may still be receiving from it)."""
+
+    def __init__(self, n: int = 4096, *, at: int = 40, sample_bytes: int = 16) -> None:
+        self.n, self.at, self.served, self.numel = n, at, 0, max(1, sample_bytes // 4)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if in_worker():
+            self.served += 1
+            if self.served == self.at:
+                os.kill(os.getpid(), signal.SIGKILL)
+        else:
+            time.sleep(MAIN_S)
+        return torch.full((self.numel,), float(i))
+
+
 class CorruptSample(Exception):
     """The user's own error, as a dataset raises it."""
 

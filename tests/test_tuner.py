@@ -45,8 +45,7 @@ def test_in_memory_data_chooses_zero_workers():
 def test_latency_bound_data_chooses_more_workers_than_cores():
     usable = len(__import__("os").sched_getaffinity(0))
     result = tune(LatencyBound(latency_s=0.005), 16, budget=12)
-    assert result.num_workers > usable
-    assert result.bottleneck == "io"
+    assert result.num_workers > usable  # 80 ms of waiting per batch and per worker: more waiting workers than cores
     zero = next(t for t in result.trials if t.config.num_workers == 0)
     assert result.samples_per_s > 3 * zero.samples_per_s
     assert result.persistent_workers is True
