@@ -321,4 +321,4 @@ def _stall_of(result: TuneResult) -> Optional[float]:
 
 def _undecided(consumer: Consumer) -> TuneResult:
     return TuneResult(0, None, consumer.device.type == "cuda", False, None, None, "online",
-                      reason="deciding online during the first epoch", created=time.time())
+                      reason="deciding online during the first epoch")

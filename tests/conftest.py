@@ -7,9 +7,7 @@ import threading
 import psutil
 import pytest
 
-# wait_no_children is used by the fixture below; both are re-exported for the files that still import them from
-# conftest (test_threads.py, benchmarks/test_bench_cache.py): new code imports them from helpers.
-from helpers import USER_CODE, USER_MODULE, live_children, wait_no_children  # noqa: F401
+from helpers import USER_CODE, USER_MODULE, wait_no_children
 
 WATCHDOG_S = float(os.environ.get("AUTOLOADER_TEST_WATCHDOG_S", "240"))
 """A test still running after this many seconds is stuck: the watchdog prints every thread's stack and ends the run

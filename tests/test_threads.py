@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import wait_no_children
+from helpers import wait_no_children
 from thread_data import Batched, Indexed, SampleError, Stream
 from torch.utils.data import DataLoader, Subset, random_split
 

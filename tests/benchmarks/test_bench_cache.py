@@ -2,7 +2,7 @@
 import time
 
 from autoloader import make_loader
-from conftest import live_children
+from helpers import live_children
 from workloads import LatencyBound
 
 
