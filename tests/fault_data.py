@@ -169,6 +169,18 @@ class LambdaInside(Dataset):
         return self.transform(torch.full((2,), float(i)))
 
 
+class CudaInWorker(Dataset):
+    """Touches CUDA in ``__getitem__``: a user bug in a forked worker once the parent has initialised CUDA."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if not in_worker():
+            time.sleep(MAIN_S)
+        return torch.ones(4, device="cuda").cpu()
+
+
 def cpu_only_collate(batch: list) -> torch.Tensor:
     """default_collate that fails unless it runs in a worker and builds the batch on the CPU: device moves (and so
     CUDA) belong to the main process."""

@@ -472,6 +472,17 @@ def test_cuda_initialised_before_tuning_does_not_break_forked_workers(cache_dir)
     del loader
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_dataset_touching_cuda_in_a_forked_worker_gets_torchs_own_error(cache_dir):
+    """What the README says about CUDA before fork: the parent may initialise CUDA; a forked worker may not use it.
+    The user's dataset doing so surfaces torch's error unchanged, from the first worker trial."""
+    torch.zeros(1, device="cuda")
+    with pytest.raises(RuntimeError, match="Cannot re-initialize CUDA in forked subprocess"):
+        make_loader(fd.CudaInWorker(), batch_size=4, step=0.001, budget=4, max_workers=2, tuning="trials",
+                    multiprocessing_context="fork")
+
+
 # -- copy-on-read memory growth ---------------------------------------------------------------------------------------
 
 def test_copy_on_read_growth_is_measured_and_warned_about():

@@ -156,8 +156,9 @@ def check_start_method(method: Optional[str]) -> Finding:
     if method is None:
         return Finding(name, "info", "could not tell how worker processes start")
     if method == "fork":
-        return Finding(name, "ok", "fork: workers inherit the dataset without pickling and start fast "
-                                   "(do not initialise CUDA before the workers start)")
+        return Finding(name, "ok", "fork: workers inherit the dataset without pickling and start fast; CUDA may be "
+                                   "initialised before they start, as long as the workers themselves never touch "
+                                   "it (return CPU tensors and let the loader move batches to the GPU)")
     return Finding(name, "info",
                    f"{method}: each worker starts a fresh interpreter, re-imports the main module and unpickles "
                    f"the dataset, collate_fn and worker_init_fn; start-up is slower",
