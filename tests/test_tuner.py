@@ -8,7 +8,9 @@ import torch
 from torch.utils.data import Dataset
 
 from autoloader import tune
-from autoloader.results import TuneResult
+from autoloader._consumer import Consumer
+from autoloader.results import LoaderConfig, TuneResult
+from autoloader.trial import run_trial
 from autoloader import make_loader
 from autoloader.tuner import fallback_result, tune_with
 from workloads import InMemory, LatencyBound
@@ -42,10 +44,13 @@ def test_in_memory_data_chooses_zero_workers():
     assert zero.samples_per_s == result.samples_per_s
 
 
-def test_latency_bound_data_chooses_more_workers_than_cores():
-    usable = len(__import__("os").sched_getaffinity(0))
-    result = tune(LatencyBound(latency_s=0.005), 16, budget=12)
-    assert result.num_workers > usable  # 80 ms of waiting per batch and per worker: more waiting workers than cores
+def test_latency_bound_data_chooses_many_waiting_workers():
+    """80 ms of waiting per batch and per worker: many workers pay, whatever the core count (how many more than the
+    cores is machine-dependent: the benchmark table shows it)."""
+    data = LatencyBound(latency_s=0.005)
+    result = tune(data, 16, budget=12)
+    one = run_trial(data, 16, LoaderConfig(1, 2), consumer=Consumer(None, torch.device("cpu")), time_limit=3)
+    assert result.num_workers >= 4 and result.samples_per_s > 3 * one.samples_per_s, (result.config, one)
     zero = next(t for t in result.trials if t.config.num_workers == 0)
     assert result.samples_per_s > 3 * zero.samples_per_s
     assert result.persistent_workers is True
