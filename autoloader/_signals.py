@@ -11,8 +11,9 @@
 # the same queue and waited forever, the queue's feeder thread with it.
 # ``SignalGuard`` wraps the handlers of the three signals for the length of a trial:
 # - when the interrupted frame is inside the standard library's synchronisation code (threading, queue,
-#   multiprocessing), a handler's exception is kept, not raised, and a 10 ms timer (SIGALRM) retries until the thread
-#   is somewhere safe. Blocking reads are safe places and raise at once: multiprocessing.connection and selectors
+#   multiprocessing), or where Python swallows exceptions ("Exception ignored in ...": a ``__del__``, a callback that
+#   ``os.fork()`` runs, such as logging's lock release, where a Ctrl-C while workers were forked was lost), a
+#   handler's exception is kept, not raised, and a 10 ms timer (SIGALRM) retries until the thread is somewhere safe. Blocking reads are safe places and raise at once: multiprocessing.connection and selectors
 #   (the pipe under ``Queue.get``, inside its try/finally), and a ``Condition.wait`` called by ``queue.Queue.get``
 #   once its try block is entered (the pin-memory results), which releases what it holds on the way out.
 # - inside ``shielded()`` (a trial's cleanup) nothing is raised. A Ctrl-C kept there is raised when the guard exits;
@@ -55,9 +56,12 @@ _SAFE_FILES = frozenset({multiprocessing.connection.__file__, getattr(__import__
 
 def unsafe_to_raise(frame: Optional[FrameType]) -> bool:
     """True when ``frame`` (the innermost one a signal interrupted) is in code that may hold a lock outside a
-    ``try``/``with`` that releases it (see NOTE [ Asynchronous exceptions ])."""
+    ``try``/``with`` that releases it, or where Python would swallow the exception (see NOTE [ Asynchronous
+    exceptions ])."""
     if frame is None:
         return False
+    if _swallowed_in(frame):
+        return True
     path = frame.f_code.co_filename
     if path in _SAFE_FILES:
         return False
@@ -67,6 +71,23 @@ def unsafe_to_raise(frame: Optional[FrameType]) -> bool:
         return not (in_try and caller is not None and caller.f_code.co_filename == _QUEUE
                     and caller.f_code.co_name == "get")
     return path == _QUEUE or path.startswith(_MULTIPROCESSING)
+
+
+def _swallowed_in(frame: FrameType, depth: int = 64) -> bool:
+    """An exception raised here would be printed as "Exception ignored in ..." and lost: inside a ``__del__``, or in
+    a callback ``os.fork()`` runs (``register_at_fork``: its caller is multiprocessing's fork)."""
+    caller = frame.f_back
+    if caller is not None and caller.f_code.co_filename.startswith(_MULTIPROCESSING) and \
+            caller.f_code.co_filename not in _SAFE_FILES and not frame.f_code.co_filename.startswith(_MULTIPROCESSING):
+        return True
+    current: Optional[FrameType] = frame
+    for _ in range(depth):
+        if current is None:
+            return False
+        if current.f_code.co_name == "__del__":
+            return True
+        current = current.f_back
+    return False
 
 
 def _rank(exc: BaseException) -> int:

@@ -201,3 +201,21 @@ def test_held_worker_errors_wait_for_check(raising_sigchld):
         time.sleep(0.1)  # no retry raises it here: this stands for the user's training step
         with pytest.raises(WorkerDied):
             guard.check()
+
+
+def test_no_exception_is_raised_where_python_would_swallow_it():
+    """A Ctrl-C raised in a ``__del__`` or in a callback that ``os.fork()`` runs (logging's lock release while
+    workers are forked) is printed as "Exception ignored" and lost: such places are unsafe, the Ctrl-C is retried."""
+    seen = []
+
+    class Finalised:
+        def __del__(self):
+            seen.append(unsafe_to_raise(sys._getframe()))
+
+    Finalised()
+    assert seen == [True]
+
+    def helper():
+        return unsafe_to_raise(sys._getframe())
+
+    assert helper() is False

@@ -1,13 +1,15 @@
 """The fault suite, hundreds of times, each run in a fresh interpreter: zero hangs, nothing left behind.
 
 Not in the default run (``--stress``). Each scenario is a real make_loader call (tests/stress/scenario.py): every
-worker SIGKILLed on its first sample, a dataset that raises in workers, one that blocks in workers, and Ctrl-C
-(SIGINT) at a random moment of a tuning that climbs to 64 workers. A run that outlives its limit is a hang; a run
-whose session still holds a process after it exits left something behind.
+worker SIGKILLed on its first sample, a dataset that raises in workers, one that blocks in workers, Ctrl-C (SIGINT)
+at a random moment of a tuning that climbs to 64 workers; and the same faults tuning online, inside the epochs:
+workers killed while they serve a candidate (every sample must still come once per epoch), Ctrl-C at a random moment
+of the first epochs. A run that outlives its limit is a hang; a run whose session still holds a process after it
+exits left something behind.
 
-    python -m pytest tests/stress --stress -s          # 240 runs, about 12 minutes on 2 cores
+    python -m pytest tests/stress --stress -s          # 240 runs, about 10 minutes on 2 cores
 
-``AUTOLOADER_STRESS_RUNS`` sets the runs per scenario (default 60).
+``AUTOLOADER_STRESS_RUNS`` sets the runs per scenario (default 40, six scenarios).
 """
 from __future__ import annotations
 
@@ -27,8 +29,9 @@ import pytest
 pytestmark = pytest.mark.stress
 
 SCRIPT = Path(__file__).resolve().parent / "scenario.py"
-RUNS = int(os.environ.get("AUTOLOADER_STRESS_RUNS", "60"))
-LIMIT_S = {"killed": 60, "raising": 60, "hanging": 60, "interrupt": 60}
+RUNS = int(os.environ.get("AUTOLOADER_STRESS_RUNS", "40"))
+LIMIT_S = {"killed": 60, "raising": 60, "hanging": 60, "interrupt": 60, "online-killed": 90, "online-interrupt": 60}
+INTERRUPTS = ("interrupt", "online-interrupt")
 INTERRUPT_WITHIN_S = 2.0
 
 
@@ -50,7 +53,7 @@ def _run(scenario: str, seed: int) -> dict:
                             text=True, start_new_session=True)
     signalled = None
     try:
-        if scenario == "interrupt":
+        if scenario in INTERRUPTS:
             proc.stdout.readline()  # "started": the imports are done, tuning begins
             time.sleep(random.Random(seed).uniform(0.0, 8.0))
             signalled = time.monotonic()
@@ -93,13 +96,16 @@ def test_no_hang_in_hundreds_of_fault_runs():
     print("\n" + "\n".join(lines))
     assert not [r for r in runs if r["hang"]], lines
     assert not [r for r in runs if r.get("left")], [r for r in runs if r.get("left")][:3]
-    bad = [r for r in runs if not r["hang"] and r["rc"] != 0 and r["scenario"] != "interrupt"]
+    bad = [r for r in runs if not r["hang"] and r["rc"] != 0 and r["scenario"] not in INTERRUPTS]
     assert not bad, bad[:3]
     assert all(r["result"].get("workers") == 0 and r["result"].get("source") == "tuned"
                for r in by["killed"]), [r["result"] for r in by["killed"]][:5]
     assert all(r["result"].get("raised") == "CorruptSample" for r in by["raising"])
     assert all(r["result"].get("workers") == 0 for r in by["hanging"])
-    interrupted = [r for r in by["interrupt"] if r["result"].get("interrupted") or r["rc"] != 0]
+    assert all(r["result"].get("every_sample_thrice") for r in by["online-killed"]), \
+        [r["result"] for r in by["online-killed"]][:5]
+    assert any(r["result"].get("failed") for r in by["online-killed"]), "no candidate's workers died in any run"
+    interrupted = [r for s in INTERRUPTS for r in by[s] if r["result"].get("interrupted") or r["rc"] != 0]
     assert interrupted, "no Ctrl-C landed during tuning"
     slow = [r["after_signal"] for r in interrupted if r["after_signal"] > INTERRUPT_WITHIN_S]
     assert not slow, f"Ctrl-C took longer than {INTERRUPT_WITHIN_S} s to end the process: {sorted(slow)}"
