@@ -10,7 +10,8 @@ import errno
 import re
 from typing import Optional
 
-from .errors import TrialTimeout
+from .errors import TrialTimeout, warn_user
+from .results import LoaderConfig, TrialResult
 
 HARD_LIMIT_GRACE_S = 2.0
 """A trial is cut this long after its soft limit (checked after each batch), when a batch or a step never returns."""
@@ -66,3 +67,24 @@ def failure_reason(exc: BaseException, *, workers: int = 0, stream: bool = False
     if message.startswith("DataLoader timed out"):
         return f"timed out: {text}"
     return None
+
+
+def thread_failure_reason(exc: BaseException, *, threads: int) -> str:
+    """Why a candidate fetching with ``threads`` threads per process failed with the user's own error, when the
+    serial candidates before it did not: most likely ``__getitem__`` is not thread-safe. The tuner records it as the
+    candidate's failure (and keeps no threads) when it chose to try threads; an error with ``threads=N`` fixed by the
+    user surfaces unchanged."""
+    message = str(exc).strip()
+    lines = message.splitlines() or [type(exc).__name__]
+    text = lines[-1] if message.startswith("Caught ") else lines[0]
+    return (f"raised with {threads} threads per process, not without threads ({type(exc).__name__}: {text}): is "
+            f"__getitem__ thread-safe? A file handle shared by all threads (e.g. one h5py.File opened in __init__) "
+            f"is not; open one per thread (threading.local()) or leave threads=False")
+
+
+def thread_failure(config: LoaderConfig, exc: BaseException) -> TrialResult:
+    """The failed result of a thread candidate the tuner chose to try (``threads=True``) that raised the user's own
+    error (``thread_failure_reason``), with a warning: the search goes on without threads."""
+    reason = thread_failure_reason(exc, threads=config.threads)
+    warn_user(f"autoloader tried threads and the dataset raised: {reason}; keeping a configuration without threads")
+    return TrialResult(config=config, status="failed", reason=reason)

@@ -3,8 +3,9 @@
 The search is model-guided (see ``policy.py`` for each decision): one serial candidate (``num_workers=0``) measures
 what a batch costs to load (wall and CPU time) and what the consumer costs; a first worker candidate measures what one
 worker delivers and how busy it keeps a CPU; from these the worker count that meets the consumer or fills the CPUs is
-predicted and tried, and a few more candidates climb or descend only while it pays. An exhaustive sweep is a
-benchmark baseline, never the method. The search measures nothing itself: a driver measures each candidate it yields
+predicted and tried, and a few more candidates climb or descend only while it pays. With ``threads=True``, a few
+(processes, threads) candidates follow (``_thread_search.py``). An exhaustive sweep is a benchmark baseline, never the
+method. The search measures nothing itself: a driver measures each candidate it yields
 (see ``Search``).
 """
 from __future__ import annotations
@@ -20,12 +21,16 @@ import psutil
 import torch
 
 from . import policy
+from ._thread_search import search_threads
 from .errors import TuningError, warn_user
 from .results import LoaderConfig, TrialResult, TuneResult
 
 log = logging.getLogger("autoloader.tuner")
 
 DEFAULT_BUDGET_S = 30.0
+THREADS_SHARE_AT = 0.6
+"""With ``threads=True`` and a finite budget, the process-only search starts no candidate past this share of it: the
+rest is for thread candidates (see ``_thread_search.py``)."""
 Progress = Callable[[TrialResult, float, float], None]
 T = TypeVar("T")
 Steps = Generator["Candidate", "Outcome", T]
@@ -48,19 +53,20 @@ def trial_limit(budget: Optional[float]) -> float:
     return min(8.0, max(1.5, (DEFAULT_BUDGET_S if budget is None else budget) / 5.0))
 
 
-def fallback_result(fixed: Mapping[str, Any], *, device: torch.device, reason: str) -> TuneResult:
-    """The safe configuration when tuning cannot run: the user's knobs, else no workers (nothing to go wrong)."""
+def fallback_result(fixed: Mapping[str, Any], *, device: torch.device, reason: str, threads: int = 1) -> TuneResult:
+    """The safe configuration when tuning cannot run: the user's knobs (and ``threads``, when they fixed it), else no
+    workers (nothing to go wrong)."""
     n = int(fixed.get("num_workers", 0))
     prefetch = fixed.get("prefetch_factor", 2) if n else None
     return TuneResult(n, prefetch, bool(fixed.get("pin_memory", device.type == "cuda")),
                       bool(fixed.get("persistent_workers", False)) and n > 0, None, None, "fallback",
-                      reason=reason, created=time.time())
+                      reason=reason, created=time.time(), threads=threads)
 
 
 # Fields a decision reads that ranks must agree on, each the largest cost (the rate is agreed as the slowest).
 _AGREED_MAX = ("fetch_s_per_batch", "fetch_cpu_s_per_batch", "consumer_s_per_batch", "worker_cpu_util",
                "main_cpu_util", "stall_fraction", "worker_uss_bytes", "worker_uss_growth_bytes", "worker_rss_bytes",
-               "batch_bytes")
+               "batch_bytes", "worker_uss_total_bytes")
 
 
 @dataclass(frozen=True)
@@ -86,7 +92,8 @@ class Search:
                  usable_cpus: int, memory_budget: Optional[int], shm_free: Optional[int],
                  tolerance: float = policy.DEFAULT_TOLERANCE, agreement: Optional[Agreement] = None,
                  progress: Optional[Progress] = None, cap_reason: str = "", cap_by_open_files: bool = False,
-                 start: Optional[LoaderConfig] = None) -> None:
+                 start: Optional[LoaderConfig] = None, threads: Union[bool, int] = False,
+                 disk_mb_s: Optional[float] = None) -> None:
         self.batch_size, self.device, self.fixed = batch_size, device, fixed
         self.cap_by_open_files = cap_by_open_files
         self.start = start
@@ -105,13 +112,23 @@ class Search:
         self.per_worker_bytes: Optional[int] = None
         self.pin = bool(fixed.get("pin_memory", device.type == "cuda"))
         self.prefetch = int(fixed.get("prefetch_factor") or 2)
+        self.tune_threads = threads is True
+        """``threads=True``: (processes, threads) candidates follow the process-only search."""
+        self.threads = 1 if isinstance(threads, bool) else int(threads)
+        """Threads per process of every process-only candidate (the user's ``threads=N``, else 1)."""
+        self.disk_mb_s = disk_mb_s
+        """The disk's sequential read speed (saved machine profile), for the ceiling an I/O-bound result reports."""
+        self.stop_at = self.budget
+        """Seconds after which no candidate starts: the budget, less a share kept for thread candidates."""
 
     # -- budget -------------------------------------------------------------------------------------------------
     def elapsed(self) -> float:
         return -self.agreement.reduce_min([-(time.monotonic() - self.started)])[0]
 
-    def config(self, n: int, prefetch: Optional[int] = None, pin: Optional[bool] = None) -> LoaderConfig:
-        return LoaderConfig(n, (prefetch or self.prefetch) if n else None, self.pin if pin is None else pin, False)
+    def config(self, n: int, prefetch: Optional[int] = None, pin: Optional[bool] = None,
+               threads: Optional[int] = None) -> LoaderConfig:
+        return LoaderConfig(n, (prefetch or self.prefetch) if n else None, self.pin if pin is None else pin, False,
+                            self.threads if threads is None else threads)
 
     # -- one candidate ------------------------------------------------------------------------------------------
     def guard(self, config: LoaderConfig) -> Optional[str]:
@@ -127,19 +144,21 @@ class Search:
             return self.per_worker_bytes
         return -int(self.agreement.reduce_min([-float(psutil.Process().memory_info().rss)])[0])
 
-    def run(self, config: LoaderConfig, *, first: bool = False) -> Steps[Optional[TrialResult]]:
-        """Have one candidate measured (or skip it with a reason); None when it yields no rate."""
-        if config in self.by_config:
+    def run(self, config: LoaderConfig, *, first: bool = False, again: bool = False,
+            force: bool = False) -> Steps[Optional[TrialResult]]:
+        """Have one candidate measured (or skip it with a reason); None when it yields no rate. A candidate measured
+        before is not measured again, unless ``again``; none starts past the budget, unless ``first`` or ``force``."""
+        if config in self.by_config and not again:
             return self.by_config[config] if self.by_config[config].ok else None
         elapsed = self.elapsed()
-        if not first and elapsed >= self.budget:
+        if not (first or force) and elapsed >= self.stop_at:
             return None
         reason = self.guard(config)
         if reason is not None:
             self.memory_limited = True
             trial = TrialResult(config=config, status="skipped", reason=reason)
         else:
-            limit = self.trial_limit if first else max(1.0, min(self.trial_limit, self.budget - elapsed))
+            limit = self.trial_limit if first or force else max(1.0, min(self.trial_limit, self.stop_at - elapsed))
             outcome = yield Candidate(config, limit, first)
             broken = outcome if isinstance(outcome, TuningError) else None
             if not isinstance(self.agreement, Alone) and self.agreement.reduce_min([0.0 if broken else 1.0])[0] == 0:
@@ -185,8 +204,8 @@ class Search:
 
     # -- the search ---------------------------------------------------------------------------------------------
     def rates(self) -> Dict[int, Optional[float]]:
-        return {c.num_workers: t.samples_per_s for c, t in self.by_config.items()
-                if c.prefetch_factor in (None, self.prefetch) and c.pin_memory == self.pin}
+        return {c.num_workers: t.samples_per_s for c, t in self.by_config.items() if c.threads == self.threads
+                and c.prefetch_factor in (None, self.prefetch) and c.pin_memory == self.pin}
 
     def search_workers(self, serial: Optional[TrialResult], consumer_s: float) -> Steps[None]:
         consumer_rate = self.batch_size / consumer_s if consumer_s > 0 else None
@@ -206,7 +225,7 @@ class Search:
                                                  usable_cpus=self.usable, cap=self.cap)
             if second is not None and second != first:
                 yield from self.run(self.config(second))
-        while self.elapsed() < self.budget:
+        while self.elapsed() < self.stop_at:
             proposal = policy.next_worker_count(self.rates(), cap=self.cap, tolerance=self.tolerance)
             if proposal is None:
                 return
@@ -214,7 +233,7 @@ class Search:
 
     def search_near(self) -> Steps[None]:
         """From the configuration in force: climb while more workers pay, halve while fewer keep up, then bisect."""
-        while self.elapsed() < self.budget:
+        while self.elapsed() < self.stop_at:
             proposal = policy.next_count_near(self.rates(), cap=self.cap, tolerance=self.tolerance)
             if proposal is None:
                 return
@@ -222,6 +241,8 @@ class Search:
 
     def steps(self) -> Steps[TuneResult]:
         fixed_n = self.fixed.get("num_workers")
+        if self.tune_threads and math.isfinite(self.budget):
+            self.stop_at = THREADS_SHARE_AT * self.budget
         if self.start is not None and self.start.num_workers > 0 and fixed_n is None:
             current = yield from self.run(self.config(self.start.num_workers), first=True)
             consumer_s = (current.consumer_s_per_batch or 0.0) if current is not None else 0.0
@@ -235,13 +256,17 @@ class Search:
             if self.cap > 0:
                 yield from self.search_workers(serial, consumer_s)
         consumer_rate = self.batch_size / consumer_s if consumer_s else None
+        self.stop_at = self.budget
+        if self.tune_threads:
+            yield from search_threads(self, consumer_rate)
         chosen = policy.select(self.trials, tolerance=self.tolerance)
         if chosen is not None and "prefetch_factor" not in self.fixed and \
                 policy.worth_more_prefetch(chosen, consumer_samples_per_s=consumer_rate):
-            yield from self.run(self.config(chosen.config.num_workers, prefetch=2 * self.prefetch))
+            yield from self.run(self.config(chosen.config.num_workers, prefetch=2 * self.prefetch,
+                                            threads=chosen.config.threads))
         if chosen is not None and self.device.type == "cuda" and "pin_memory" not in self.fixed:
             yield from self.run(self.config(chosen.config.num_workers, chosen.config.prefetch_factor,
-                                            pin=not self.pin))
+                                            pin=not self.pin, threads=chosen.config.threads))
         return self.result(policy.select(self.trials, tolerance=self.tolerance), consumer_rate)
 
     def result(self, chosen: Optional[TrialResult], consumer_rate: Optional[float]) -> TuneResult:
@@ -265,8 +290,13 @@ class Search:
         neck = policy.bottleneck(chosen, self.trials, consumer_samples_per_s=consumer_rate,
                                  usable_cpus=self.usable, memory_limited=self.memory_limited)
         best = max(t.samples_per_s for t in self.trials if t.ok)
-        why = (f"fewest workers within {self.tolerance:.0%} of the best measured rate ({best:,.0f} samples/s) "
+        fewest = "fewest workers, then threads per process," if self.tune_threads else "fewest workers"
+        why = (f"{fewest} within {self.tolerance:.0%} of the best measured rate ({best:,.0f} samples/s) "
                f"in {len(self.trials)} trials" + (f"; {self.cap_reason}" if self.cap_reason else ""))
+        per_sample = chosen.read_bytes_per_batch / self.batch_size if chosen.read_bytes_per_batch else None
+        ceiling = policy.disk_ceiling(read_bytes_per_sample=per_sample, seq_read_mb_s=self.disk_mb_s) \
+            if neck == "io" else None
         return TuneResult(n, chosen.config.prefetch_factor, chosen.config.pin_memory, bool(persistent and n > 0),
                           chosen.samples_per_s, neck, "tuned", tuple(self.trials), consumer_rate, seconds, why,
-                          created=time.time())
+                          created=time.time(), threads=chosen.config.threads, disk_ceiling_samples_per_s=ceiling,
+                          read_bytes_per_sample=per_sample if ceiling is not None else None)

@@ -4,11 +4,13 @@ from __future__ import annotations
 import inspect
 import numbers
 import os
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 from torch.utils.data import DataLoader, IterableDataset
 
 from ._consumer import check_step
+from .errors import warn_user
+from .threads import ThreadedDataset, has_own_getitems, refuse_iterable
 
 _DATALOADER_ARGS = frozenset(inspect.signature(DataLoader.__init__).parameters) - {"self", "dataset"}
 _OURS = frozenset({"batch_size", "shuffle"})
@@ -103,6 +105,39 @@ def check_tuning_arguments(*, batch_size: Any, step: Any, budget: Any, max_worke
     check_step(step)
     check_budget(budget)
     check_max_workers(max_workers)
+
+
+def check_threads(threads: Any, dataset: Any) -> Union[bool, int]:
+    """``threads=`` of ``make_loader``/``tune``, normalised: False (none: also for ``threads=1``), True (the tuner
+    chooses threads per process) or an int >= 2 (every candidate fetches with that many threads per process).
+
+    Raises ``TypeError``/``ValueError`` naming the fix, and the ``ValueError`` of ``threads.refuse_iterable`` for an
+    IterableDataset. A dataset with its own ``__getitems__`` fetches batches its own way, without threads: it warns
+    and gets False.
+    """
+    if threads is True or threads is False:
+        mode: Union[bool, int] = threads
+    elif _is_int(threads):
+        if threads < 1:
+            raise ValueError(f"threads={threads} must be >= 1 (threads per process); pass threads=False for none, "
+                             f"threads=True to let autoloader choose, or e.g. threads=8")
+        mode = False if threads == 1 else int(threads)
+    else:
+        raise TypeError(f"threads must be False (none), True (autoloader chooses threads per process) or an int >= 1 "
+                        f"(threads per process), got {threads!r} ({type(threads).__name__}); e.g. threads=True")
+    if mode is False:
+        return False
+    refuse_iterable(dataset)
+    if isinstance(dataset, ThreadedDataset):
+        raise ValueError(f"dataset is already a ThreadedDataset ({dataset!r}) and threads={threads!r} would choose "
+                         f"the threads again: pass the dataset itself (autoloader.threads.unwrap(dataset)) with "
+                         f"threads=..., or keep the ThreadedDataset with threads=False")
+    if has_own_getitems(dataset):
+        warn_user(f"threads={threads!r} has no effect: {type(dataset).__name__} defines __getitems__, which fetches "
+                  f"each batch its own way and is called as is; drop __getitems__ to fetch its samples in threads, "
+                  f"or leave threads=False")
+        return False
+    return mode
 
 
 def check_common(*, batch_size: Any, step: Any, budget: Any, max_workers: Any, key: Any, cache: Any) -> None:

@@ -171,5 +171,6 @@ class Window:
             worker_rss_bytes=end.workers.max_rss,
             worker_uss_bytes=end.workers.max_uss,
             worker_uss_growth_bytes=max(growth) if growth else None,
+            worker_uss_total_bytes=sum(end.workers.uss_by_pid.values()) if end.workers.uss_by_pid else None,
         )
         return fields

@@ -6,29 +6,27 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field
-from typing import Any, Dict, Literal, Optional, Sequence, Tuple, Union
+from typing import Any, Literal, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from . import distributed as _distributed
 from . import policy
 from ._consumer import Consumer, Step
 from ._search import Search
 from ._failures import HARD_LIMIT_GRACE_S
 from ._fingerprint import cache_key, dataset_fingerprint, dataset_length, machine_fingerprint, step_descriptor
+from ._request import Request
 from ._signals import SignalGuard
-from ._validate import check_common, check_dataset, check_loader_kwargs, check_picklable
 from .cache import TuneCache, resolve_cache
 from .errors import TrialTimeout, TuningError, warn_user
-from ._device import resolve_device
-from .prefetch import PrefetchLoader, quiet_worker_count_warning
-from .probe import MachineProfile, open_files_limit, probe_machine, remembered_gpus, start_method
+from .prefetch import PrefetchLoader
+from .probe import MachineProfile, open_files_limit, probe_machine, remembered_gpus, with_saved_disk
 from .online import OnlineTuner
-from .results import LoaderConfig, TuneResult, without_worker_only
+from .results import LoaderConfig, TuneResult
 from .slices import EpochSlicer
-from .tuner import TUNED_KNOBS, fallback_result, new_search, trial_limit, tune_with
+from .threads import loader_dataset
+from .tuner import fallback_result, new_search, trial_limit, tune_with
 
 log = logging.getLogger("autoloader")
 
@@ -55,6 +53,7 @@ def make_loader(
     max_workers: Optional[int] = None,
     key: Optional[str] = None,
     distributed: Optional[bool] = None,
+    threads: Union[bool, int] = False,
     **dataloader_kwargs: Any,
 ) -> PrefetchLoader:
     """A DataLoader tuned for this machine, dataset and training step, wrapped in a ``PrefetchLoader``.
@@ -68,6 +67,12 @@ def make_loader(
     ``torch.utils.data.DataLoader`` unchanged; ``num_workers``, ``prefetch_factor``, ``pin_memory`` or
     ``persistent_workers`` given explicitly are never overridden. ``distributed``: None follows
     ``torch.distributed.is_initialized()``.
+
+    ``threads`` (map-style datasets only; ``__getitem__`` must be thread-safe): False (default) fetches each sample
+    in turn; an int N fetches each batch's samples with N threads in every loading process (the main one with
+    ``num_workers=0``, else each worker); True lets the tuner choose threads per process: when the process-only choice
+    mostly waits, a few candidates with fewer processes and more threads are measured against it, and kept when
+    within the tolerance of its rate (see ``autoloader.threads`` for what ``loader.dataset`` then is).
     """
     started = time.perf_counter()
     for name, value in (("refresh", refresh), ("retune", retune)):
@@ -76,10 +81,10 @@ def make_loader(
     if tuning not in TUNING_MODES:
         raise ValueError(f"tuning={tuning!r} must be one of {TUNING_MODES}: 'online' tunes in the training loop, "
                          f"'trials' before it, 'auto' picks")
-    request = _Request.checked(dataset, batch_size, shuffle=shuffle, step=step, device=device, normalize=normalize,
-                               dtype=dtype, input_key=input_key, cache=cache, budget=budget, max_workers=max_workers,
-                               key=key, distributed=distributed, dataloader_kwargs=dataloader_kwargs)
-    profile = dataclasses.replace(probe_machine(disk=False, gpus=False), gpus=remembered_gpus())
+    request = Request.checked(dataset, batch_size, shuffle=shuffle, step=step, device=device, normalize=normalize,
+                              dtype=dtype, input_key=input_key, cache=cache, budget=budget, max_workers=max_workers,
+                              key=key, distributed=distributed, threads=threads, dataloader_kwargs=dataloader_kwargs)
+    profile = with_saved_disk(dataclasses.replace(probe_machine(disk=False, gpus=False), gpus=remembered_gpus()))
     if request.group is not None:
         profile = request.group.share_profile(profile)
     online_why = _not_online(request)
@@ -104,63 +109,18 @@ def make_loader(
     return loader
 
 
-@dataclass(frozen=True)
-class _Request:
-    """``make_loader``'s arguments, checked: the knobs the user fixed apart from the other DataLoader keywords, and
-    the data sharded across ranks when training is distributed."""
-
-    dataset: Any
-    batch_size: int
-    shuffle: bool
-    step: Step
-    device: torch.device
-    transform: Dict[str, Any]
-    budget: Optional[float]
-    max_workers: Optional[int]
-    key: Optional[str]
-    loader_kwargs: Dict[str, Any]
-    fixed: Dict[str, Any]
-    group: Optional[_distributed.Group] = field(default=None, compare=False)
-    unsharded: bool = False
-    """A map-style dataset with no sampler of the user's, loaded by one process because torch.distributed was not
-    initialised (yet): iterating it later under a group of several processes is a mistake PrefetchLoader reports."""
-
-    @classmethod
-    def checked(cls, dataset: Any, batch_size: Any, *, shuffle: Any, step: Any, device: Any, normalize: Any,
-                dtype: Any, input_key: Any, cache: Any, budget: Any, max_workers: Any, key: Any, distributed: Any,
-                dataloader_kwargs: Dict[str, Any]) -> "_Request":
-        check_common(batch_size=batch_size, step=step, budget=budget, max_workers=max_workers, key=key, cache=cache)
-        check_dataset(dataset)
-        check_loader_kwargs(dataset, batch_size=batch_size, shuffle=shuffle, kwargs=dataloader_kwargs)
-        kwargs = dict(dataloader_kwargs)
-        fixed = {k: kwargs.pop(k) for k in TUNED_KNOBS if k in kwargs}
-        group = _distributed.Group.current(distributed)
-        if group is not None:
-            kwargs, shuffle = group.shard(dataset, shuffle=shuffle, drop_last=kwargs.get("drop_last", False),
-                                          loader_kwargs=kwargs)
-        if fixed.get("num_workers", 1) > 0 and (max_workers is None or max_workers > 0):
-            check_picklable(start_method=start_method(kwargs.get("multiprocessing_context")) or "fork",
-                            objects={"dataset": dataset, "collate_fn": kwargs.get("collate_fn"),
-                                     "worker_init_fn": kwargs.get("worker_init_fn")})
-        unsharded = (distributed is None and group is None and not isinstance(dataset, IterableDataset)
-                     and kwargs.get("sampler") is None and kwargs.get("batch_sampler") is None)
-        return cls(dataset, batch_size, shuffle, step, resolve_device(device),
-                   dict(normalize=normalize, dtype=dtype, input_key=input_key), budget, max_workers, key, kwargs,
-                   fixed, group, unsharded)
-
-
 class _Slot:
     """Where this request's tuning lives in the cache (rank 0's store only), and whether it is there and still fits
     this machine today."""
 
-    def __init__(self, request: _Request, profile: MachineProfile, store: Optional[TuneCache], key: Optional[str],
+    def __init__(self, request: Request, profile: MachineProfile, store: Optional[TuneCache], key: Optional[str],
                  fallback: Optional[TuneResult] = None) -> None:
         self.request, self.profile, self.key, self.fallback = request, profile, key, fallback
         group = request.group
         self.cache = store if group is None or group.is_leader else None
 
     @classmethod
-    def find(cls, request: _Request, profile: MachineProfile, store: Optional[TuneCache]) -> "_Slot":
+    def find(cls, request: Request, profile: MachineProfile, store: Optional[TuneCache]) -> "_Slot":
         if store is None:
             return cls(request, profile, None, None)
         try:
@@ -169,7 +129,8 @@ class _Slot:
             warn_user(f"autoloader could not tune: {err}; using a safe default configuration (pass num_workers=... "
                       f"to choose one)")
             return cls(request, profile, None, None,
-                       fallback=fallback_result(request.fixed, device=request.device, reason=str(err)))
+                       fallback=fallback_result(request.fixed, device=request.device, reason=str(err),
+                                                threads=request.fixed_threads))
         kwargs, transform = request.loader_kwargs, request.transform
         key = cache_key(
             dataset_fp=fingerprint, batch_size=request.batch_size, collate_fn=kwargs.get("collate_fn"),
@@ -179,7 +140,8 @@ class _Slot:
             extra={"fixed": _jsonable(request.fixed), "normalize": _jsonable(transform["normalize"]),
                    "dtype": _jsonable(transform["dtype"]), "input_key": _jsonable(transform["input_key"]),
                    "shuffle": request.shuffle, "max_workers": request.max_workers,
-                   "world": None if request.group is None else request.group.local_world_size})
+                   "world": None if request.group is None else request.group.local_world_size,
+                   **({"threads": request.threads} if request.threads is not False else {})})
         return cls(request, profile, store, key)
 
     def look_up(self) -> Optional[TuneResult]:
@@ -214,38 +176,29 @@ class _Slot:
             "device": request.device.type, "shuffle": request.shuffle}) is not None
 
 
-def _tune(request: _Request, profile: MachineProfile) -> TuneResult:
+def _tune(request: Request, profile: MachineProfile) -> TuneResult:
     """Run the trials (on every rank together); a failure of autoloader's own falls back with a warning."""
     group = request.group
     try:
         result = tune_with(request.dataset, request.batch_size, step=request.step, device=request.device,
                            shuffle=request.shuffle, budget=request.budget, max_workers=request.max_workers,
                            loader_kwargs=request.loader_kwargs, fixed=request.fixed, profile=profile,
-                           agreement=group.agreement() if group is not None else None, **request.transform)
+                           agreement=group.agreement() if group is not None else None, threads=request.threads,
+                           **request.transform)
     except TuningError as err:
         warn_user(f"autoloader could not tune ({err}); using a safe default configuration")
-        result = fallback_result(request.fixed, device=request.device, reason=str(err))
+        result = fallback_result(request.fixed, device=request.device, reason=str(err),
+                                 threads=request.fixed_threads)
     return result if group is None else group.broadcast(result)
 
 
-def _data_loader(request: _Request, config: LoaderConfig) -> DataLoader:
-    """The user's DataLoader with ``config``'s knobs (theirs where they fixed one)."""
-    kwargs = config.loader_kwargs()
-    kwargs.update(request.fixed)
-    user = request.loader_kwargs
-    if kwargs.get("num_workers", 0) == 0:
-        kwargs, user = without_worker_only(kwargs), without_worker_only(user)
-    with quiet_worker_count_warning("num_workers" not in request.fixed):
-        return DataLoader(request.dataset, batch_size=request.batch_size, shuffle=request.shuffle, **user, **kwargs)
-
-
-def _build(request: _Request, result: TuneResult, *, cache_key: Optional[str]) -> PrefetchLoader:
+def _build(request: Request, result: TuneResult, *, cache_key: Optional[str]) -> PrefetchLoader:
     """The tuned DataLoader in the prefetcher."""
-    return PrefetchLoader(_data_loader(request, result.config), device=request.device, tuning=result,
+    return PrefetchLoader(request.data_loader(result.config), device=request.device, tuning=result,
                           cache_key=cache_key, single_process=request.unsharded, **request.transform)
 
 
-def _not_online(request: _Request) -> str:
+def _not_online(request: Request) -> str:
     """Why this loader cannot be tuned online (empty when it can)."""
     if isinstance(request.dataset, IterableDataset):
         return "an IterableDataset's stream cannot be split exactly between candidate loaders"
@@ -256,7 +209,7 @@ def _not_online(request: _Request) -> str:
     return ""
 
 
-def _online(request: _Request, profile: MachineProfile, slot: "_Slot", *, decision: Optional[TuneResult],
+def _online(request: Request, profile: MachineProfile, slot: "_Slot", *, decision: Optional[TuneResult],
             retune: bool, in_cache: bool) -> PrefetchLoader:
     """A loader that tunes in its own training loop: from scratch when ``decision`` is None, else re-tuning from it
     (see NOTE [ Online switching ] in online.py)."""
@@ -266,19 +219,20 @@ def _online(request: _Request, profile: MachineProfile, slot: "_Slot", *, decisi
     def search(start: Optional[LoaderConfig]) -> Search:
         return new_search(request.dataset, request.batch_size, device=request.device, fixed=request.fixed,
                           budget=math.inf, max_workers=request.max_workers, profile=profile, agreement=agreement,
-                          start=start)
+                          start=start, threads=request.threads)
 
     def build(config: LoaderConfig) -> DataLoader:
-        return _data_loader(request, config)
+        return request.data_loader(config)
 
-    first = build(decision.config if decision is not None else LoaderConfig(0))
+    first = build(decision.config if decision is not None else LoaderConfig(0, threads=request.fixed_threads))
     sampling = {"batch_sampler": first.batch_sampler, "generator": first.generator}
     slicer = EpochSlicer(request.dataset, **sampling, **{k: v for k, v in request.loader_kwargs.items()
                                                           if k not in ("sampler", "batch_sampler", "shuffle",
                                                                        "drop_last", "generator")})
     tuner = OnlineTuner(slicer=slicer, batch_size=request.batch_size, consumer=Consumer(None, request.device),
                         build=build, new_search=search, store=slot.store, decision=decision, retune=retune,
-                        dataset_for=lambda config: request.dataset, agreement=agreement,
+                        dataset_for=lambda config: loader_dataset(request.dataset, config), agreement=agreement,
+                        threads=request.fixed_threads,
                         share=group.broadcast if group is not None else lambda result: result)
     return PrefetchLoader(first, device=request.device, cache_key=slot.key, single_process=request.unsharded,
                           online=tuner, **request.transform)

@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader
 
 from . import _procs
 from ._consumer import Consumer
-from ._failures import failure_reason
+from ._failures import failure_reason, thread_failure
 from ._search import Agreement, Alone, Candidate, Search, Steps
 from ._signals import SignalGuard
 from ._window import Window, samples_in
@@ -79,7 +79,7 @@ class OnlineTuner:
                  build: Callable[[LoaderConfig], DataLoader], new_search: Callable[[Optional[LoaderConfig]], Search],
                  store: Callable[[TuneResult], None], decision: Optional[TuneResult], retune: bool,
                  dataset_for: Callable[[LoaderConfig], Any], agreement: Optional[Agreement] = None,
-                 share: Callable[[TuneResult], TuneResult] = lambda result: result) -> None:
+                 share: Callable[[TuneResult], TuneResult] = lambda result: result, threads: int = 1) -> None:
         self.slicer, self.batch_size, self.consumer = slicer, batch_size, consumer
         self.share = share
         """Rank 0's decision on every rank (identity in one process)."""
@@ -88,7 +88,7 @@ class OnlineTuner:
         self.dataset_for = dataset_for
         self.history: List[Decision] = []
         self.traces: List[EpochTrace] = []
-        self.decision = decision or _undecided(consumer)
+        self.decision = decision or _undecided(consumer, threads)
         self.plain = build(self.decision.config)
         self.in_force: DataLoader = self.plain
         self._steps: Optional[Steps[TuneResult]] = None
@@ -96,6 +96,7 @@ class OnlineTuner:
         self._attempts = 0
         self._measured: List[TrialResult] = []
         self._search_s = self._switch_s = 0.0
+        self._tuning_threads = False
         if decision is None:
             self._start_search(None, why="no tuning for this dataset and machine yet")
 
@@ -169,7 +170,9 @@ class OnlineTuner:
     def _start_search(self, start: Optional[LoaderConfig], *, why: str) -> None:
         self._why = why
         self._measured, self._search_s, self._switch_s = [], 0.0, 0.0
-        self._steps = self.new_search(start).steps()
+        search = self.new_search(start)
+        self._tuning_threads = search.tune_threads
+        self._steps = search.steps()
         self._candidate = self._send(None)
 
     def _send(self, outcome: Optional[TrialResult]) -> Optional[Candidate]:
@@ -197,8 +200,7 @@ class OnlineTuner:
         if previous is not None and getattr(previous, "_iterator", None) is not None:
             previous._iterator = None  # persistent workers of the old configuration: shut down
         self.plain = self.build(result.config)
-        chosen = next((t for t in reversed(self._measured) if t.ok and t.config.num_workers == result.num_workers
-                       and t.config.prefetch_factor == result.prefetch_factor), None)
+        chosen = next((t for t in reversed(self._measured) if t.ok and _same_knobs(t.config, result.config)), None)
         self.history.append(Decision(getattr(self, "_epoch", 0), result.config, result.samples_per_s,
                                      chosen.stall_fraction if chosen else None, f"{self._why}: {result.reason}",
                                      len(self._measured), self._search_s, self._switch_s))
@@ -289,6 +291,9 @@ class OnlineTuner:
         if error is not None:
             reason = failure_reason(error, workers=config.num_workers) if not isinstance(error, TuningError) \
                 else str(error)
+            if reason is None and candidate is not None and self._tuning_threads and config.threads > 1 \
+                    and isinstance(error, Exception):
+                return thread_failure(config, error)  # its undelivered batches were re-issued: nothing is lost
             if reason is None or isinstance(error, (GeneratorExit, KeyboardInterrupt, SystemExit)):
                 raise error
             log.info("online candidate %s failed: %s", config.label(), reason)
@@ -313,12 +318,16 @@ def _agree(agreement: Any, *, complete: bool, failed: bool) -> Tuple[bool, bool]
     return bool(all_complete) or anyone_failed, anyone_failed and not failed
 
 
+def _same_knobs(a: LoaderConfig, b: LoaderConfig) -> bool:
+    """The same candidate, whatever ``persistent_workers`` the decision set."""
+    return (a.num_workers, a.prefetch_factor, a.threads) == (b.num_workers, b.prefetch_factor, b.threads)
+
+
 def _stall_of(result: TuneResult) -> Optional[float]:
-    chosen = next((t for t in result.trials if t.ok and t.config.num_workers == result.num_workers
-                   and t.config.prefetch_factor == result.prefetch_factor), None)
+    chosen = next((t for t in result.trials if t.ok and _same_knobs(t.config, result.config)), None)
     return chosen.stall_fraction if chosen else None
 
 
-def _undecided(consumer: Consumer) -> TuneResult:
+def _undecided(consumer: Consumer, threads: int = 1) -> TuneResult:
     return TuneResult(0, None, consumer.device.type == "cuda", False, None, None, "online",
-                      reason="deciding online during the first epoch")
+                      reason="deciding online during the first epoch", threads=threads)

@@ -1,14 +1,27 @@
 """The tuner's decisions, as pure functions of measurements: easy to read, and tested with tables of fake trials.
 
-Nothing here runs a trial, reads the machine or the clock; ``tuner.py`` feeds these functions what it measured.
+Nothing here runs a trial, reads the machine or the clock; ``tuner.py`` feeds these functions what it measured. The
+decisions about threads per process live in ``_policy_threads.py`` (NOTE [ Processes x threads ]) and are re-exported
+here.
 """
 from __future__ import annotations
 
 import math
 from typing import Mapping, Optional, Sequence
 
+from ._policy_threads import (MAX_THREAD_TRIALS, MAX_THREADS, SATURATED_BUSY, WAITING_BUSY, busy_fraction,
+                              first_thread_config, least_memory, max_threads_per_process, next_thread_config,
+                              thread_processes)
 from .report import mib
 from .results import Bottleneck, TrialResult, TuneResult
+
+__all__ = [  # what the tuner decides with, including the thread decisions of _policy_threads
+    "DEFAULT_TOLERANCE", "FIRST_STEP_WORKERS", "HEADROOM", "MAX_THREADS", "MAX_THREAD_TRIALS", "RETUNE_RATE_CHANGE",
+    "RETUNE_STALL", "SATURATED_BUSY", "SHM_MARGIN", "WAITING_BUSY", "bottleneck", "busy_fraction", "cpu_saturated",
+    "default_max_workers", "disk_ceiling", "first_thread_config", "keep_workers_alive", "least_memory",
+    "max_threads_per_process", "memory_guard", "next_count_near", "next_thread_config", "next_worker_count", "no_longer_fits",
+    "per_worker_bytes", "predict_from_serial", "predict_from_workers", "retune_reason", "select", "shm_guard",
+    "shm_need_bytes", "thread_processes", "worth_more_prefetch"]
 
 DEFAULT_TOLERANCE = 0.05
 HEADROOM = 1.2
@@ -19,7 +32,9 @@ SHM_MARGIN = 0.9
 
 
 def select(trials: Sequence[TrialResult], *, tolerance: float = DEFAULT_TOLERANCE) -> Optional[TrialResult]:
-    """Of the configs within ``tolerance`` of the best measured rate: fewest workers, then smallest prefetch_factor.
+    """Of the configs within ``tolerance`` of the best measured rate: fewest workers (processes), then fewest
+    threads per process, then least worker memory (the sum of the workers' USS; ``least_memory`` treats figures
+    within a few percent as equal), then smallest prefetch_factor.
 
     Ties beyond that keep the faster one. None when no trial measured a rate.
     """
@@ -28,7 +43,9 @@ def select(trials: Sequence[TrialResult], *, tolerance: float = DEFAULT_TOLERANC
         return None
     best = max(t.samples_per_s for t in ok)
     near = [t for t in ok if t.samples_per_s >= (1.0 - tolerance) * best]
-    return min(near, key=lambda t: (t.config.num_workers, t.config.prefetch_factor or 0, -t.samples_per_s))
+    fewest = min((t.config.num_workers, t.config.threads) for t in near)
+    near = least_memory([t for t in near if (t.config.num_workers, t.config.threads) == fewest])
+    return min(near, key=lambda t: (t.config.prefetch_factor or 0, -t.samples_per_s))
 
 
 def default_max_workers(*, usable_cpus: Optional[int], nofile: Optional[int]) -> int:
@@ -260,6 +277,14 @@ def bottleneck(chosen: TrialResult, trials: Sequence[TrialResult], *, consumer_s
     if chosen.worker_cpu_util is not None and chosen.worker_cpu_util < 0.5:
         return "io"
     return "cpu"
+
+
+def disk_ceiling(*, read_bytes_per_sample: Optional[float], seq_read_mb_s: Optional[float]) -> Optional[float]:
+    """Samples per second the disk's sequential read speed allows at the bytes the workers read per sample (1 MB =
+    10**6 bytes, as the probe measures it); None when either is unknown or nothing was read."""
+    if not read_bytes_per_sample or read_bytes_per_sample <= 0 or not seq_read_mb_s or seq_read_mb_s <= 0:
+        return None
+    return seq_read_mb_s * 1e6 / read_bytes_per_sample
 
 
 def _clamp(n: int, cap: int) -> int:

@@ -29,7 +29,7 @@ from ._transform import InputTransform
 from .results import Decision, TuneResult
 
 if TYPE_CHECKING:
-    from .online import OnlineTuner
+    from .online import EpochTrace, OnlineTuner
 
 logger = logging.getLogger("autoloader.prefetch")
 
@@ -141,6 +141,12 @@ class PrefetchLoader:
     def decisions(self) -> Tuple["Decision", ...]:
         """Every online decision (epoch, config, rate, stall, why), oldest first; () without online tuning."""
         return tuple(self._online.history) if self._online is not None else ()
+
+    @property
+    def online_traces(self) -> Tuple["EpochTrace", ...]:
+        """Every epoch that searched online, oldest first: when each batch reached the loop and each candidate's
+        slice (``autoloader.cli.plot.plot_online_epoch`` draws one); () without online tuning."""
+        return tuple(self._online.traces) if self._online is not None else ()
 
     def __len__(self) -> int:
         return len(self._frame)  # type: ignore[arg-type]

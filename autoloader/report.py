@@ -17,6 +17,8 @@ BOTTLENECK_WORDS = {
     "ipc": "inter-process transfer: handing batches between processes costs more than loading them",
     "memory": "memory: more workers would not fit in RAM or /dev/shm",
 }
+DISK_LIMITED = 0.8
+"""A rate within this share of the disk's ceiling (or above it) is limited by the storage, not the configuration."""
 _BYPASS_WORDS = {"o_direct": "page cache bypassed with O_DIRECT", "fadvise": "page cache dropped with fadvise"}
 
 
@@ -113,11 +115,13 @@ def bottleneck_words(bottleneck: Optional[str]) -> str:
 
 
 def config_kwargs(result: "TuneResult") -> str:
-    """The chosen knobs as the DataLoader keywords a user would type (those that apply to ``num_workers``)."""
+    """The chosen knobs as the DataLoader keywords a user would type (those that apply to ``num_workers``), and the
+    threads per process (``make_loader``'s ``threads=``) when more than one."""
     knobs = [("num_workers", result.num_workers), ("prefetch_factor", result.prefetch_factor),
              ("pin_memory", result.pin_memory), ("persistent_workers", result.persistent_workers)]
-    return ", ".join(f"{k}={v}" for k, v in knobs
+    text = ", ".join(f"{k}={v}" for k, v in knobs
                      if result.num_workers or k not in ("prefetch_factor", "persistent_workers"))
+    return text + (f"; threads={result.threads} per process" if result.threads > 1 else "")
 
 
 def _source_words(result: "TuneResult") -> str:
@@ -136,23 +140,42 @@ def _source_words(result: "TuneResult") -> str:
 
 def _is_chosen(trial: "TrialResult", result: "TuneResult") -> bool:
     c = trial.config
-    return trial.ok and (c.num_workers, c.prefetch_factor, c.pin_memory) == \
-        (result.num_workers, result.prefetch_factor, result.pin_memory)
+    return trial.ok and (c.num_workers, c.prefetch_factor, c.pin_memory, c.threads) == \
+        (result.num_workers, result.prefetch_factor, result.pin_memory, result.threads) and \
+        (result.samples_per_s is None or trial.samples_per_s == result.samples_per_s)  # measured twice: the one chosen
 
 
-def _trial_row(trial: "TrialResult", best: Optional[float], chosen: bool) -> List[str]:
+def _trial_row(trial: "TrialResult", best: Optional[float], chosen: bool, *, threads: bool,
+               memory: bool) -> List[str]:
     c = trial.config
     if trial.ok:
         status = "ok" if trial.steady else "ok (short window, not steady)"
     else:
         status = f"{trial.status}: {trial.reason or 'no reason recorded'}"
     pct = (lambda x: "-" if x is None else f"{100 * x:.0f}")
-    return ["*" if chosen else "", str(c.num_workers), "-" if c.prefetch_factor is None else str(c.prefetch_factor),
+    used = trial.worker_memory_bytes if trial.ok else None
+    return ["*" if chosen else "", str(c.num_workers), *([str(c.threads)] if threads else []),
+            "-" if c.prefetch_factor is None else str(c.prefetch_factor),
             "yes" if c.pin_memory else "no", rate(trial.samples_per_s if trial.ok else None),
             f"{100 * trial.samples_per_s / best:.0f}%" if trial.ok and best else "-",
             "-" if trial.startup_s is None else f"{trial.startup_s:.2f}",
             pct(trial.stall_fraction if trial.ok else None),
-            pct(trial.worker_cpu_util if c.num_workers else None), status]
+            pct(trial.worker_cpu_util if c.num_workers else None),
+            *([("-" if used is None else f"{used / (1 << 20):,.0f}")] if memory else []), status]
+
+
+def _disk_words(result: "TuneResult") -> Optional[str]:
+    """The disk's ceiling next to the rate, for an I/O-bound result that has one."""
+    ceiling, per_sample = result.disk_ceiling_samples_per_s, result.read_bytes_per_sample
+    if ceiling is None or per_sample is None:
+        return None
+    text = f"the disk allows ~{rate(ceiling)} samples/s at the measured {per_sample / 1024:,.1f} KiB read per sample"
+    reached = result.samples_per_s or 0.0
+    if reached > 1.2 * ceiling:
+        return text + ": faster than the disk, so the reads came from the page cache"
+    if reached >= DISK_LIMITED * ceiling:
+        return text + ": the storage, not the configuration, is the limit"
+    return text + f" ({100 * reached / ceiling:.0f}% of it reached)"
 
 
 def format_tune_result(result: "TuneResult") -> str:
@@ -163,6 +186,9 @@ def format_tune_result(result: "TuneResult") -> str:
              f"  {_source_words(result)}"]
     if result.consumer_samples_per_s:
         lines.append(f"  the training step alone takes {rate(result.consumer_samples_per_s)} samples/s")
+    disk = _disk_words(result)
+    if disk is not None:
+        lines.append(f"  {disk}")
     if result.reason and result.source != "fallback" and not (result.source == "online" and not result.trials):
         lines.append(f"  why: {result.reason}")
     if not result.trials:
@@ -172,14 +198,16 @@ def format_tune_result(result: "TuneResult") -> str:
     best = max(rates) if rates else None
     marked = False
     rows = []
+    threads = any(t.config.threads > 1 for t in result.trials)
+    memory = any(t.ok and t.config.num_workers and t.worker_memory_bytes is not None for t in result.trials)
     for trial in result.trials:
         chosen = not marked and _is_chosen(trial, result)
         marked = marked or chosen
-        rows.append(_trial_row(trial, best, chosen))
-    headers = ["", "workers", "prefetch", "pin", "samples/s", "vs best", "startup s", "stall %", "worker CPU %",
-               "status"]
+        rows.append(_trial_row(trial, best, chosen, threads=threads, memory=memory))
+    headers = ["", "workers", *(["threads"] if threads else []), "prefetch", "pin", "samples/s", "vs best",
+               "startup s", "stall %", "worker CPU %", *(["worker MiB"] if memory else []), "status"]
     lines.append("")
-    lines += ["  " + line for line in grid(headers, rows, left=(0, 9))]
+    lines += ["  " + line for line in grid(headers, rows, left=(0, len(headers) - 1))]
     return "\n".join(lines)
 
 

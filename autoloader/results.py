@@ -97,10 +97,22 @@ class TrialResult:
     worker_uss_growth_bytes: Optional[int] = None
     batch_bytes: Optional[int] = None
     steady: bool = True
+    worker_uss_total_bytes: Optional[int] = None
+    """The workers' memory: the sum of their USS at the window's end (``worker_uss_bytes`` is the largest one)."""
 
     @property
     def ok(self) -> bool:
         return self.status == "ok" and self.samples_per_s is not None
+
+    @property
+    def worker_memory_bytes(self) -> Optional[int]:
+        """The workers' memory: the sum of their USS (0 without worker processes: threads of the main process have
+        none of their own); None when not measured."""
+        if self.config.num_workers == 0:
+            return 0
+        if self.worker_uss_total_bytes is not None:
+            return self.worker_uss_total_bytes
+        return None if self.worker_uss_bytes is None else self.worker_uss_bytes * self.config.num_workers
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
@@ -137,6 +149,11 @@ class TuneResult:
     reason: str = ""
     created: Optional[float] = field(default=None, compare=False)
     threads: int = 1
+    disk_ceiling_samples_per_s: Optional[float] = None
+    """When loading waits on reads (bottleneck "io"): the rate the disk's sequential read speed (the saved machine
+    profile's) allows at ``read_bytes_per_sample``; None when unknown or not I/O-bound."""
+    read_bytes_per_sample: Optional[float] = None
+    """Bytes the chosen configuration's workers read per sample (measured with the disk ceiling)."""
 
     @property
     def config(self) -> LoaderConfig:
@@ -201,10 +218,11 @@ def _check_types(result: TuneResult) -> None:
             raise TypeError(f"{name} must be a bool")
     if not is_int(result.threads) or result.threads < 1:
         raise ValueError(f"threads must be an int >= 1, got {result.threads!r}")
-    if result.samples_per_s is not None and (
-        not isinstance(result.samples_per_s, (int, float)) or not math.isfinite(result.samples_per_s)
-    ):
-        raise ValueError(f"samples_per_s must be a finite number, got {result.samples_per_s!r}")
+    for name in ("samples_per_s", "disk_ceiling_samples_per_s", "read_bytes_per_sample"):
+        value = getattr(result, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
     if result.bottleneck is not None and result.bottleneck not in BOTTLENECKS:
         raise ValueError(f"bottleneck must be one of {BOTTLENECKS}, got {result.bottleneck!r}")
     if result.source not in SOURCES:

@@ -22,6 +22,12 @@ A dataset with its own ``__getitems__`` already fetches a batch its own way (one
 memory map) and may return any batch shape its ``collate_fn`` expects, so it is called as is, once per batch, without
 threads (splitting it would change what it is asked for and what it returns); ``threads > 1`` then warns. torch's
 ``Subset`` (and so ``random_split``) only forwards ``__getitems__`` to its dataset's: it counts as what it ends in.
+
+With ``make_loader(dataset, ..., threads=N)`` (or ``threads=True`` when the tuner chose more than one thread), every
+DataLoader autoloader builds for a configuration iterates ``loader_dataset(dataset, config)``: so ``loader.dataset`` is
+such a ``ThreadedDataset`` (``unwrap(loader.dataset) is dataset``), and with ``threads=1`` chosen (or ``threads=False``,
+the default) it is the user's dataset itself. Online tuning decides during the first epoch: ``loader.dataset`` is the
+user's dataset until the decision, then the wrapper if the decision uses threads.
 """
 from __future__ import annotations
 
@@ -33,11 +39,14 @@ import queue
 import threading
 import weakref
 from concurrent.futures import Future
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from torch.utils.data import Dataset, IterableDataset, Subset
 
 from .errors import warn_user
+
+if TYPE_CHECKING:
+    from .results import LoaderConfig
 
 logger = logging.getLogger("autoloader.threads")
 
@@ -114,12 +123,7 @@ class ThreadedDataset(Dataset):
     def __init__(self, dataset: Any, *, threads: int) -> None:
         threads = _check_threads(threads)
         dataset = unwrap(dataset)
-        if isinstance(dataset, IterableDataset):
-            raise ValueError(
-                f"threads are for map-style datasets; {type(dataset).__name__} is an IterableDataset, whose samples "
-                f"come from one __iter__ that threads cannot split. Overlap the waiting inside its own __iter__ (e.g. "
-                f"a concurrent.futures.ThreadPoolExecutor's map over what it reads) or use more DataLoader workers "
-                f"(num_workers), and leave threads off (threads=False)")
+        refuse_iterable(dataset)
         if not callable(getattr(type(dataset), "__getitem__", None)):
             raise TypeError(f"ThreadedDataset needs a map-style dataset (one with __getitem__), got "
                             f"{type(dataset).__name__}; wrap a torch.utils.data.Dataset")
@@ -195,6 +199,25 @@ def _pool_of(wrapper: ThreadedDataset) -> _Pool:
             logger.debug("process %d: %d threads for %s", pool.pid, wrapper._autoloader_threads,
                          type(wrapper._autoloader_dataset).__name__)
     return pool
+
+
+def refuse_iterable(dataset: Any) -> None:
+    """Raise the ``ValueError`` that says what to do instead when ``dataset`` is an IterableDataset."""
+    if isinstance(dataset, IterableDataset):
+        raise ValueError(
+            f"threads are for map-style datasets; {type(dataset).__name__} is an IterableDataset, whose samples "
+            f"come from one __iter__ that threads cannot split. Overlap the waiting inside its own __iter__ (e.g. "
+            f"a concurrent.futures.ThreadPoolExecutor's map over what it reads) or use more DataLoader workers "
+            f"(num_workers), and leave threads off (threads=False)")
+
+
+def loader_dataset(dataset: Any, config: "LoaderConfig") -> Any:
+    """The dataset a DataLoader built for ``config`` iterates: the one rule every loader autoloader builds follows
+    (trials, online candidates, the returned loader). ``config.threads == 1``: ``dataset`` itself; more: a
+    ``ThreadedDataset`` of the user's dataset with that many threads (rewrapped, never wrapped twice)."""
+    if config.threads == 1:
+        return dataset
+    return with_threads(dataset, config.threads)
 
 
 def with_threads(dataset: Any, threads: int) -> Any:

@@ -48,6 +48,7 @@ from .errors import TrialTimeout, TuningError
 from .prefetch import PrefetchLoader, quiet_worker_count_warning
 from .probe import start_method
 from .results import LoaderConfig, TrialResult, without_worker_only
+from .threads import loader_dataset
 
 log = logging.getLogger("autoloader.trial")
 
@@ -93,7 +94,8 @@ def build_trial_loader(
     loader_kwargs: Mapping[str, Any],
     timeout: float,
 ) -> DataLoader:
-    """The DataLoader a trial iterates: the user's arguments, the candidate's knobs, and a sampler that never ends."""
+    """The DataLoader a trial iterates: the user's arguments, the candidate's knobs (its threads per process through
+    ``loader_dataset``), and a sampler that never ends."""
     kwargs = dict(loader_kwargs) if config.num_workers else without_worker_only(loader_kwargs)
     kwargs.update(config.loader_kwargs())
     if config.num_workers:
@@ -102,17 +104,18 @@ def build_trial_loader(
     kwargs["generator"] = generator
     if config.num_workers > 0 and not kwargs.get("timeout"):
         kwargs["timeout"] = max(1.0, timeout)
+    data = loader_dataset(dataset, config)
     if isinstance(dataset, IterableDataset):
-        return DataLoader(dataset, batch_size=batch_size, **kwargs)
+        return DataLoader(data, batch_size=batch_size, **kwargs)
     batch_sampler = kwargs.pop("batch_sampler", None)
     if batch_sampler is not None:
         kwargs.pop("drop_last", None)
         kwargs.pop("sampler", None)
-        return DataLoader(dataset, batch_sampler=_Cycle(batch_sampler), **kwargs)
+        return DataLoader(data, batch_sampler=_Cycle(batch_sampler), **kwargs)
     sampler = kwargs.pop("sampler", None)
     if sampler is None:
         sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
-    return DataLoader(dataset, batch_size=batch_size, sampler=_Cycle(sampler), **kwargs)
+    return DataLoader(data, batch_size=batch_size, sampler=_Cycle(sampler), **kwargs)
 
 
 @contextlib.contextmanager

@@ -18,9 +18,10 @@ from ._device import release_cached, resolve_device
 from ._search import (DEFAULT_BUDGET_S, Agreement, Candidate, Outcome, Progress, Search, Steps, fallback_result,
                       trial_limit)
 from ._shards import shard_count
-from ._validate import check_dataset, check_loader_kwargs, check_tuning_arguments
+from ._failures import thread_failure
+from ._validate import check_dataset, check_loader_kwargs, check_threads, check_tuning_arguments
 from .errors import TuningError, warn_user
-from .probe import MachineProfile, open_files_limit, probe_machine
+from .probe import MachineProfile, open_files_limit, probe_machine, with_saved_disk
 from .results import LoaderConfig, TrialResult, TuneResult
 from .trial import run_trial
 
@@ -74,6 +75,7 @@ def tune(
     input_key: Any = None,
     budget: Optional[float] = None,
     max_workers: Optional[int] = None,
+    threads: Union[bool, int] = False,
     **dataloader_kwargs: Any,
 ) -> TuneResult:
     """Find the DataLoader configuration that feeds ``step`` fastest with the fewest workers, as ``make_loader``
@@ -82,16 +84,19 @@ def tune(
     Takes ``make_loader``'s arguments: every other keyword goes to each trial's ``DataLoader`` unchanged, and a
     ``num_workers``, ``prefetch_factor``, ``pin_memory`` or ``persistent_workers`` given explicitly is never tuned.
     ``budget`` is in seconds (default 30); the result is the best found when it runs out, at most one trial's limit
-    later. The global RNG states are left as they were. Raises ``TuningError`` when autoloader itself fails.
+    later. ``threads``: False (default), an int (every candidate fetches with that many threads per process) or True
+    (the tuner chooses threads per process, see ``make_loader``). The global RNG states are left as they were. Raises
+    ``TuningError`` when autoloader itself fails.
     """
     check_tuning_arguments(batch_size=batch_size, step=step, budget=budget, max_workers=max_workers)
     check_dataset(dataset)
+    threads = check_threads(threads, dataset)
     check_loader_kwargs(dataset, batch_size=batch_size, shuffle=shuffle, kwargs=dataloader_kwargs)
     kwargs = dict(dataloader_kwargs)
     fixed = {k: kwargs.pop(k) for k in TUNED_KNOBS if k in kwargs}
     return tune_with(dataset, batch_size, step=step, device=resolve_device(device), shuffle=shuffle,
                      normalize=normalize, dtype=dtype, input_key=input_key, budget=budget, max_workers=max_workers,
-                     loader_kwargs=kwargs, fixed=fixed)
+                     loader_kwargs=kwargs, fixed=fixed, threads=threads)
 
 
 def tune_with(
@@ -112,18 +117,29 @@ def tune_with(
     agreement: Optional[Agreement] = None,
     progress: Optional[Progress] = None,
     tolerance: float = policy.DEFAULT_TOLERANCE,
+    threads: Union[bool, int] = False,
 ) -> TuneResult:
-    """``tune`` with its plumbing, for ``make_loader`` and the CLI: arguments already checked, the knobs the user
-    ``fixed`` apart from the other ``loader_kwargs``, the machine ``profile`` (probed when None), how ranks agree,
-    and a ``progress`` callback per trial."""
+    """``tune`` with its plumbing, for ``make_loader`` and the CLI: arguments already checked (``threads`` by
+    ``check_threads``), the knobs the user ``fixed`` apart from the other ``loader_kwargs``, the machine ``profile``
+    (probed when None, with the saved disk figures), how ranks agree, and a ``progress`` callback per trial."""
     search = new_search(dataset, batch_size, device=device, fixed=fixed, budget=budget, max_workers=max_workers,
-                        profile=profile, agreement=agreement, progress=progress, tolerance=tolerance)
+                        profile=profile, agreement=agreement, progress=progress, tolerance=tolerance, threads=threads)
     consumer = Consumer(step, device)
 
     def measure(candidate: Candidate) -> TrialResult:
-        return run_trial(dataset, batch_size, candidate.config, consumer=consumer, shuffle=shuffle,
-                         loader_kwargs=loader_kwargs, normalize=normalize, dtype=dtype, input_key=input_key,
-                         time_limit=candidate.limit_s, measure_consumer=candidate.first)
+        try:
+            return run_trial(dataset, batch_size, candidate.config, consumer=consumer, shuffle=shuffle,
+                             loader_kwargs=loader_kwargs, normalize=normalize, dtype=dtype, input_key=input_key,
+                             time_limit=candidate.limit_s, measure_consumer=candidate.first)
+        except Exception as err:  # the user's own error, re-raised unchanged by run_trial
+            if candidate.config.threads == 1 or isinstance(err, TuningError):
+                raise
+            if search.tune_threads:  # threads the tuner chose to try: a failed candidate (warns)
+                return thread_failure(candidate.config, err)
+            warn_user(f"the dataset raised with threads={candidate.config.threads} per process ({type(err).__name__}); "
+                      f"if it does not with threads=False, its __getitem__ is not thread-safe (e.g. one file handle "
+                      f"shared by all threads): open one per thread (threading.local()) or leave threads=False")
+            raise
 
     try:
         with preserved_rng():
@@ -138,13 +154,15 @@ def tune_with(
 def new_search(dataset: Any, batch_size: int, *, device: torch.device, fixed: Mapping[str, Any],
                budget: Optional[float], max_workers: Optional[int], profile: Optional[MachineProfile] = None,
                agreement: Optional[Agreement] = None, progress: Optional[Progress] = None,
-               tolerance: float = policy.DEFAULT_TOLERANCE, start: Optional[LoaderConfig] = None) -> Search:
+               tolerance: float = policy.DEFAULT_TOLERANCE, start: Optional[LoaderConfig] = None,
+               threads: Union[bool, int] = False) -> Search:
     """The search for ``dataset`` on this machine: its bounds (the user's ``max_workers``, else the open-files limit,
-    and the shards an IterableDataset reads) and budgets, for trials or online tuning alike."""
+    and the shards an IterableDataset reads) and budgets, for trials or online tuning alike. ``threads`` as
+    ``check_threads`` returns it."""
     unknown = set(fixed) - set(TUNED_KNOBS)
     if unknown:
         raise ValueError(f"fixed may only hold {TUNED_KNOBS}, got {sorted(unknown)}")
-    profile = profile if profile is not None else probe_machine(disk=False, gpus=False)
+    profile = profile if profile is not None else with_saved_disk(probe_machine(disk=False, gpus=False))
     usable = profile.cpu.usable or profile.cpu.logical or 1
     nofile = open_files_limit()[0]
     cap = policy.default_max_workers(usable_cpus=usable, nofile=nofile)
@@ -160,7 +178,7 @@ def new_search(dataset: Any, batch_size: int, *, device: torch.device, fixed: Ma
                   budget=DEFAULT_BUDGET_S if budget is None else float(budget), cap=cap, usable_cpus=usable,
                   memory_budget=profile.memory.budget_bytes, shm_free=profile.shm.free_bytes, tolerance=tolerance,
                   agreement=agreement, progress=progress, cap_reason=cap_reason, cap_by_open_files=by_nofile,
-                  start=start)
+                  start=start, threads=threads, disk_mb_s=profile.disk.seq_read_mb_s if profile.disk else None)
 
 
 def warn_if_bound_by_open_files(search: Search, result: TuneResult) -> None:

@@ -1,4 +1,6 @@
 """The tuner's decisions, tested on tables of fake trial results (no trial runs here)."""
+import itertools
+
 import pytest
 
 from autoloader import policy
@@ -180,3 +182,172 @@ def test_bottleneck_is_the_consumer_when_it_is_busy_most_of_the_window():
     idle = TrialResult(config=LoaderConfig(2, 2), samples_per_s=330, batches=40, window_s=2.0,
                        consumer_s_per_batch=0.01, stall_fraction=0.7, worker_cpu_util=0.95, main_cpu_util=0.2)
     assert policy.bottleneck(idle, [idle], consumer_samples_per_s=1600, usable_cpus=2, memory_limited=False) == "cpu"
+
+
+# ---------------------------------------------------------------- processes x threads (NOTE [ Processes x threads ])
+
+MIB = 1 << 20
+
+
+def tt(n, threads, rate, *, util=None, memory=None, prefetch=2, status="ok", fetch=None, cpu=None):
+    """A trial of ``n`` processes x ``threads`` threads; ``memory``: the workers' summed USS in MiB."""
+    config = LoaderConfig(n, prefetch if n else None, False, False, threads)
+    return TrialResult(config=config, status=status, samples_per_s=rate if status == "ok" else None,
+                       worker_cpu_util=util, fetch_s_per_batch=fetch, fetch_cpu_s_per_batch=cpu,
+                       worker_uss_total_bytes=None if memory is None else memory * MIB)
+
+
+@pytest.mark.parametrize("table, expected", [
+    # 2 x 32 threads matches 64 processes: fewest processes wins
+    ([(64, 1, 10275), (2, 32, 11264), (1, 32, 5401), (2, 16, 6818)], (2, 32)),
+    # threads slower than the tolerance allows: the process-only config stays
+    ([(8, 1, 1000), (2, 8, 900)], (8, 1)),
+    # same processes: fewest threads
+    ([(2, 1, 1000), (2, 8, 1010), (2, 4, 990)], (2, 1)),
+    ([(2, 16, 1000), (2, 8, 990), (4, 1, 1000)], (2, 8)),
+    # threads in the main process (num_workers=0) count as no worker process
+    ([(0, 8, 1000), (2, 1, 1000)], (0, 8)),
+])
+def test_select_fewest_processes_then_fewest_threads(table, expected):
+    chosen = policy.select([tt(n, t, r) for n, t, r in table])
+    assert (chosen.config.num_workers, chosen.config.threads) == expected
+
+
+def test_select_least_worker_memory_before_prefetch_and_ignores_small_differences():
+    lean, fat = tt(2, 8, 1000, memory=40, prefetch=4), tt(2, 8, 1000, memory=400, prefetch=2)
+    assert policy.select([fat, lean]) is lean
+    # a few MiB apart is measurement noise: the smaller prefetch_factor decides, as without memory figures
+    near = [tt(2, 8, 1000, memory=41, prefetch=4), tt(2, 8, 990, memory=40, prefetch=2)]
+    assert policy.select(near).config.prefetch_factor == 2
+    assert policy.select([tt(2, 1, 1000, prefetch=4), tt(2, 1, 990, prefetch=2)]).config.prefetch_factor == 2
+
+
+def test_worker_memory_is_the_sum_of_uss():
+    assert tt(4, 1, 1.0, memory=200).worker_memory_bytes == 200 * MIB
+    per_worker = TrialResult(config=LoaderConfig(4, 2), samples_per_s=1.0, worker_uss_bytes=50 * MIB)
+    assert per_worker.worker_memory_bytes == 200 * MIB
+    assert tt(0, 8, 1.0).worker_memory_bytes == 0
+    assert tt(2, 1, 1.0).worker_memory_bytes is None
+
+
+@pytest.mark.parametrize("trial_, expected", [
+    (tt(4, 1, 100, util=0.25), 0.25),
+    (tt(0, 1, 100, fetch=0.1, cpu=0.02), pytest.approx(0.2)),
+    (tt(0, 1, 100, fetch=0.1, cpu=0.3), 1.0),     # several threads of the main process: capped at one CPU
+    (tt(4, 1, 100), None),
+    (tt(4, 1, None, status="failed", util=0.1), None),
+])
+def test_busy_fraction(trial_, expected):
+    assert policy.busy_fraction(trial_) == expected
+
+
+@pytest.mark.parametrize("chosen, fixed, cap, usable, expected", [
+    (64, None, 64, 2, (1, 2)),      # few processes: up to the usable CPUs
+    (3, None, 64, 8, (1, 3)),       # never more than the process-only choice
+    (8, None, 4, 8, (1, 4)),        # nor the cap
+    (0, None, 64, 2, (0, 0)),       # no workers chosen: threads in the main process
+    (4, None, 0, 2, (0, 0)),        # max_workers=0
+    (4, 3, 64, 2, (3, 3)),          # the user's num_workers
+])
+def test_thread_processes(chosen, fixed, cap, usable, expected):
+    assert policy.thread_processes(chosen, fixed_workers=fixed, cap=cap, usable_cpus=usable) == expected
+
+
+@pytest.mark.parametrize("chosen, processes, max_threads, consumer, expected", [
+    # 64 waiting workers at 2 % CPU: cover 50 threads, capped at the batch (32); 64 samples in flight in 2 processes
+    (tt(64, 1, 10000, util=0.02), (1, 2), 32, None, (2, 32)),
+    # 16 workers at 10 % CPU: 10 threads cover one process's wait; 16 in flight -> 2 processes x 10
+    (tt(16, 1, 4000, util=0.1), (1, 2), 64, None, (2, 10)),
+    # 4 workers at 30 %: 4 threads cover the wait in one process
+    (tt(4, 1, 1000, util=0.3), (1, 2), 64, None, (1, 4)),
+    # busy processes (CPU-bound, GIL-bound): no thread candidate, by measurement of the process-only trials
+    (tt(2, 1, 1000, util=0.95), (1, 2), 64, None, None),
+    (tt(0, 1, 500, fetch=0.1, cpu=0.09), (0, 0), 64, None, None),
+    # unknown CPU figures: nothing to go on
+    (tt(8, 1, 1000), (1, 2), 64, None, None),
+    # a batch of one sample cannot use two threads
+    (tt(8, 1, 1000, util=0.1), (1, 2), 1, None, None),
+    # serial and waiting with max_workers=0: threads in the main process
+    (tt(0, 1, 100, fetch=0.1, cpu=0.01), (0, 0), 64, None, (0, 10)),
+    # the process-only choice already feeds the consumer and no process can be spared: nothing to gain
+    (tt(1, 1, 1000, util=0.2), (1, 1), 64, 1000.0, None),
+    # ... but with processes to spare, fewer processes are worth a try
+    (tt(4, 1, 1000, util=0.2), (1, 2), 64, 1000.0, (1, 5)),
+])
+def test_first_thread_config(chosen, processes, max_threads, consumer, expected):
+    assert policy.first_thread_config(chosen, processes=processes, max_threads=max_threads,
+                                      consumer_samples_per_s=consumer, tolerance=0.05) == expected
+
+
+@pytest.mark.parametrize("tried, reference, processes, max_threads, expected", [
+    # the measured run on 2 cores (issue 16): 2 x 32 threads match 64 processes; first the control, 2 processes
+    # without threads measured again side by side; far short: 1 x 64 would exceed the batch of 32, so halve the
+    # threads; 16 short too, and the prediction from 16 and 32 (27) saves too little: done
+    ([tt(2, 32, 11264, util=0.29)], 10275, (1, 2), 32, (2, 1)),
+    ([tt(2, 32, 11264, util=0.29), tt(2, 1, 700, util=0.02)], 10275, (1, 2), 32, (2, 16)),
+    ([tt(2, 32, 11264, util=0.29), tt(2, 1, 700, util=0.02), tt(2, 16, 6818, util=0.18)], 10275, (1, 2), 32, None),
+    # within tolerance at 2 processes, control short, room for the same samples in flight in one: try 1 x 2t ...
+    ([tt(2, 8, 1000, util=0.3), tt(2, 1, 200, util=0.05)], 1000, (1, 2), 64, (1, 16)),
+    # ... which keeps up: its own control next
+    ([tt(2, 8, 1000, util=0.3), tt(2, 1, 200, util=0.05), tt(1, 16, 990, util=0.6)], 1000, (1, 2), 64, (1, 1)),
+    # ... or fell short with a saturated CPU: fewer threads at 2 processes instead
+    ([tt(2, 8, 1000, util=0.3), tt(2, 1, 200, util=0.05), tt(1, 16, 600, util=0.95)], 1000, (1, 2), 64, (2, 4)),
+    # short with a saturated process (CPU work or a GIL-bound transform): more processes, up to the bound
+    ([tt(1, 8, 500, util=0.97)], 1000, (1, 2), 64, (2, 8)),
+    ([tt(1, 8, 500, util=0.97), tt(2, 8, 700, util=0.97)], 1000, (1, 2), 64, None),
+    # short and idle CPU: twice the threads while that gains
+    ([tt(1, 8, 500, util=0.3)], 1000, (1, 2), 64, (1, 16)),
+    ([tt(1, 8, 500, util=0.3), tt(1, 16, 505, util=0.3)], 1000, (1, 2), 64, None),
+    ([tt(1, 32, 500, util=0.3)], 1000, (1, 2), 32, None),       # no more threads allowed
+    # a failed thread candidate (not thread-safe, out of memory) ends the search
+    ([tt(2, 8, None, status="failed")], 1000, (1, 2), 64, None),
+    # fewer threads as two measurements above one thread predict (linear in threads), when that saves a quarter:
+    # 8 threads short at 900, 32 at 1000: 950 at ~20 threads; 8 at 200: ~31, not worth a trial
+    ([tt(2, 32, 1000, util=0.3), tt(2, 1, 100), tt(2, 8, 900, util=0.3)], 1000, (2, 2), 64, (2, 20)),
+    ([tt(2, 32, 1000, util=0.3), tt(2, 1, 100), tt(2, 8, 200, util=0.1)], 1000, (2, 2), 64, None),
+    # a GIL-bound transform on a busy machine: 2 x 3 threads kept up with 3 processes measured seconds earlier (the
+    # 2-process trial then happened to run slow); the control measures 2 processes again, side by side ...
+    ([tt(1, 3, 693, util=0.79), tt(2, 3, 1048, util=0.65)], 1099, (1, 2), 64, (2, 1)),
+    # ... and keeps up: threads do not pay, the search ends (selection keeps the one thread)
+    ([tt(1, 3, 693, util=0.79), tt(2, 3, 1048, util=0.65), tt(2, 1, 1040, util=0.9)], 1099, (1, 2), 64, None),
+    # ... or falls short: threads did pay; halving 3 threads leaves one: done (selection keeps 2 x 3)
+    ([tt(1, 3, 693, util=0.79), tt(2, 3, 1048, util=0.65), tt(2, 1, 500, util=0.5)], 1099, (1, 2), 64, None),
+    # threads in the main process (processes fixed at 0): the serial control, then halving
+    ([tt(0, 10, 900, fetch=0.01, cpu=0.004)], 900, (0, 0), 64, (0, 1)),
+    ([tt(0, 10, 900, fetch=0.01, cpu=0.004), tt(0, 1, 100, fetch=0.01, cpu=0.001)], 900, (0, 0), 64, (0, 5)),
+])
+def test_next_thread_config(tried, reference, processes, max_threads, expected):
+    proposal = policy.next_thread_config(tried, reference=reference, processes=processes, max_threads=max_threads,
+                                         tolerance=0.05)
+    assert proposal == expected
+
+
+def test_thread_search_ends_within_its_trials_on_any_table():
+    """Whatever the rates, the proposals never repeat a candidate and stay within the bounds."""
+    rates = {}
+    for seed, (lo, hi), cap in itertools.product(range(30), [(1, 2), (0, 0), (3, 3)], [4, 32]):
+        tried, proposal = [], (hi, min(cap, 8))
+        for _ in range(10):
+            if proposal is None:
+                break
+            p, t = proposal
+            assert lo <= p <= hi and 1 <= t <= cap and proposal not in [(x.config.num_workers, x.config.threads)
+                                                                        for x in tried]
+            rate = rates.setdefault((seed, p, t), 100.0 * (1 + (hash((seed, p, t)) % 17) / 8))
+            tried.append(tt(p, t, rate, util=((seed * 7 + t) % 10) / 10))
+            proposal = policy.next_thread_config(tried, reference=200.0, processes=(lo, hi), max_threads=cap,
+                                                 tolerance=0.05)
+
+
+def test_max_threads_per_process_is_a_batch_measured():
+    measured = TrialResult(config=LoaderConfig(4, 2), samples_per_s=1000.0, batches=50, window_s=1.6)  # 32 a batch
+    assert policy.max_threads_per_process(measured, batch_size=1) == 32     # a batch_sampler decided the batches
+    assert policy.max_threads_per_process(tt(4, 1, 1000.0), batch_size=16) == 16
+    assert policy.max_threads_per_process(tt(4, 1, 1000.0), batch_size=512) == policy.MAX_THREADS
+
+
+def test_disk_ceiling():
+    # 500 MB/s and 100 KB read per sample: 5,000 samples/s
+    assert policy.disk_ceiling(read_bytes_per_sample=100e3, seq_read_mb_s=500.0) == pytest.approx(5000.0)
+    assert policy.disk_ceiling(read_bytes_per_sample=0.0, seq_read_mb_s=500.0) is None
+    assert policy.disk_ceiling(read_bytes_per_sample=100e3, seq_read_mb_s=None) is None

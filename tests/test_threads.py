@@ -273,3 +273,32 @@ def test_threads_to_cover_wait(cpu_util, cap, expected):
 def test_threads_to_cover_wait_refuses(cpu_util, cap):
     with pytest.raises(ValueError, match="must be"):
         threads_to_cover_wait(cpu_util, cap=cap)
+
+
+def test_loader_dataset_is_the_one_rule_and_never_wraps_twice():
+    from autoloader.results import LoaderConfig
+    from autoloader.threads import loader_dataset
+
+    data = Indexed()
+    assert loader_dataset(data, LoaderConfig(2, 2)) is data
+    wrapped = loader_dataset(data, LoaderConfig(2, 2, threads=4))
+    assert isinstance(wrapped, ThreadedDataset) and threads_of(wrapped) == 4 and unwrap(wrapped) is data
+    again = loader_dataset(wrapped, LoaderConfig(0, threads=8))
+    assert threads_of(again) == 8 and unwrap(again) is data, "rewrapped, not wrapped twice"
+    assert loader_dataset(wrapped, LoaderConfig(0)) is wrapped, "one thread: the dataset as given"
+
+
+@pytest.mark.parametrize("threads, expected", [(False, False), (True, True), (1, False), (np.int64(4), 4), (8, 8)])
+def test_check_threads_normalises(threads, expected):
+    from autoloader._validate import check_threads
+
+    result = check_threads(threads, Indexed())
+    assert result == expected and type(result) is type(expected)
+
+
+def test_check_threads_turns_threads_off_for_an_own_getitems():
+    from autoloader._validate import check_threads
+
+    with pytest.warns(AutoloaderWarning, match="defines __getitems__"):
+        assert check_threads(True, Batched()) is False
+    assert check_threads(False, Stream()) is False

@@ -102,3 +102,20 @@ class JpegDecode(Dataset):
         if rng.random() < 0.5:
             image = image[:, ::-1]
         return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1), i % 10
+
+
+class GilBound(Dataset):
+    """Pure-Python work per sample (a Python loop, holding the GIL): ``cost_s`` of the calling thread's own CPU
+    time, so threads of one process take turns and only processes run it in parallel."""
+
+    def __init__(self, n=100000, cost_s=0.001, dim=16):
+        self.n, self.cost_s, self.dim = n, cost_s, dim
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        start = time.thread_time()
+        while time.thread_time() - start < self.cost_s:
+            pass
+        return torch.full((self.dim,), float(i))

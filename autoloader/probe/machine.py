@@ -11,7 +11,7 @@ import math
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
@@ -214,6 +214,17 @@ def load_profile(cache_dir: "str | os.PathLike[str] | None" = None) -> Optional[
     except ValueError as exc:  # json.JSONDecodeError is a ValueError
         warn_user(f"ignoring the corrupt machine profile {path} ({exc}); run `autotune probe` to redo it")
         return None
+
+
+def with_saved_disk(profile: MachineProfile) -> MachineProfile:
+    """``profile`` with the disk figures of the saved profile (``autotune`` / ``autotune probe`` measured them) when it
+    has none of its own: the disk is never measured here, it takes seconds."""
+    if profile.disk is not None:
+        return profile
+    saved = load_profile()
+    if saved is None or saved.disk is None:
+        return profile
+    return replace(profile, disk=saved.disk)
 
 
 def _from_dict(data: object) -> MachineProfile:
