@@ -21,8 +21,10 @@
 """
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
+import threading
 import os
 import resource
 import time
@@ -98,6 +100,21 @@ def reap(procs: Iterable[psutil.Process], *, grace: float = 5.0) -> int:
     _signal_until_gone(alive, level=logging.WARNING, why="did not exit")
     multiprocessing.active_children()
     return len(alive)
+
+
+def retire(references: List[object], workers: List[psutil.Process]) -> threading.Thread:
+    """Shut down a DataLoader iterator that is no longer used, in a helper thread: ``references`` holds the only
+    references to it (and its loader), which the thread drops, so that the DataLoader's own shutdown (signalling and
+    joining ``workers``) runs there; then the workers are reaped (see NOTE [ Process cleanup ]). The caller must not
+    keep another reference."""
+    def run() -> None:
+        references.clear()
+        gc.collect()
+        reap(workers)
+
+    thread = threading.Thread(target=run, name="autoloader-retire", daemon=True)
+    thread.start()
+    return thread
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,14 @@
 #   GPU by two steps (an event per request), and the device is synchronised when a window opens and closes, so an
 #   asynchronous step counts at the GPU's pace. A slow step never cuts a candidate before it is measured
 #   (``Window.complete(patient=True)``).
-# - Switching. A measured candidate is stopped (its iterator dropped, its workers reaped, NOTE [ Process cleanup ]),
-#   the batches its workers prefetched but the loop did not get are re-issued to the next one, and the next starts.
+# - Switching. A measured candidate is stopped: its iterator is handed to a helper thread that drops it and reaps its
+#   workers (``_procs.retire``: the orderly shutdown takes a few hundred ms that the next candidate's start-up now
+#   overlaps; a failed candidate is stopped at once, in the loop's thread, NOTE [ Process cleanup ]); the batches its
+#   workers prefetched but the loop did not get are re-issued to the next one, and the next starts.
 #   Stopping and the next candidate's start-up are timed apart (``Decision.switch_s``). When the search ends, the
-#   rest of the epoch runs with the choice; later epochs use a plain DataLoader with it. An epoch too short to finish
-#   the search leaves the candidate for the next epoch.
+#   rest of the epoch runs with the choice; later epochs use a plain DataLoader with it. A candidate the epoch's end
+#   cuts short counts with what its window measured (not steady); one whose window had not opened yet goes on next
+#   epoch.
 # - Failures. Signals are guarded as in trials (NOTE [ Asynchronous exceptions ]), with worker deaths held until our
 #   own code checks, so they never land in the user's step. A candidate whose workers die is abandoned and recorded
 #   as failed; its undelivered batches are re-issued, so no sample is lost or repeated. The user's own exceptions
@@ -53,7 +56,8 @@ log = logging.getLogger("autoloader.online")
 
 _END = object()
 MAX_ATTEMPTS = 2
-"""Epochs a candidate may be cut short by the epoch's end before its partial measurement is taken as it is."""
+"""Epochs a candidate may be cut short by the epoch's end before its window opened, before its partial measurement is
+taken as it is (a window that opened and holds a few batches is taken at once, marked not steady)."""
 
 
 @dataclass
@@ -271,12 +275,16 @@ class OnlineTuner:
                 stopping = time.perf_counter()
                 with guard.shield():
                     previous = batch = None
-                    if error is not None:
-                        _procs.terminate(_procs.new_children(before))
+                    workers = _procs.new_children(before)
                     self.in_force = self.plain
-                    it = loader = None  # noqa: F841 - drops the iterator: its workers shut down
-                    gc.collect()
-                    _procs.reap(_procs.new_children(before))
+                    if error is None:
+                        _procs.retire([it, loader], workers)
+                    else:
+                        _procs.terminate(workers)
+                        it = loader = None  # noqa: F841 - drops the iterator: its workers shut down
+                        gc.collect()
+                        _procs.reap(workers)
+                    it = loader = None
                     part.delivered(delivered)
                 ended_at = time.perf_counter()
                 self._switch_s += ended_at - stopping
@@ -301,11 +309,10 @@ class OnlineTuner:
                                elapsed_s=elapsed, batch_bytes=window.batch_bytes)
         if candidate is None:
             return None
-        if ended:
+        if ended and len(window.marks) - window.skip < 3:  # the window never really opened: measure it again
             self._attempts += 1
             if self._attempts < MAX_ATTEMPTS:
                 return None
-            window.close()
         return window.result(elapsed)
 
 
