@@ -80,12 +80,14 @@ class Window:
         self.consumer_s: Optional[float] = None
         self.last_batch: Any = None
 
-    def first_batch(self, batch: Any, t_got: float, *, workers: Sequence[Any]) -> None:
+    def first_batch(self, batch: Any, t_got: float, *, workers: Sequence[Any], memory: bool = True) -> None:
+        """The first batch arrived: start-up is over; start tracking ``workers`` (their memory too, for its growth
+        during the window: reading it costs tens of milliseconds per worker on big machines)."""
         self.startup_s = t_got - self.started
         self.batch_bytes = batch_nbytes(batch)
         if workers:
             self.tracker = WorkerTracker(workers)
-            self.memory_start = self.tracker.sample()
+            self.memory_start = self.tracker.sample(memory=memory)
 
     def add(self, batch: Any, *, t_ask: float, c_ask: float, t_got: float, c_got: float, consumer: Any) -> None:
         """Record a batch the consumer has finished; the batch that opens the window first waits for the device."""

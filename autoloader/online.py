@@ -32,7 +32,6 @@
 """
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -120,13 +119,15 @@ class OnlineTuner:
         while not source.done:
             candidate = self._candidate
             config = candidate.config if candidate is not None else self.decision.config
-            outcome = yield from self._serve(source, config, candidate, trace)
-            if candidate is not None and outcome is None:
+            outcome = yield from self._serve(source, config, candidate, trace, number)
+            if outcome is not None:
+                self._advance(outcome, epoch=number)
+            elif candidate is not None and self._candidate is candidate:
                 log.info("epoch %d ended before candidate %s was measured: it goes on next epoch", number,
                          candidate.config.label())
-            if candidate is None or outcome is None:
                 break
-            self._advance(outcome, epoch=number)
+            if candidate is None:
+                break
         self.in_force = self.plain
 
     def _steady(self, number: int) -> Iterator[Any]:
@@ -214,10 +215,12 @@ class OnlineTuner:
 
     # -- one candidate over the next slice ------------------------------------------------------------------------
     def _serve(self, source: EpochSource, config: LoaderConfig, candidate: Optional[Candidate],
-               trace: EpochTrace) -> Iterator[Any]:
-        """Serve batches from ``config`` over the rest of the epoch, until its window is measured (a candidate) or
-        the epoch ends; returns the candidate's measurement, or None (not measured, or no candidate)."""
-        started = time.perf_counter()
+               trace: EpochTrace, epoch: int) -> Iterator[Any]:
+        """Serve batches from ``config`` over the rest of the epoch. A candidate serves until its window is measured:
+        the search then takes the measurement at once and, when it decides on this very configuration, the same
+        loader serves on to the epoch's end (no restart). Returns a measurement the caller must still hand to the
+        search (a failure, a window cut short by the epoch's end), else None."""
+        started = span_start = time.perf_counter()
         before = _procs.child_pids()
         part = source.take(None)
         with quiet_worker_count_warning(True):
@@ -227,8 +230,9 @@ class OnlineTuner:
         window = Window(config, started=started, batch_size=self.batch_size, min_window_s=0.5, min_rounds=3,
                         min_batches=6)
         deadline = started + (candidate.limit_s if candidate is not None else float("inf"))
-        agreement = self.agreement if candidate is not None else Alone()
-        delivered, error, ended = 0, None, False
+        alone = isinstance(self.agreement, Alone)
+        measuring = candidate is not None
+        delivered, error, ended, span_rate, handed = 0, None, False, None, False
         previous: Optional[Tuple[Any, float, float, float, float]] = None
         guard = SignalGuard(hold_worker_errors=True)
         with guard:
@@ -237,36 +241,49 @@ class OnlineTuner:
                     it = iter(loader)
                 while True:
                     t_ask, c_ask = time.perf_counter(), time.process_time()
-                    if previous is not None:
+                    if measuring and previous is not None:
                         self.consumer.pace()
                         window.add(previous[0], t_ask=previous[1], c_ask=previous[2], t_got=previous[3],
                                    c_got=previous[4], consumer=self.consumer)
                         t_ask, c_ask = time.perf_counter(), time.process_time()
-                    complete = candidate is not None and window.complete(deadline=deadline, patient=True)
+                    complete = measuring and window.complete(deadline=deadline, patient=True)
+                    if complete and alone:  # decided before fetching: no batch to re-issue
+                        span_rate, handed = self._measured_complete(window, started, epoch), True
+                        if not self._continues(config):
+                            break
+                        measuring, complete, span_start = False, False, self._split_span(trace, span_start, config,
+                                                                                          span_rate)
                     failure: Optional[BaseException] = None
                     batch: Any = _END
-                    try:  # fetched even when complete: the ranks agree first, and an unused batch is re-issued
+                    try:
                         batch = next(it, _END)
                         guard.check()
                     except BaseException as exc:  # noqa: B036 - classified below, re-raised if not ours
                         failure = exc
-                    stop, failed_elsewhere = _agree(agreement, complete=complete, failed=failure is not None)
+                    if measuring and not alone:  # ranks agree on stopping before anyone hands the batch out
+                        stop, failed_elsewhere = _agree(self.agreement, complete=complete, failed=failure is not None)
+                        if failed_elsewhere and failure is None:
+                            failure = TuningError("a candidate failed on another rank")
+                        if stop and failure is None:
+                            span_rate, handed = self._measured_complete(window, started, epoch), True
+                            if not self._continues(config):
+                                break  # the batch just fetched is not handed out: re-issued
+                            measuring, span_start = False, self._split_span(trace, span_start, config, span_rate)
                     if failure is not None:
                         raise failure
-                    if failed_elsewhere:
-                        raise TuningError("a candidate failed on another rank")
-                    if stop or batch is _END:
-                        ended = batch is _END
+                    if batch is _END:
+                        ended = True
                         break
                     t_got, c_got = time.perf_counter(), time.process_time()
                     if window.startup_s is None:
-                        window.first_batch(batch, t_got, workers=_procs.new_children(before))
+                        window.first_batch(batch, t_got, workers=_procs.new_children(before) if measuring else (),
+                                           memory=False)
                         self._switch_s += t_got - started
                     delivered += 1
                     trace.batches.append((t_got - trace.start, samples_in(batch, self.batch_size)))
                     previous = (batch, t_ask, c_ask, t_got, c_got)
                     yield batch
-                if candidate is not None:
+                if measuring:
                     self.consumer.synchronize()
                     window.close()
             except BaseException as exc:  # noqa: B036 - the loop's own errors, GeneratorExit, Ctrl-C: re-raised
@@ -277,25 +294,46 @@ class OnlineTuner:
                     previous = batch = None
                     workers = _procs.new_children(before)
                     self.in_force = self.plain
+                    references = [it, loader]
+                    it = loader = None  # noqa: F841 - the only references left are in ``references``
                     if error is None:
-                        _procs.retire([it, loader], workers)
+                        _procs.retire(references, workers)
                     else:
                         _procs.terminate(workers)
-                        it = loader = None  # noqa: F841 - drops the iterator: its workers shut down
-                        gc.collect()
+                        _procs.drop(references)
                         _procs.reap(workers)
-                    it = loader = None
                     part.delivered(delivered)
                 ended_at = time.perf_counter()
                 self._switch_s += ended_at - stopping
                 self._search_s += ended_at - started
-        result = self._outcome(config, candidate, window, error, ended, ended_at - started)
-        trace.spans.append((started - trace.start, ended_at - trace.start, config.label(),
-                            result.samples_per_s if result is not None and result.ok else None))
+        result = self._outcome(config, None if handed else candidate, window, error, ended, ended_at - started)
+        if result is not None and result.ok:
+            span_rate = result.samples_per_s
+        trace.spans.append((span_start - trace.start, ended_at - trace.start, config.label(), span_rate))
         return result
+
+    def _measured_complete(self, window: Window, started: float, epoch: int) -> Optional[float]:
+        """The candidate's window is complete: hand its measurement to the search now (it may decide)."""
+        self.consumer.synchronize()
+        window.close()
+        result = window.result(time.perf_counter() - started)
+        self._advance(result, epoch=epoch)
+        return result.samples_per_s if result.ok else None
+
+    def _continues(self, config: LoaderConfig) -> bool:
+        """The search decided on ``config`` itself: the candidate in force serves on."""
+        return self._steps is None and self._candidate is None and _same_knobs(self.decision.config, config)
+
+    @staticmethod
+    def _split_span(trace: EpochTrace, start: float, config: LoaderConfig, rate: Optional[float]) -> float:
+        now = time.perf_counter()
+        trace.spans.append((start - trace.start, now - trace.start, config.label(), rate))
+        return now
 
     def _outcome(self, config: LoaderConfig, candidate: Optional[Candidate], window: Window,
                  error: Optional[BaseException], ended: bool, elapsed: float) -> Optional[TrialResult]:
+        if error is not None and candidate is None:
+            raise error  # the configuration in force, measured no more: its errors reach the loop as a DataLoader's do
         if error is not None:
             reason = failure_reason(error, workers=config.num_workers) if not isinstance(error, TuningError) \
                 else str(error)

@@ -29,7 +29,6 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import sys
 import time
@@ -192,6 +191,7 @@ def run_trial(
         else None
     blame = _Blame()
     error: Optional[BaseException] = None
+    it: Any = None
     guard = SignalGuard(limit_s=time_limit + HARD_LIMIT_GRACE_S,
                         make_timeout=lambda: TrialTimeout(_cut_message(time_limit)))
     with guard:
@@ -232,8 +232,9 @@ def run_trial(
                 with _quiet_half_built_iterators():
                     if error is not None and error.__traceback__ is not None:
                         traceback.clear_frames(error.__traceback__)
+                    references = [it, prefetcher, loader]
                     it = prefetcher = loader = batch = None  # noqa: F841 - drops the iterator: its workers shut down
-                    gc.collect()
+                    _procs.drop(references)
                 _procs.reap(_procs.new_children(before))
     elapsed = time.perf_counter() - started
     if error is not None:
