@@ -225,16 +225,14 @@ class Search:
                                                  usable_cpus=self.usable, cap=self.cap)
             if second is not None and second != first:
                 yield from self.run(self.config(second))
-        while self.elapsed() < self.stop_at:
-            proposal = policy.next_worker_count(self.rates(), cap=self.cap, tolerance=self.tolerance)
-            if proposal is None:
-                return
-            yield from self.run(self.config(proposal))
+        yield from self.follow(policy.next_worker_count)
 
-    def search_near(self) -> Steps[None]:
-        """From the configuration in force: climb while more workers pay, halve while fewer keep up, then bisect."""
+    def follow(self, propose: Callable[..., Optional[int]]) -> Steps[None]:
+        """Measure the worker counts ``propose`` names from the rates so far, until it names none or the budget is
+        spent: ``policy.next_worker_count`` from the serial candidate, ``policy.next_count_near`` from the
+        configuration in force (climb while more workers pay, halve while fewer keep up, then bisect)."""
         while self.elapsed() < self.stop_at:
-            proposal = policy.next_count_near(self.rates(), cap=self.cap, tolerance=self.tolerance)
+            proposal = propose(self.rates(), cap=self.cap, tolerance=self.tolerance)
             if proposal is None:
                 return
             yield from self.run(self.config(proposal))
@@ -246,7 +244,7 @@ class Search:
         if self.start is not None and self.start.num_workers > 0 and fixed_n is None:
             current = yield from self.run(self.config(self.start.num_workers), first=True)
             consumer_s = (current.consumer_s_per_batch or 0.0) if current is not None else 0.0
-            yield from self.search_near()
+            yield from self.follow(policy.next_count_near)
         elif fixed_n is not None:
             serial = yield from self.run(self.config(fixed_n), first=True)
             consumer_s = serial.consumer_s_per_batch if serial is not None else 0.0
