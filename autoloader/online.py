@@ -34,42 +34,24 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from dataclasses import replace
+from typing import Any, Callable, Iterator, List, Optional
 
 from torch.utils.data import DataLoader
 
-from . import _procs
 from ._consumer import Consumer
-from ._failures import failure_reason, thread_failure
 from ._search import Agreement, Alone, Candidate, Search, Steps
-from ._signals import SignalGuard
-from ._window import Window, samples_in
+from ._serving import END, EpochTrace, serve
+from ._window import samples_in
 from .errors import TuningError, warn_user
 from .policy import retune_reason
 from .prefetch import quiet_worker_count_warning
 from .results import Decision, LoaderConfig, TrialResult, TuneResult
-from .slices import EpochSlicer, EpochSource
+from .slices import EpochSlicer
+
+__all__ = ["EpochTrace", "OnlineTuner"]
 
 log = logging.getLogger("autoloader.online")
-
-_END = object()
-MAX_ATTEMPTS = 2
-"""Epochs a candidate may be cut short by the epoch's end before its window opened, before its partial measurement is
-taken as it is (a window that opened and holds a few batches is taken at once, marked not steady)."""
-
-
-@dataclass
-class EpochTrace:
-    """One epoch that searched: when each batch reached the loop, and each candidate's span (for ``plot``)."""
-
-    epoch: int
-    start: float
-    batches: List[Tuple[float, int]] = field(default_factory=list)
-    """(seconds since the epoch started, samples) per batch handed to the loop."""
-    spans: List[Tuple[float, float, str, Optional[float]]] = field(default_factory=list)
-    """(start s, end s, label, samples/s measured or None) per candidate, the decision's last."""
-
 
 class OnlineTuner:
     """The configuration search of one loader, run in its own training loop (see NOTE [ Online switching ]).
@@ -96,10 +78,10 @@ class OnlineTuner:
         self.in_force: DataLoader = self.plain
         self._steps: Optional[Steps[TuneResult]] = None
         self._candidate: Optional[Candidate] = None
-        self._attempts = 0
+        self.attempts = 0
         self._measured: List[TrialResult] = []
-        self._search_s = self._switch_s = 0.0
-        self._tuning_threads = False
+        self.search_s = self.switch_s = 0.0
+        self.tuning_threads = False
         if decision is None:
             self._start_search(None, why="no tuning for this dataset and machine yet")
 
@@ -119,7 +101,7 @@ class OnlineTuner:
         while not source.done:
             candidate = self._candidate
             config = candidate.config if candidate is not None else self.decision.config
-            outcome = yield from self._serve(source, config, candidate, trace, number)
+            outcome = yield from serve(self, source, config, candidate, trace, number)
             if outcome is not None:
                 self._advance(outcome, epoch=number)
             elif candidate is not None and self._candidate is candidate:
@@ -141,9 +123,9 @@ class OnlineTuner:
             it = iter(self.plain)
         while True:
             asked = time.perf_counter()
-            batch = next(it, _END)
+            batch = next(it, END)
             got = time.perf_counter()
-            if batch is _END:
+            if batch is END:
                 break
             count += 1
             if count == skip:
@@ -174,9 +156,9 @@ class OnlineTuner:
     # -- the search ---------------------------------------------------------------------------------------------
     def _start_search(self, start: Optional[LoaderConfig], *, why: str) -> None:
         self._why = why
-        self._measured, self._search_s, self._switch_s = [], 0.0, 0.0
+        self._measured, self.search_s, self.switch_s = [], 0.0, 0.0
         search = self.new_search(start)
-        self._tuning_threads = search.tune_threads
+        self.tuning_threads = search.tune_threads
         self._steps = search.steps()
         self._candidate = self._send(None)
 
@@ -193,10 +175,16 @@ class OnlineTuner:
         return None
 
     def _advance(self, outcome: TrialResult, *, epoch: int) -> None:
-        self._attempts = 0
+        self.attempts = 0
         self._measured.append(outcome)
         self._epoch = epoch
         self._candidate = self._send(outcome)
+
+    def measured(self, result: TrialResult, *, epoch: int, config: LoaderConfig) -> bool:
+        """A candidate's complete measurement, handed over before it stops: True when the search decided on
+        ``config`` itself, so that the candidate in force serves on."""
+        self._advance(result, epoch=epoch)
+        return self._steps is None and self._candidate is None and _same_knobs(self.decision.config, config)
 
     def _decide(self, result: TuneResult) -> None:
         result = self.share(replace(result, source="online"))
@@ -208,160 +196,10 @@ class OnlineTuner:
         chosen = next((t for t in reversed(self._measured) if t.ok and _same_knobs(t.config, result.config)), None)
         self.history.append(Decision(getattr(self, "_epoch", 0), result.config, result.samples_per_s,
                                      chosen.stall_fraction if chosen else None, f"{self._why}: {result.reason}",
-                                     len(self._measured), self._search_s, self._switch_s))
+                                     len(self._measured), self.search_s, self.switch_s))
         log.info("decided online: %s, %s samples/s", result.config.label(),
                  "-" if result.samples_per_s is None else f"{result.samples_per_s:,.0f}")
         self.store(result)
-
-    # -- one candidate over the next slice ------------------------------------------------------------------------
-    def _serve(self, source: EpochSource, config: LoaderConfig, candidate: Optional[Candidate],
-               trace: EpochTrace, epoch: int) -> Iterator[Any]:
-        """Serve batches from ``config`` over the rest of the epoch. A candidate serves until its window is measured:
-        the search then takes the measurement at once and, when it decides on this very configuration, the same
-        loader serves on to the epoch's end (no restart). Returns a measurement the caller must still hand to the
-        search (a failure, a window cut short by the epoch's end), else None."""
-        started = span_start = time.perf_counter()
-        before = _procs.child_pids()
-        part = source.take(None)
-        with quiet_worker_count_warning(True):
-            loader = self.slicer.loader(part, config.num_workers, config.prefetch_factor,
-                                        pin_memory=config.pin_memory, dataset=self.dataset_for(config))
-        self.in_force = loader
-        window = Window(config, started=started, batch_size=self.batch_size, min_window_s=0.5, min_rounds=3,
-                        min_batches=6)
-        deadline = started + (candidate.limit_s if candidate is not None else float("inf"))
-        alone = isinstance(self.agreement, Alone)
-        measuring = candidate is not None
-        delivered, error, ended, span_rate, handed = 0, None, False, None, False
-        previous: Optional[Tuple[Any, float, float, float, float]] = None
-        guard = SignalGuard(hold_worker_errors=True)
-        with guard:
-            try:
-                with quiet_worker_count_warning(True):
-                    it = iter(loader)
-                while True:
-                    t_ask, c_ask = time.perf_counter(), time.process_time()
-                    if measuring and previous is not None:
-                        self.consumer.pace()
-                        window.add(previous[0], t_ask=previous[1], c_ask=previous[2], t_got=previous[3],
-                                   c_got=previous[4], consumer=self.consumer)
-                        t_ask, c_ask = time.perf_counter(), time.process_time()
-                    complete = measuring and window.complete(deadline=deadline, patient=True)
-                    if complete and alone:  # decided before fetching: no batch to re-issue
-                        span_rate, handed = self._measured_complete(window, started, epoch), True
-                        if not self._continues(config):
-                            break
-                        measuring, complete, span_start = False, False, self._split_span(trace, span_start, config,
-                                                                                          span_rate)
-                    failure: Optional[BaseException] = None
-                    batch: Any = _END
-                    try:
-                        batch = next(it, _END)
-                        guard.check()
-                    except BaseException as exc:  # noqa: B036 - classified below, re-raised if not ours
-                        failure = exc
-                    if measuring and not alone:  # ranks agree on stopping before anyone hands the batch out
-                        stop, failed_elsewhere = _agree(self.agreement, complete=complete, failed=failure is not None)
-                        if failed_elsewhere and failure is None:
-                            failure = TuningError("a candidate failed on another rank")
-                        if stop and failure is None:
-                            span_rate, handed = self._measured_complete(window, started, epoch), True
-                            if not self._continues(config):
-                                break  # the batch just fetched is not handed out: re-issued
-                            measuring, span_start = False, self._split_span(trace, span_start, config, span_rate)
-                    if failure is not None:
-                        raise failure
-                    if batch is _END:
-                        ended = True
-                        break
-                    t_got, c_got = time.perf_counter(), time.process_time()
-                    if window.startup_s is None:
-                        window.first_batch(batch, t_got, workers=_procs.new_children(before) if measuring else (),
-                                           memory=False)
-                        self._switch_s += t_got - started
-                    delivered += 1
-                    trace.batches.append((t_got - trace.start, samples_in(batch, self.batch_size)))
-                    previous = (batch, t_ask, c_ask, t_got, c_got)
-                    yield batch
-                if measuring:
-                    self.consumer.synchronize()
-                    window.close()
-            except BaseException as exc:  # noqa: B036 - the loop's own errors, GeneratorExit, Ctrl-C: re-raised
-                error = exc
-            finally:
-                stopping = time.perf_counter()
-                with guard.shield():
-                    previous = batch = None
-                    workers = _procs.new_children(before)
-                    self.in_force = self.plain
-                    references = [it, loader]
-                    it = loader = None  # noqa: F841 - the only references left are in ``references``
-                    if error is None:
-                        _procs.retire(references, workers)
-                    else:
-                        _procs.terminate(workers)
-                        _procs.drop(references)
-                        _procs.reap(workers)
-                    part.delivered(delivered)
-                ended_at = time.perf_counter()
-                self._switch_s += ended_at - stopping
-                self._search_s += ended_at - started
-        result = self._outcome(config, None if handed else candidate, window, error, ended, ended_at - started)
-        if result is not None and result.ok:
-            span_rate = result.samples_per_s
-        trace.spans.append((span_start - trace.start, ended_at - trace.start, config.label(), span_rate))
-        return result
-
-    def _measured_complete(self, window: Window, started: float, epoch: int) -> Optional[float]:
-        """The candidate's window is complete: hand its measurement to the search now (it may decide)."""
-        self.consumer.synchronize()
-        window.close()
-        result = window.result(time.perf_counter() - started)
-        self._advance(result, epoch=epoch)
-        return result.samples_per_s if result.ok else None
-
-    def _continues(self, config: LoaderConfig) -> bool:
-        """The search decided on ``config`` itself: the candidate in force serves on."""
-        return self._steps is None and self._candidate is None and _same_knobs(self.decision.config, config)
-
-    @staticmethod
-    def _split_span(trace: EpochTrace, start: float, config: LoaderConfig, rate: Optional[float]) -> float:
-        now = time.perf_counter()
-        trace.spans.append((start - trace.start, now - trace.start, config.label(), rate))
-        return now
-
-    def _outcome(self, config: LoaderConfig, candidate: Optional[Candidate], window: Window,
-                 error: Optional[BaseException], ended: bool, elapsed: float) -> Optional[TrialResult]:
-        if error is not None and candidate is None:
-            raise error  # the configuration in force, measured no more: its errors reach the loop as a DataLoader's do
-        if error is not None:
-            reason = failure_reason(error, workers=config.num_workers) if not isinstance(error, TuningError) \
-                else str(error)
-            if reason is None and candidate is not None and self._tuning_threads and config.threads > 1 \
-                    and isinstance(error, Exception):
-                return thread_failure(config, error)  # its undelivered batches were re-issued: nothing is lost
-            if reason is None or isinstance(error, (GeneratorExit, KeyboardInterrupt, SystemExit)):
-                raise error
-            log.info("online candidate %s failed: %s", config.label(), reason)
-            return TrialResult(config=config, status="failed", reason=reason, startup_s=window.startup_s,
-                               elapsed_s=elapsed, batch_bytes=window.batch_bytes)
-        if candidate is None:
-            return None
-        if ended and len(window.marks) - window.skip < 3:  # the window never really opened: measure it again
-            self._attempts += 1
-            if self._attempts < MAX_ATTEMPTS:
-                return None
-        return window.result(elapsed)
-
-
-def _agree(agreement: Any, *, complete: bool, failed: bool) -> Tuple[bool, bool]:
-    """(stop, failed on another rank): stop when every rank's window is complete or any rank's candidate failed."""
-    if isinstance(agreement, Alone):
-        return complete, False
-    all_complete, none_failed = agreement.reduce_min([1.0 if complete else 0.0, 0.0 if failed else 1.0])
-    anyone_failed = none_failed == 0.0
-    return bool(all_complete) or anyone_failed, anyone_failed and not failed
-
 
 def _same_knobs(a: LoaderConfig, b: LoaderConfig) -> bool:
     """The same candidate, whatever ``persistent_workers`` the decision set."""
