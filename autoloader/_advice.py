@@ -21,7 +21,9 @@ Two mistakes show up only once workers run, and both cost silently rather than f
 #   buffers) tens of MiB of churn are noise, while a copy-on-read worker's USS is mostly the growth;
 # - more than two batches in flight (2 x prefetch_factor x batch bytes): batches built in shared memory count as the
 #   worker's own until the main process maps them, so big batches alone move USS by that much.
-# The trial sees only part of an epoch, so the growth it measures is a lower bound of what an epoch costs.
+# The trial sees only part of an epoch, so the growth it measures is a lower bound of what an epoch costs. A full
+# collection in a worker copies pages too (the collector writes to every tracked object it scans, the inherited ones
+# included): ``gc.freeze()`` in the parent before the workers start moves them out of its reach.
 """
 from __future__ import annotations
 
@@ -52,12 +54,14 @@ def copy_on_read_advice(trial: TrialResult, *, dataset_name: str = "the dataset"
         return None
     return (
         f"each DataLoader worker's private memory grew by {growth / 2**20:.0f} MiB during a "
-        f"{trial.elapsed_s:.1f} s trial (to {uss / 2**20:.0f} MiB): {dataset_name} most likely holds Python objects "
-        f"(a list of ints, dicts or strings) that every forked worker copies as it reads them, because reading an "
-        f"object writes its reference count (PyTorch issue 13246). Over an epoch each of the "
-        f"{trial.config.num_workers} workers can grow to the size of those objects. Store the data in numpy arrays or "
-        f"tensors instead (e.g. one np.array of values, or of offsets into one bytes buffer, rather than a list of "
-        f"objects); a per-worker cache that fills up looks the same and needs the same fix"
+        f"{trial.elapsed_s:.1f} s trial (to {uss / 2**20:.0f} MiB): forked workers are copying Python objects they "
+        f"inherited, most likely {dataset_name}'s (a list of ints, dicts or strings), because reading an object "
+        f"writes its reference count (PyTorch issue 13246); the garbage collector scanning the parent's objects in a "
+        f"worker does the same. Over an epoch each of the {trial.config.num_workers} workers can grow to the size of "
+        f"those objects. Store the data in numpy arrays or tensors instead (e.g. one np.array of values, or of "
+        f"offsets into one bytes buffer, rather than a list of objects), and call gc.freeze() before the loader "
+        f"starts its workers so their collector leaves the inherited objects alone; a per-worker cache that fills up "
+        f"looks the same and needs the same fix"
     )
 
 

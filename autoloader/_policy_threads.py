@@ -6,13 +6,16 @@ trials measured; ``policy.py`` re-exports them and ``_thread_search.py`` drives 
 # mostly waits (on storage, the network, a decoder that releases the GIL): threads can do that waiting inside fewer
 # processes, with one copy of the dataset, one start-up and one batch hand-over per process instead of per worker.
 # - The first candidate keeps the chosen configuration's samples in flight (n single-threaded workers: n) in at most
-#   the usable CPUs' worth of processes (never more than the process-only choice had), each with at least the threads
+#   the usable CPUs' worth of processes (more only when threads are capped, below; never more than the process-only
+#   choice had), each with at least the threads
 #   that cover its wait (``threads_to_cover_wait``), and never more threads than ``max_threads_per_process`` (a
 #   process fetches one batch at a time: no more threads than a batch has samples). By the measured per-process rate
 #   that matches the best process-only rate.
 # - Then measurement decides. Short of that rate (beyond the tolerance): a process whose CPU is saturated (CPU work,
 #   or a GIL-bound transform whose threads cannot run in parallel) gets company (twice the processes, up to the
-#   bound), any other gets twice the threads while doubling still gains.
+#   bound), any other gets twice the threads while doubling still gains, and twice the processes once its threads
+#   reach the batch's size (the bound then allows as many processes as the process-only samples in flight need:
+#   at batch 16, 64 waiting workers become 4 processes x 16 threads).
 # - Within the tolerance, the threads must first beat their control: the same processes with one thread, measured
 #   again right then, side by side (on a busy machine a rate measured seconds earlier may be far off, and a GIL-bound
 #   transform then looks as if threads helped). A control that keeps up ends the search: threads do not pay. Else
@@ -80,16 +83,18 @@ def max_threads_per_process(trial: TrialResult, *, batch_size: int) -> int:
     return max(1, min(MAX_THREADS, samples))
 
 
-def thread_processes(chosen_workers: int, *, fixed_workers: Optional[int], cap: int,
-                     usable_cpus: int) -> Tuple[int, int]:
+def thread_processes(chosen_workers: int, *, fixed_workers: Optional[int], cap: int, usable_cpus: int,
+                     max_threads: int) -> Tuple[int, int]:
     """The range of processes thread candidates may use: the user's ``num_workers`` when fixed; none (the main
-    process) when the process-only choice or ``cap`` is 0; else 1 to the usable CPUs, and never more than the
-    process-only choice."""
+    process) when the process-only choice or ``cap`` is 0; else 1 to the usable CPUs, or as many as it takes to keep
+    the process-only choice's samples in flight when a process may not have that many threads (``max_threads``: a
+    small batch), and never more than the process-only choice."""
     if fixed_workers is not None:
         return fixed_workers, fixed_workers
     if chosen_workers == 0 or cap == 0:
         return 0, 0
-    return 1, max(1, min(usable_cpus, chosen_workers, cap))
+    needed = math.ceil(chosen_workers / max(1, max_threads))
+    return 1, max(1, min(max(usable_cpus, needed), chosen_workers, cap))
 
 
 def first_thread_config(chosen: TrialResult, *, processes: Tuple[int, int], max_threads: int,
@@ -145,7 +150,9 @@ def next_thread_config(tried: Sequence[TrialResult], *, reference: float, proces
         fewer = [x.samples_per_s for x in ok if x.config.num_workers == p and x.config.threads < t]
         gained = not fewer or best.samples_per_s > (1.0 + tolerance / 2) * max(fewer)
         more = min(max_threads, 2 * t)
-        return fresh((p, more)) if more > t and gained else None
+        if more > t:
+            return fresh((p, more)) if gained else None
+        return fresh((min(hi, 2 * p), t)) if p < hi else None  # threads at the batch's size: more processes
     chosen = min(good, key=lambda x: (x.config.num_workers, x.config.threads))
     p, t = chosen.config.num_workers, chosen.config.threads
     if t == 1:  # the control keeps up: threads do not pay

@@ -23,9 +23,9 @@ def search_threads(search: "Search", consumer_rate: Optional[float]) -> "Steps[N
     if chosen is None:
         return
     reference = max(t.samples_per_s for t in base)
-    processes = policy.thread_processes(chosen.config.num_workers, fixed_workers=search.fixed.get("num_workers"),
-                                        cap=search.cap, usable_cpus=search.usable)
     max_threads = policy.max_threads_per_process(chosen, batch_size=search.batch_size)
+    processes = policy.thread_processes(chosen.config.num_workers, fixed_workers=search.fixed.get("num_workers"),
+                                        cap=search.cap, usable_cpus=search.usable, max_threads=max_threads)
     proposal = policy.first_thread_config(chosen, processes=processes, max_threads=max_threads,
                                           consumer_samples_per_s=consumer_rate, tolerance=search.tolerance)
     busy = policy.busy_fraction(chosen)

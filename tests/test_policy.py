@@ -241,16 +241,19 @@ def test_busy_fraction(trial_, expected):
     assert policy.busy_fraction(trial_) == expected
 
 
-@pytest.mark.parametrize("chosen, fixed, cap, usable, expected", [
-    (64, None, 64, 2, (1, 2)),      # few processes: up to the usable CPUs
-    (3, None, 64, 8, (1, 3)),       # never more than the process-only choice
-    (8, None, 4, 8, (1, 4)),        # nor the cap
-    (0, None, 64, 2, (0, 0)),       # no workers chosen: threads in the main process
-    (4, None, 0, 2, (0, 0)),        # max_workers=0
-    (4, 3, 64, 2, (3, 3)),          # the user's num_workers
+@pytest.mark.parametrize("chosen, fixed, cap, usable, max_threads, expected", [
+    (64, None, 64, 2, 64, (1, 2)),      # few processes: up to the usable CPUs
+    (64, None, 64, 2, 16, (1, 4)),      # batch 16: 16 threads a process, 4 processes keep 64 samples in flight
+    (64, None, 16, 2, 4, (1, 16)),      # ... never more than the cap
+    (3, None, 64, 8, 64, (1, 3)),       # never more than the process-only choice
+    (8, None, 4, 8, 64, (1, 4)),        # nor the cap
+    (0, None, 64, 2, 64, (0, 0)),       # no workers chosen: threads in the main process
+    (4, None, 0, 2, 64, (0, 0)),        # max_workers=0
+    (4, 3, 64, 2, 64, (3, 3)),          # the user's num_workers
 ])
-def test_thread_processes(chosen, fixed, cap, usable, expected):
-    assert policy.thread_processes(chosen, fixed_workers=fixed, cap=cap, usable_cpus=usable) == expected
+def test_thread_processes(chosen, fixed, cap, usable, max_threads, expected):
+    assert policy.thread_processes(chosen, fixed_workers=fixed, cap=cap, usable_cpus=usable,
+                                   max_threads=max_threads) == expected
 
 
 @pytest.mark.parametrize("chosen, processes, max_threads, consumer, expected", [
@@ -298,7 +301,11 @@ def test_first_thread_config(chosen, processes, max_threads, consumer, expected)
     # short and idle CPU: twice the threads while that gains
     ([tt(1, 8, 500, util=0.3)], 1000, (1, 2), 64, (1, 16)),
     ([tt(1, 8, 500, util=0.3), tt(1, 16, 505, util=0.3)], 1000, (1, 2), 64, None),
-    ([tt(1, 32, 500, util=0.3)], 1000, (1, 2), 32, None),       # no more threads allowed
+    # threads at the batch's size (no more allowed) and still short: more processes, up to the bound (issue 16's
+    # benchmark at batch 16: 4 x 16 matched 64 waiting workers, 2 x 16 could not)
+    ([tt(1, 32, 500, util=0.3)], 1000, (1, 2), 32, (2, 32)),
+    ([tt(2, 16, 5247, util=0.2)], 8935, (1, 4), 16, (4, 16)),
+    ([tt(2, 32, 500, util=0.3)], 1000, (1, 2), 32, None),       # the bound reached
     # a failed thread candidate (not thread-safe, out of memory) ends the search
     ([tt(2, 8, None, status="failed")], 1000, (1, 2), 64, None),
     # fewer threads as two measurements above one thread predict (linear in threads), when that saves a quarter:

@@ -577,7 +577,7 @@ def tables() -> str:
             "| e2/oracle | online decision | trials: pre-pass + e1 s | (pre-pass+e1)/online e1 | targets | load |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in ROWS:
-        long_epoch = r["oracle_s"] >= 60
+        long_epoch = r["length_s"] >= 60 or r["oracle_s"] >= 60  # the 60 s case, whatever its oracle measured
         targets = []
         if long_epoch:
             targets.append(f"e1<=1.05: {_mark(r['e1/oracle'] <= 1 + TARGET_E1)}")
@@ -593,8 +593,8 @@ def tables() -> str:
                    f"{'; '.join(targets)} | {r['load'][0]:.1f}/{r['load'][1]:.1f} |")
     out += ["", "e1/oracle and e2/oracle: online epoch wall time over the oracle's (1.00 = as fast; the cold row's e1 "
             "is against the cold oracle, e2 against the warm one). (pre-pass+e1)/online e1 > 1: online's first "
-            "epoch ended sooner. ± is the spread of the oracle's epochs. Targets: e1 within 5 % once the oracle "
-            "epoch lasts >= 60 s; always faster than trials; e2 >= 0.95 of the oracle's speed.", ""]
+            "epoch ended sooner. ± is the spread of the oracle's epochs. Targets: e1 within 5 % once the epoch "
+            "lasts >= 60 s at the oracle rate (the 60 s case); always faster than trials; e2 >= 0.95 of the oracle's speed.", ""]
     out += ["Sweeps (num_workers: steady samples/s + start-up s):", ""]
     for r in ROWS:
         if r["length_s"] == EPOCH_S[0]:
