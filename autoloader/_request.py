@@ -12,7 +12,7 @@ from . import distributed as _distributed
 from ._consumer import Step
 from ._device import resolve_device
 from ._validate import check_common, check_dataset, check_loader_kwargs, check_picklable, check_threads
-from .prefetch import quiet_worker_count_warning
+from .errors import quiet_worker_count_warning
 from .probe import start_method
 from .results import LoaderConfig, without_worker_only
 from .threads import loader_dataset

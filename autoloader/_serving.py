@@ -12,8 +12,7 @@ from ._failures import failure_reason, thread_failure
 from ._search import Alone, Candidate
 from ._signals import SignalGuard
 from ._window import Window, samples_in
-from .errors import TuningError
-from .prefetch import quiet_worker_count_warning
+from .errors import TuningError, quiet_worker_count_warning
 from .results import LoaderConfig, TrialResult
 from .slices import EpochSource
 

@@ -1,7 +1,9 @@
-"""autoloader's exception and warning types, and the one way autoloader warns."""
+"""autoloader's exception and warning types, the one way autoloader warns, and the one DataLoader warning it silences."""
+import contextlib
 import inspect
 import os
 import warnings
+from typing import Iterator
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -34,3 +36,18 @@ def warn_user(message: str) -> None:
         level += 1
     del frame
     warnings.warn(message, AutoloaderWarning, stacklevel=level)
+
+
+@contextlib.contextmanager
+def quiet_worker_count_warning(active: bool) -> Iterator[None]:
+    """Silence DataLoader's "will create N worker processes ... suggested max" warning for a count autoloader chose.
+
+    That warning is a rule of thumb (workers <= cores); a tuned count above it was measured to be faster, typically
+    workers that wait on storage or network. Counts the user chose still get the warning.
+    """
+    if not active:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+        yield

@@ -43,9 +43,8 @@ from ._consumer import Consumer
 from ._search import Agreement, Alone, Candidate, Search, Steps
 from ._serving import END, EpochTrace, serve
 from ._window import samples_in
-from .errors import TuningError, warn_user
+from .errors import TuningError, quiet_worker_count_warning, warn_user
 from .policy import retune_reason
-from .prefetch import quiet_worker_count_warning
 from .results import Decision, LoaderConfig, TrialResult, TuneResult
 from .slices import EpochSlicer
 

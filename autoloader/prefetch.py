@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -26,6 +25,7 @@ import torch.distributed as dist
 from ._batch import iter_tensors, map_tensors
 from ._device import resolve_device, side_stream
 from ._transform import InputTransform
+from .errors import quiet_worker_count_warning
 from .results import Decision, TuneResult
 
 if TYPE_CHECKING:
@@ -62,21 +62,6 @@ class _EpochClock:
 
     def snapshot(self) -> EpochStats:
         return EpochStats(self.epoch, self.batches, self.end - self.start, self.wait)
-
-
-@contextlib.contextmanager
-def quiet_worker_count_warning(active: bool) -> Iterator[None]:
-    """Silence DataLoader's "will create N worker processes ... suggested max" warning for a count autoloader chose.
-
-    That warning is a rule of thumb (workers <= cores); a tuned count above it was measured to be faster, typically
-    workers that wait on storage or network. Counts the user chose still get the warning.
-    """
-    if not active:
-        yield
-        return
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
-        yield
 
 
 def _samplers(loader: Any) -> List[Any]:

@@ -43,8 +43,8 @@ from ._signals import SignalGuard
 from ._window import Window
 from ._consumer import Consumer
 from ._failures import HARD_LIMIT_GRACE_S, failure_reason
-from .errors import TrialTimeout, TuningError
-from .prefetch import PrefetchLoader, quiet_worker_count_warning
+from .errors import TrialTimeout, TuningError, quiet_worker_count_warning
+from .prefetch import PrefetchLoader
 from .probe import start_method
 from .results import LoaderConfig, TrialResult, without_worker_only
 from .threads import loader_dataset

@@ -124,3 +124,19 @@ def full_profile():
 def probe_files(directory):
     """The disk probe's scratch files left in ``directory`` (there should be none)."""
     return sorted(n for n in os.listdir(directory) if n.startswith(".autoloader-disk-probe-"))
+
+
+# ---------------------------------------------------------------- benchmarks
+
+_TABLES_WRITTEN = set()
+
+
+def emit_table(text: str) -> None:
+    """Print a benchmark's markdown tables and write them to ``AUTOLOADER_BENCH_TABLE`` when set: the first module of
+    a run truncates the file, later ones append, so ``pytest tests/benchmarks`` leaves every module's tables."""
+    print("\n" + text)
+    path = os.environ.get("AUTOLOADER_BENCH_TABLE")
+    if path:
+        with open(path, "a" if path in _TABLES_WRITTEN else "w") as fh:
+            fh.write(text + "\n\n")
+        _TABLES_WRITTEN.add(path)

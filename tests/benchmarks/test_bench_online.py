@@ -64,6 +64,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from autoloader import make_loader
 from autoloader.probe import probe_machine
+from helpers import emit_table
 from workloads import CpuBound, InMemory, JpegDecode, LatencyBound, Mixed
 
 pytestmark = [pytest.mark.benchmark_suite, pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -292,6 +293,16 @@ def plain(dataset: Dataset, w: Workload, workers: int) -> DataLoader:
                       prefetch_factor=2 if workers else None)
 
 
+def online_first_epoch(dataset: Dataset, w: Workload) -> Tuple[Any, Epoch]:
+    """``make_loader(tuning="online")`` and its first epoch, the call's own time counted in the epoch's."""
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    loader = make_loader(dataset, w.batch_size, shuffle=True, tuning="online", cache=False)
+    made_s = time.perf_counter() - started
+    epoch = run_epoch(loader, w.step_s)
+    return loader, Epoch(epoch.wall_s + made_s, epoch.samples, epoch.batches)
+
+
 def sweep_point(dataset: Dataset, w: Workload, workers: int) -> Point:
     """Start-up and steady rate of one configuration in the user's loop (the start-up burst and one wave skipped)."""
     skip = 3 * workers if workers else 1
@@ -406,15 +417,7 @@ def test_online_vs_oracle_and_trials(benchmark, name, length_s):
     repeats = (2 if QUICK else 3) if main_row else (2 if length_s <= 20 else 1)
     oracles = [run_epoch(plain(dataset, w, best.workers), w.step_s)]
 
-    def online_epoch_1() -> Tuple[Any, Epoch]:
-        torch.manual_seed(0)
-        started = time.perf_counter()
-        loader = make_loader(dataset, w.batch_size, shuffle=True, tuning="online", cache=False)
-        made_s = time.perf_counter() - started
-        epoch = run_epoch(loader, w.step_s)
-        return loader, Epoch(epoch.wall_s + made_s, epoch.samples, epoch.batches)
-
-    loader, e1 = benchmark.pedantic(online_epoch_1, rounds=1, iterations=1)
+    loader, e1 = benchmark.pedantic(online_first_epoch, args=(dataset, w), rounds=1, iterations=1)
     e2 = run_epoch(loader, w.step_s) if main_row else None
     online_decisions, online_config = describe(loader.decisions), short(loader.tuning.config)
     decided_in_1 = bool(loader.decisions) and loader.decisions[0].epoch == 0
@@ -494,12 +497,7 @@ def test_cold_then_warm(benchmark, name, request):
 
     def online_epoch_1() -> Tuple[Any, Epoch]:
         files.make_cold()
-        torch.manual_seed(0)
-        started = time.perf_counter()
-        loader = make_loader(files, w.batch_size, shuffle=True, tuning="online", cache=False)
-        made_s = time.perf_counter() - started
-        epoch = run_epoch(loader, w.step_s)
-        return loader, Epoch(epoch.wall_s + made_s, epoch.samples, epoch.batches)
+        return online_first_epoch(files, w)
 
     loader, e1 = benchmark.pedantic(online_epoch_1, rounds=1, iterations=1)
     later = [run_epoch(loader, w.step_s) for _ in range(3)]
@@ -631,9 +629,4 @@ def table():
     yield
     if not ROWS:
         return
-    text = tables()
-    print("\n" + text)
-    path = os.environ.get("AUTOLOADER_BENCH_TABLE")
-    if path:
-        with open(path, "w") as fh:
-            fh.write(text + "\n")
+    emit_table(tables())

@@ -43,7 +43,7 @@ from autoloader.policy import busy_fraction
 from autoloader.probe import probe_machine
 from autoloader.results import LoaderConfig, TrialResult, TuneResult
 from autoloader.trial import run_trial
-from helpers import live_children
+from helpers import emit_table, live_children
 from workloads import GilBound, JpegDecode, LatencyBound, Mixed
 
 pytestmark = [pytest.mark.benchmark_suite, pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -339,9 +339,4 @@ def table():
     yield
     if not ROWS and not FIXED_ROWS:
         return
-    text = tables()
-    print("\n" + text)
-    path = os.environ.get("AUTOLOADER_BENCH_TABLE")
-    if path:
-        with open(path, "w") as fh:
-            fh.write(text + "\n")
+    emit_table(tables())

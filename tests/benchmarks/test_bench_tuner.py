@@ -17,6 +17,7 @@ from autoloader._consumer import Consumer
 from autoloader.probe import probe_machine
 from autoloader.results import LoaderConfig
 from autoloader.trial import run_trial
+from helpers import emit_table
 from workloads import CpuBound, InMemory, JpegDecode, LatencyBound, Mixed
 
 ROUNDS = int(os.environ.get("AUTOLOADER_BENCH_ROUNDS", "2"))
@@ -91,9 +92,4 @@ def table():
         lines.append(f"| {r['workload']} | {r['tuned']} | {r['best']} | {r['tuned/best']:.2f} | {r['zero/best']:.2f}"
                      f" | {r['cores-1/best']:.2f} | {r['tuner_s']:.1f} | {r['sweep_s']:.0f} | {r['time_ratio']:.0%}"
                      f" | {r['trials']} | {r['bottleneck']} |")
-    text = "\n".join(lines)
-    print("\n" + text)
-    out = os.environ.get("AUTOLOADER_BENCH_TABLE")
-    if out:
-        with open(out, "w") as fh:
-            fh.write(text + "\n")
+    emit_table("\n".join(lines))
