@@ -130,11 +130,17 @@ class Window:
                                       f"a rate")
         window_marks = marks[opened + 1:]
         batches = len(window_marks)
-        span = max(self.end, marks[-1].done) - marks[opened].done
+        last = max(self.end, marks[-1].done)
+        span = last - marks[opened].done
         wait = sum(m.wait_s for m in window_marks)
+        rate = sum(m.samples for m in window_marks) / span
+        if config.num_workers and opened < self.skip - 1:
+            # Cut inside the start-up burst: its batches were made while the workers started, so the window's rate
+            # overstates the steady one; count from the trial's start instead (see NOTE [ Trial timing ], 4.).
+            rate = min(rate, sum(m.samples for m in marks) / max(1e-9, last - self.started))
         result = TrialResult(
             config=config,
-            samples_per_s=sum(m.samples for m in window_marks) / span,
+            samples_per_s=rate,
             batches=batches,
             window_s=span,
             startup_s=self.startup_s,

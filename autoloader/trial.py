@@ -7,7 +7,7 @@
 # 2. The burst. While the main process waits for batch 0, the other workers keep producing: by the time batch 0
 #    arrives, up to N * prefetch_factor batches sit ready in the queue and arrive at memory speed. Workers that started
 #    together also finish together, so batches then come in waves of N. A window that starts at batch 0, or spans
-#    less than a few waves, overstates the rate by up to 2x.
+#    less than a few waves, overstates the rate, by 2x and more.
 #    So the window starts only after N * prefetch_factor + N batches (the queue drained plus one more wave), and it
 #    must cover at least ``min_rounds`` waves of N batches and ``min_window_s`` seconds. The rate is the number of
 #    samples consumed in the window over its wall time, the same quantity an epoch's throughput is.
@@ -17,6 +17,11 @@
 #    steps (``Consumer.pace``: an event per step, waiting on the one from two steps back), the device is synchronised
 #    when the window opens and when it closes, and once more in the cleanup so a cut trial's queued work is not
 #    charged to the next one. Copies, kernels and loading still overlap as they will in training.
+# 4. A trial cut before the burst drained (a short limit at the end of the budget, or batches too slow for the limit)
+#    has no such window. The fallback windows (after the first wave, else the first batch) still lie inside the burst,
+#    whose batches were made while the other workers were being started, before anyone asked for them: measured here,
+#    18 workers cut after 27 of their 54 burst batches read 3.6x the rate of their neighbours, and won the search. So
+#    such a trial's rate is counted from the trial's start, start-up included: a lower bound, marked not steady.
 # Trials never reach the end of an epoch: the sampler is cycled (``_Cycle``) so a small dataset still gives a steady
 # window; an IterableDataset that runs out ends the trial early and the result is marked ``steady=False``.
 # Each trial has a wall-clock limit: a soft one checked after every batch, and a hard one (``SignalGuard``: SIGALRM in

@@ -354,6 +354,18 @@ def shut_down(loader: Any) -> None:
     gc.collect()
 
 
+def trials_first_epoch(dataset: Dataset, w: Workload) -> Tuple[float, Epoch, str]:
+    """``make_loader(tuning="trials")``: its pre-pass seconds, its first epoch and its choice; its workers stopped."""
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    trials = make_loader(dataset, w.batch_size, shuffle=True, tuning="trials", step=w.step_s, cache=False)
+    prepass_s = time.perf_counter() - started
+    epoch = run_epoch(trials, w.step_s)
+    config = short(trials.tuning.config)
+    shut_down(trials)
+    return prepass_s, epoch, config
+
+
 def load() -> float:
     return os.getloadavg()[0]
 
@@ -428,14 +440,7 @@ def test_online_vs_oracle_and_trials(benchmark, name, length_s):
     if repeats >= 2:
         oracles.append(run_epoch(plain(dataset, w, best.workers), w.step_s))
 
-    torch.manual_seed(0)
-    started = time.perf_counter()
-    trials = make_loader(dataset, w.batch_size, shuffle=True, tuning="trials", step=w.step_s, cache=False)
-    prepass_s = time.perf_counter() - started
-    t1 = run_epoch(trials, w.step_s)
-    trials_config = short(trials.tuning.config)
-    shut_down(trials)
-    del trials
+    prepass_s, t1, trials_config = trials_first_epoch(dataset, w)
     if repeats >= 3:
         oracles.append(run_epoch(plain(dataset, w, best.workers), w.step_s))
     oracle_s = statistics.median(o.wall_s for o in oracles)
@@ -510,14 +515,7 @@ def test_cold_then_warm(benchmark, name, request):
     warm_s = statistics.median(o.wall_s for o in warm_oracles)
 
     files.make_cold()
-    torch.manual_seed(0)
-    started = time.perf_counter()
-    trials = make_loader(files, w.batch_size, shuffle=True, tuning="trials", step=w.step_s, cache=False)
-    prepass_s = time.perf_counter() - started
-    t1 = run_epoch(trials, w.step_s)
-    trials_config = short(trials.tuning.config)
-    shut_down(trials)
-    del trials
+    prepass_s, t1, trials_config = trials_first_epoch(files, w)
 
     retunes = decisions[1:]  # the first decision may come in epoch 2 when epoch 1 was too short for the search
     speeds = [warm_s / e.wall_s for e in later]  # of the warm oracle's, epochs 2-4
