@@ -15,7 +15,7 @@ from ._validate import check_common, check_dataset, check_loader_kwargs, check_p
 from .errors import quiet_worker_count_warning
 from .probe import start_method
 from .results import LoaderConfig, without_worker_only
-from .threads import loader_dataset
+from .threads import fixed_threads, loader_dataset
 from .tuner import TUNED_KNOBS
 
 
@@ -45,7 +45,7 @@ class Request:
     @property
     def fixed_threads(self) -> int:
         """Threads per process of every candidate when the user fixed them, else 1."""
-        return 1 if isinstance(self.threads, bool) else self.threads
+        return fixed_threads(self.threads)
 
     @classmethod
     def checked(cls, dataset: Any, batch_size: Any, *, shuffle: Any, step: Any, device: Any, normalize: Any,

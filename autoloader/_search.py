@@ -24,6 +24,7 @@ from . import policy
 from ._thread_search import search_threads
 from .errors import TuningError, warn_user
 from .results import LoaderConfig, TrialResult, TuneResult
+from .threads import fixed_threads
 
 log = logging.getLogger("autoloader.tuner")
 
@@ -114,7 +115,7 @@ class Search:
         self.prefetch = int(fixed.get("prefetch_factor") or 2)
         self.tune_threads = threads is True
         """``threads=True``: (processes, threads) candidates follow the process-only search."""
-        self.threads = 1 if isinstance(threads, bool) else int(threads)
+        self.threads = fixed_threads(threads)
         """Threads per process of every process-only candidate (the user's ``threads=N``, else 1)."""
         self.disk_mb_s = disk_mb_s
         """The disk's sequential read speed (saved machine profile), for the ceiling an I/O-bound result reports."""

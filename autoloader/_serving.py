@@ -139,6 +139,7 @@ def serve(tuner: "OnlineTuner", source: EpochSource, config: LoaderConfig, candi
     trace.spans.append((span_start - trace.start, ended_at - trace.start, config.label(), span_rate))
     return result
 
+
 def _measure(tuner: "OnlineTuner", window: Window, started: float, epoch: int,
              config: LoaderConfig) -> Tuple[Optional[float], bool]:
     """The candidate's window is complete: hand its measurement to the search now. Returns its rate, and whether the
@@ -147,7 +148,6 @@ def _measure(tuner: "OnlineTuner", window: Window, started: float, epoch: int,
     window.close()
     result = window.result(time.perf_counter() - started)
     return (result.samples_per_s if result.ok else None), tuner.measured(result, epoch=epoch, config=config)
-
 
 
 def _split_span(trace: EpochTrace, start: float, config: LoaderConfig, rate: Optional[float]) -> float:

@@ -1,4 +1,5 @@
-"""autoloader's exception and warning types, the one way autoloader warns, and the one DataLoader warning it silences."""
+"""autoloader's exception and warning types, the one way autoloader warns, and the one DataLoader warning it
+silences."""
 import contextlib
 import inspect
 import os

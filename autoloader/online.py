@@ -52,6 +52,7 @@ __all__ = ["EpochTrace", "OnlineTuner"]
 
 log = logging.getLogger("autoloader.online")
 
+
 class OnlineTuner:
     """The configuration search of one loader, run in its own training loop (see NOTE [ Online switching ]).
 

@@ -19,9 +19,9 @@ __all__ = [  # what the tuner decides with, including the thread decisions of _p
     "DEFAULT_TOLERANCE", "FIRST_STEP_WORKERS", "HEADROOM", "MAX_THREADS", "MAX_THREAD_TRIALS", "RETUNE_RATE_CHANGE",
     "RETUNE_STALL", "SATURATED_BUSY", "SHM_MARGIN", "WAITING_BUSY", "bottleneck", "busy_fraction", "cpu_saturated",
     "default_max_workers", "disk_ceiling", "first_thread_config", "keep_workers_alive", "least_memory",
-    "max_threads_per_process", "memory_guard", "next_count_near", "next_thread_config", "next_worker_count", "no_longer_fits",
-    "per_worker_bytes", "predict_from_serial", "predict_from_workers", "retune_reason", "select", "shm_guard",
-    "shm_need_bytes", "thread_processes", "worth_more_prefetch"]
+    "max_threads_per_process", "memory_guard", "next_count_near", "next_thread_config", "next_worker_count",
+    "no_longer_fits", "per_worker_bytes", "predict_from_serial", "predict_from_workers", "retune_reason", "select",
+    "shm_guard", "shm_need_bytes", "thread_processes", "worth_more_prefetch"]
 
 DEFAULT_TOLERANCE = 0.05
 HEADROOM = 1.2

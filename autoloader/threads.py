@@ -39,7 +39,7 @@ import queue
 import threading
 import weakref
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
 from torch.utils.data import Dataset, IterableDataset, Subset
 
@@ -218,6 +218,12 @@ def loader_dataset(dataset: Any, config: "LoaderConfig") -> Any:
     if config.threads == 1:
         return dataset
     return with_threads(dataset, config.threads)
+
+
+def fixed_threads(mode: Union[bool, int]) -> int:
+    """Threads per process of every candidate for ``threads=`` as ``check_threads`` normalised it: the user's N when
+    they fixed it, else 1 (False: none; True: the process-only candidates, before the tuner tries threads)."""
+    return 1 if isinstance(mode, bool) else int(mode)
 
 
 def with_threads(dataset: Any, threads: int) -> Any:
