@@ -184,7 +184,7 @@ class OnlineTuner:
         """A candidate's complete measurement, handed over before it stops: True when the search decided on
         ``config`` itself, so that the candidate in force serves on."""
         self._advance(result, epoch=epoch)
-        return self._steps is None and self._candidate is None and _same_knobs(self.decision.config, config)
+        return self._steps is None and self._candidate is None and self.decision.config.same_candidate(config)
 
     def _decide(self, result: TuneResult) -> None:
         result = self.share(replace(result, source="online"))
@@ -193,7 +193,7 @@ class OnlineTuner:
         if previous is not None and getattr(previous, "_iterator", None) is not None:
             previous._iterator = None  # persistent workers of the old configuration: shut down
         self.plain = self.build(result.config)
-        chosen = next((t for t in reversed(self._measured) if t.ok and _same_knobs(t.config, result.config)), None)
+        chosen = next((t for t in reversed(self._measured) if t.ok and t.config.same_candidate(result.config)), None)
         self.history.append(Decision(getattr(self, "_epoch", 0), result.config, result.samples_per_s,
                                      chosen.stall_fraction if chosen else None, f"{self._why}: {result.reason}",
                                      len(self._measured), self.search_s, self.switch_s))
@@ -201,13 +201,8 @@ class OnlineTuner:
                  "-" if result.samples_per_s is None else f"{result.samples_per_s:,.0f}")
         self.store(result)
 
-def _same_knobs(a: LoaderConfig, b: LoaderConfig) -> bool:
-    """The same candidate, whatever ``persistent_workers`` the decision set."""
-    return (a.num_workers, a.prefetch_factor, a.threads) == (b.num_workers, b.prefetch_factor, b.threads)
-
-
 def _stall_of(result: TuneResult) -> Optional[float]:
-    chosen = next((t for t in result.trials if t.ok and _same_knobs(t.config, result.config)), None)
+    chosen = next((t for t in result.trials if t.ok and t.config.same_candidate(result.config)), None)
     return chosen.stall_fraction if chosen else None
 
 

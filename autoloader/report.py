@@ -139,9 +139,7 @@ def _source_words(result: "TuneResult") -> str:
 
 
 def _is_chosen(trial: "TrialResult", result: "TuneResult") -> bool:
-    c = trial.config
-    return trial.ok and (c.num_workers, c.prefetch_factor, c.pin_memory, c.threads) == \
-        (result.num_workers, result.prefetch_factor, result.pin_memory, result.threads) and \
+    return trial.ok and trial.config.same_candidate(result.config) and \
         (result.samples_per_s is None or trial.samples_per_s == result.samples_per_s)  # measured twice: the one chosen
 
 

@@ -56,6 +56,12 @@ class LoaderConfig:
             kwargs["persistent_workers"] = self.persistent_workers
         return kwargs
 
+    def same_candidate(self, other: "LoaderConfig") -> bool:
+        """The same candidate as ``other`` whatever their ``persistent_workers`` (candidates are measured without it;
+        a decision sets it afterwards)."""
+        return (self.num_workers, self.prefetch_factor, self.pin_memory, self.threads) == \
+            (other.num_workers, other.prefetch_factor, other.pin_memory, other.threads)
+
     def label(self) -> str:
         text = f"workers={self.num_workers}"
         if self.num_workers > 0:

@@ -1,10 +1,12 @@
 """The text autoloader prints (autoloader.report): a tuning's table and reasons, a machine profile."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from autoloader.probe import DiskInfo, MachineProfile, probe_machine
 from autoloader.report import BOTTLENECK_WORDS, format_profile, format_tune_result
-from autoloader.results import TuneResult
-from helpers import full_profile, tuned_result
+from autoloader.results import LoaderConfig, TuneResult
+from helpers import full_profile, trial, tuned_result
 
 
 def test_format_tune_result_table_marks_the_choice_and_shows_reasons():
@@ -40,3 +42,21 @@ def test_format_profile_shows_facts_and_unknowns():
     bare_text = format_profile(MachineProfile(**{**bare.__dict__, "disk": DiskInfo("/dev/shm", None, None, 5e3,
                                                                                     None)}))
     assert "could not be bypassed" in bare_text and "GPUs" in bare_text
+
+
+def test_the_chosen_row_is_the_candidate_with_the_same_pin_memory():
+    # The same workers and prefetch measured with and without pinned memory (the CUDA pin trial): only the
+    # configuration chosen is marked, whatever persistent_workers the decision set afterwards.
+    trials = (trial(2, 1000.0), replace(trial(2, 990.0), config=LoaderConfig(2, 2, pin_memory=True)))
+    result = tuned_result(num_workers=2, prefetch_factor=2, pin_memory=True, persistent_workers=True,
+                          samples_per_s=990.0, trials=trials)
+    chosen = [line for line in format_tune_result(result).splitlines() if line.lstrip().startswith("*")]
+    assert len(chosen) == 1 and " yes " in chosen[0]
+
+
+def test_a_candidate_is_the_same_whatever_persistent_workers_and_only_then():
+    config = LoaderConfig(4, 2, pin_memory=True, threads=8)
+    assert config.same_candidate(LoaderConfig(4, 2, pin_memory=True, persistent_workers=True, threads=8))
+    for other in (LoaderConfig(4, 2, pin_memory=False, threads=8), LoaderConfig(4, 2, pin_memory=True, threads=1),
+                  LoaderConfig(4, 4, pin_memory=True, threads=8), LoaderConfig(2, 2, pin_memory=True, threads=8)):
+        assert not config.same_candidate(other)
