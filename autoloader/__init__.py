@@ -5,12 +5,14 @@ Importing it probes no hardware and touches no CUDA; that happens when you call 
 """
 import logging
 
+from .config import LoaderConfig
 from .errors import AutoloaderWarning, TuningError
 from .factory import make_loader
-from .prefetch import EpochStats, PrefetchLoader
+from .loader.prefetch import EpochStats, PrefetchLoader
+from .loader.threads import ThreadedDataset, unwrap, with_threads
 from .probe import MachineProfile, probe_machine
-from .results import LoaderConfig, TrialResult, TuneResult
-from .tuner import tune
+from .results import TrialResult, TuneResult
+from .tuning.trials import tune
 
 __all__ = [
     "AutoloaderWarning",
@@ -18,12 +20,15 @@ __all__ = [
     "LoaderConfig",
     "MachineProfile",
     "PrefetchLoader",
+    "ThreadedDataset",
     "TrialResult",
     "TuneResult",
     "TuningError",
     "make_loader",
     "probe_machine",
     "tune",
+    "unwrap",
+    "with_threads",
 ]
 __version__ = "0.1.0"
 

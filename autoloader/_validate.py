@@ -8,9 +8,9 @@ from typing import Any, Mapping, Optional, Union
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from ._consumer import check_step
+from .measure.consumer import check_step
 from .errors import warn_user
-from .threads import ThreadedDataset, has_own_getitems, refuse_iterable
+from .loader.threads import ThreadedDataset, has_own_getitems, refuse_iterable
 
 _DATALOADER_ARGS = frozenset(inspect.signature(DataLoader.__init__).parameters) - {"self", "dataset"}
 _OURS = frozenset({"batch_size", "shuffle"})

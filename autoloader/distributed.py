@@ -20,7 +20,7 @@ import logging
 import os
 import socket
 import sys
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 import torch.distributed as dist
 from torch.utils.data import IterableDataset
@@ -29,6 +29,19 @@ from torch.utils.data.distributed import DistributedSampler
 from .results import TuneResult
 
 log = logging.getLogger("autoloader.distributed")
+
+
+class Agreement(Protocol):
+    """How several processes agree on one decision: every figure through ``reduce_min`` (see NOTE [ One decision
+    across ranks ]); one process agrees with itself (``Alone``)."""
+
+    def reduce_min(self, values: Sequence[float]) -> List[float]:
+        ...
+
+
+class Alone:
+    def reduce_min(self, values: Sequence[float]) -> List[float]:
+        return list(values)
 
 
 def _local_world_size_from_env() -> Optional[int]:
@@ -121,7 +134,7 @@ class Group:
         data = self.broadcast_object(None if result is None else result.to_dict())
         return None if data is None else TuneResult.from_dict(data)
 
-    def agreement(self) -> "_MinAcrossRanks":
+    def agreement(self) -> Agreement:
         """What ``tune(agreement=...)`` needs (see NOTE [ One decision across ranks ])."""
         return _MinAcrossRanks(self.world_size)
 

@@ -1,13 +1,14 @@
-"""Readable text for autoloader's records: the machine profile, tuning results, cache entries, doctor findings."""
+"""Readable text for autoloader's records: the machine profile, tuning results, cache entries, doctor findings.
+
+The records are read by their attributes, never imported (``results`` formats itself with this module): ``TuneResult``,
+``TrialResult``, ``CacheEntry`` and ``MachineProfile`` below name their types for the reader only.
+"""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
-if TYPE_CHECKING:
-    from .cache import CacheEntry
-    from .probe import MachineProfile
-    from .results import TrialResult, TuneResult
+TuneResult = TrialResult = CacheEntry = MachineProfile = Any
 
 UNKNOWN = "unknown"
 BOTTLENECK_WORDS = {
@@ -46,7 +47,7 @@ def _table(rows: List[Tuple[str, str]]) -> str:
     return "\n".join(f"  {k.ljust(width)}  {v}" if k else f"  {' ' * width}  {v}" for k, v in rows)
 
 
-def format_profile(profile: "MachineProfile") -> str:
+def format_profile(profile: MachineProfile) -> str:
     """The machine profile as a short aligned table, unknown figures spelled "unknown"."""
     cpu, mem, shm, disk = profile.cpu, profile.memory, profile.shm, profile.disk
     quota = "no cgroup quota" if cpu.quota is None else f"cgroup quota {cpu.quota:g} CPUs"
@@ -114,17 +115,15 @@ def bottleneck_words(bottleneck: Optional[str]) -> str:
     return BOTTLENECK_WORDS.get(bottleneck, bottleneck)
 
 
-def config_kwargs(result: "TuneResult") -> str:
+def config_kwargs(result: TuneResult) -> str:
     """The chosen knobs as the DataLoader keywords a user would type (those that apply to ``num_workers``), and the
     threads per process (``make_loader``'s ``threads=``) when more than one."""
-    knobs = [("num_workers", result.num_workers), ("prefetch_factor", result.prefetch_factor),
-             ("pin_memory", result.pin_memory), ("persistent_workers", result.persistent_workers)]
-    text = ", ".join(f"{k}={v}" for k, v in knobs
-                     if result.num_workers or k not in ("prefetch_factor", "persistent_workers"))
-    return text + (f"; threads={result.threads} per process" if result.threads > 1 else "")
+    config = result.config
+    text = ", ".join(f"{k}={v}" for k, v in config.loader_kwargs().items())
+    return text + (f"; threads={config.threads} per process" if config.threads > 1 else "")
 
 
-def _source_words(result: "TuneResult") -> str:
+def _source_words(result: TuneResult) -> str:
     tried = f"{len(result.trials)} trial{'s' if len(result.trials) != 1 else ''}"
     if result.source == "tuned":
         return f"tuned in {result.seconds:.1f} s ({tried})"
@@ -138,12 +137,12 @@ def _source_words(result: "TuneResult") -> str:
     return f"fallback, not tuned: {result.reason or 'no reason recorded'}"
 
 
-def _is_chosen(trial: "TrialResult", result: "TuneResult") -> bool:
+def _is_chosen(trial: TrialResult, result: TuneResult) -> bool:
     return trial.ok and trial.config.same_candidate(result.config) and \
         (result.samples_per_s is None or trial.samples_per_s == result.samples_per_s)  # measured twice: the one chosen
 
 
-def _trial_row(trial: "TrialResult", best: Optional[float], chosen: bool, *, threads: bool,
+def _trial_row(trial: TrialResult, best: Optional[float], chosen: bool, *, threads: bool,
                memory: bool) -> List[str]:
     c = trial.config
     if trial.ok:
@@ -162,7 +161,7 @@ def _trial_row(trial: "TrialResult", best: Optional[float], chosen: bool, *, thr
             *([("-" if used is None else f"{used / (1 << 20):,.0f}")] if memory else []), status]
 
 
-def _disk_words(result: "TuneResult") -> Optional[str]:
+def _disk_words(result: TuneResult) -> Optional[str]:
     """The disk's ceiling next to the rate, for an I/O-bound result that has one."""
     ceiling, per_sample = result.disk_ceiling_samples_per_s, result.read_bytes_per_sample
     if ceiling is None or per_sample is None:
@@ -176,7 +175,7 @@ def _disk_words(result: "TuneResult") -> Optional[str]:
     return text + f" ({100 * reached / ceiling:.0f}% of it reached)"
 
 
-def format_tune_result(result: "TuneResult") -> str:
+def format_tune_result(result: TuneResult) -> str:
     """The chosen configuration, its rate, bottleneck and source, then one row per trial (the chosen one marked
     ``*``); a cached or fallback result without trials says so instead of a table."""
     lines = [f"Chosen: {config_kwargs(result)}",
@@ -209,7 +208,7 @@ def format_tune_result(result: "TuneResult") -> str:
     return "\n".join(lines)
 
 
-def _entry_lines(entry: "CacheEntry") -> List[str]:
+def _entry_lines(entry: CacheEntry) -> List[str]:
     if entry.result is None:
         return [f"  {entry.key}  INVALID: {entry.error}"]
     meta, result = entry.meta, entry.result
@@ -227,7 +226,7 @@ def _entry_lines(entry: "CacheEntry") -> List[str]:
             f"    tuned    {_when(entry.created)} in {result.seconds:.1f} s ({len(result.trials)} trials)"]
 
 
-def format_entries(entries: Sequence["CacheEntry"], directory: object) -> str:
+def format_entries(entries: Sequence[CacheEntry], directory: object) -> str:
     """The cache listing ``autotune show`` prints; invalid entries with the reason they cannot be used."""
     bad = sum(1 for e in entries if e.result is None)
     head = f"Cached tunings in {directory}: {len(entries) - bad} usable" + (f", {bad} invalid" if bad else "")

@@ -1,4 +1,5 @@
-"""The frozen records autoloader produces: a loader configuration, one trial's measurements, a tuning result.
+"""The records autoloader produces: one trial's measurements, a tuning result, an online decision and the trace of an
+epoch that searched online.
 
 They carry facts and decisions, never behaviour, and round-trip through plain JSON (``to_dict``/``from_dict``) so
 the cache stores them without pickle.
@@ -7,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Optional, Tuple
+from typing import Any, List, Literal, Mapping, Optional, Tuple
 
+from .config import RECORDED, LoaderConfig
 from .report import format_tune_result
 
 Bottleneck = Literal["consumer", "cpu", "io", "ipc", "memory"]
@@ -21,64 +24,12 @@ SOURCES: Tuple[str, ...] = ("tuned", "online", "cache", "fallback")
 TRIAL_STATUSES: Tuple[str, ...] = ("ok", "skipped", "failed")
 
 
-WORKER_ONLY = ("multiprocessing_context", "timeout", "persistent_workers", "prefetch_factor")
-"""DataLoader keywords that only mean something with workers; DataLoader rejects some of them at num_workers=0."""
-
-
-def without_worker_only(kwargs: Mapping[str, Any]) -> dict:
-    """``kwargs`` less the keywords that need workers (for a configuration with ``num_workers=0``)."""
-    return {k: v for k, v in kwargs.items() if k not in WORKER_ONLY}
-
-
-@dataclass(frozen=True)
-class LoaderConfig:
-    """The DataLoader knobs autoloader tunes. ``prefetch_factor`` is None when ``num_workers == 0``."""
-
-    num_workers: int
-    prefetch_factor: Optional[int] = None
-    pin_memory: bool = False
-    persistent_workers: bool = False
-    threads: int = 1
-    """Threads fetching a batch's samples inside each process (see ``autoloader.threads``); 1: none."""
-
-    def __post_init__(self) -> None:
-        if self.num_workers == 0 and (self.prefetch_factor is not None or self.persistent_workers):
-            raise ValueError("prefetch_factor and persistent_workers need num_workers > 0")
-        if self.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {self.threads}")
-
-    def loader_kwargs(self) -> dict:
-        """The keywords to pass to ``torch.utils.data.DataLoader`` for this configuration (with no workers, drop
-        the user's ``WORKER_ONLY`` keywords first: ``without_worker_only``)."""
-        kwargs: dict = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
-        if self.num_workers > 0:
-            kwargs["prefetch_factor"] = self.prefetch_factor
-            kwargs["persistent_workers"] = self.persistent_workers
-        return kwargs
-
-    def same_candidate(self, other: "LoaderConfig") -> bool:
-        """The same candidate as ``other`` whatever their ``persistent_workers`` (candidates are measured without it;
-        a decision sets it afterwards)."""
-        return (self.num_workers, self.prefetch_factor, self.pin_memory, self.threads) == \
-            (other.num_workers, other.prefetch_factor, other.pin_memory, other.threads)
-
-    def label(self) -> str:
-        text = f"workers={self.num_workers}"
-        if self.num_workers > 0:
-            text += f" prefetch={self.prefetch_factor}"
-        if self.threads > 1:
-            text += f" threads={self.threads}"
-        if self.pin_memory:
-            text += " pin"
-        return text
-
-
 @dataclass(frozen=True)
 class TrialResult:
     """What one candidate configuration measured (or why it did not run).
 
     Rates are steady-state: ``samples_per_s`` excludes start-up (``startup_s``, the time to the first batch) and the
-    burst of prefetched batches (see NOTE [ Trial timing ] in ``trial.py``). Per-worker figures are None for
+    burst of prefetched batches (see NOTE [ Trial timing ] in ``measure/run.py``). Per-worker figures are None for
     ``num_workers == 0`` or when the platform does not report them.
     """
 
@@ -122,13 +73,13 @@ class TrialResult:
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
-        data["config"] = dataclasses.asdict(self.config)
+        data["config"] = self.config.to_dict()
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TrialResult":
         data = dict(data)
-        data["config"] = LoaderConfig(**data["config"])
+        data["config"] = LoaderConfig.from_dict(data["config"])
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         if unknown:
@@ -140,12 +91,12 @@ class TrialResult:
 
 @dataclass(frozen=True)
 class TuneResult:
-    """The chosen DataLoader configuration, why it was chosen, and every trial behind it."""
+    """The chosen DataLoader configuration, why it was chosen, and every trial behind it.
 
-    num_workers: int
-    prefetch_factor: Optional[int]
-    pin_memory: bool
-    persistent_workers: bool
+    The knobs are ``config``'s; ``result.num_workers`` (any knob of ``LoaderConfig``) reads ``result.config``'s.
+    """
+
+    config: LoaderConfig
     samples_per_s: Optional[float]
     bottleneck: Optional[Bottleneck]
     source: Source
@@ -154,23 +105,23 @@ class TuneResult:
     seconds: float = 0.0
     reason: str = ""
     created: Optional[float] = field(default=None, compare=False)
-    threads: int = 1
     disk_ceiling_samples_per_s: Optional[float] = None
     """When loading waits on reads (bottleneck "io"): the rate the disk's sequential read speed (the saved machine
     profile's) allows at ``read_bytes_per_sample``; None when unknown or not I/O-bound."""
     read_bytes_per_sample: Optional[float] = None
     """Bytes the chosen configuration's workers read per sample (measured with the disk ceiling)."""
 
-    @property
-    def config(self) -> LoaderConfig:
-        return LoaderConfig(self.num_workers, self.prefetch_factor, self.pin_memory, self.persistent_workers,
-                            self.threads)
+    def __getattr__(self, name: str) -> Any:
+        if name in RECORDED:  # only called for names that are not fields: the knobs, read off ``config``
+            return getattr(self.config, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def with_source(self, source: Source) -> "TuneResult":
         return dataclasses.replace(self, source=source)
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
+        data["config"] = self.config.to_dict()
         data["trials"] = [t.to_dict() for t in self.trials]
         return data
 
@@ -182,6 +133,10 @@ class TuneResult:
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown TuneResult fields {sorted(unknown)}")
+        if not isinstance(data.get("config"), Mapping):
+            raise ValueError("config must be an object of LoaderConfig fields")
+        _check_config(data["config"])
+        data["config"] = LoaderConfig.from_dict(data["config"])
         data["trials"] = tuple(TrialResult.from_dict(t) for t in data.get("trials", ()))
         result = cls(**data)
         _check_types(result)
@@ -209,21 +164,45 @@ class Decision:
     switch_s: float = 0.0
 
 
-def _check_types(result: TuneResult) -> None:
-    def is_int(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
+@dataclass
+class EpochTrace:
+    """One epoch that searched: when each batch reached the loop, and each candidate's span (for ``plot``)."""
 
-    if not is_int(result.num_workers) or result.num_workers < 0:
-        raise ValueError(f"num_workers must be an int >= 0, got {result.num_workers!r}")
-    if result.prefetch_factor is not None and (not is_int(result.prefetch_factor) or result.prefetch_factor < 1):
-        raise ValueError(f"prefetch_factor must be None or an int >= 1, got {result.prefetch_factor!r}")
-    if (result.num_workers == 0) != (result.prefetch_factor is None):
+    epoch: int
+    start: float
+    batches: List[Tuple[float, int]] = field(default_factory=list)
+    """(seconds since the epoch started, samples) per batch handed to the loop."""
+    spans: List[Tuple[float, float, str, Optional[float]]] = field(default_factory=list)
+    """(start s, end s, label, samples/s measured or None) per candidate, the decision's last."""
+
+    def span(self, start: float, config: LoaderConfig, rate: Optional[float]) -> float:
+        """Close the span of ``config`` that began at ``start`` (perf_counter); returns now."""
+        now = time.perf_counter()
+        self.spans.append((start - self.start, now - self.start, config.label(), rate))
+        return now
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_config(config: Mapping[str, Any]) -> None:
+    """A stored configuration's types (``LoaderConfig`` checks its own invariants)."""
+    workers, prefetch = config.get("num_workers"), config.get("prefetch_factor")
+    if not _is_int(workers) or workers < 0:
+        raise ValueError(f"num_workers must be an int >= 0, got {workers!r}")
+    if prefetch is not None and (not _is_int(prefetch) or prefetch < 1):
+        raise ValueError(f"prefetch_factor must be None or an int >= 1, got {prefetch!r}")
+    if (workers == 0) != (prefetch is None):
         raise ValueError("prefetch_factor must be None exactly when num_workers == 0")
     for name in ("pin_memory", "persistent_workers"):
-        if not isinstance(getattr(result, name), bool):
+        if name in config and not isinstance(config[name], bool):
             raise TypeError(f"{name} must be a bool")
-    if not is_int(result.threads) or result.threads < 1:
-        raise ValueError(f"threads must be an int >= 1, got {result.threads!r}")
+    if "threads" in config and (not _is_int(config["threads"]) or config["threads"] < 1):
+        raise ValueError(f"threads must be an int >= 1, got {config['threads']!r}")
+
+
+def _check_types(result: TuneResult) -> None:
     for name in ("samples_per_s", "disk_ceiling_samples_per_s", "read_bytes_per_sample"):
         value = getattr(result, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))

@@ -66,7 +66,7 @@ def main() -> int:
     args = parser.parse_args()
 
     trials = _Trials()
-    tuner_log = logging.getLogger("autoloader.tuner")
+    tuner_log = logging.getLogger("autoloader.tuner")  # search/search.py: one line per trial
     tuner_log.setLevel(logging.INFO)
     tuner_log.addHandler(trials)
     dist.init_process_group("gloo")
@@ -110,7 +110,7 @@ def _online(args: argparse.Namespace, rank: int) -> int:
         indices, configs = [], []
         for _, batch_indices in loader:
             indices += [int(i) for i in batch_indices]
-            configs.append(loader.loader.num_workers)
+            configs.append(loader.loader.num_workers)  # in force now: the prefetcher has asked for the next batch
         epochs.append({"indices": indices, "configs": configs})
     report = {"rank": rank, "epochs": epochs, "decisions": [repr(d.config) for d in loader.decisions],
               "result": json.dumps(loader.tuning.to_dict(), sort_keys=True)}

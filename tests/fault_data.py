@@ -1,4 +1,5 @@
-"""Datasets that misbehave, for tests/test_faults.py; module-level so workers (and subprocesses) can import them.
+"""Datasets that misbehave, for tests/measure/test_failures.py and tests/stress; module-level so workers (and
+subprocesses) can import them.
 
 Each slow path sleeps only in the main process (``get_worker_info() is None``), so the serial trial is slow enough that
 the tuner goes on to try workers, where the fault happens.

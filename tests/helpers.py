@@ -14,7 +14,8 @@ from pathlib import Path
 import psutil
 
 from autoloader.probe import CpuInfo, DiskInfo, GpuInfo, MachineProfile, MemoryInfo, ShmInfo
-from autoloader.results import LoaderConfig, TrialResult, TuneResult
+from autoloader.config import LoaderConfig
+from autoloader.results import TrialResult, TuneResult
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -98,12 +99,15 @@ def trial(n, rate, *, prefetch=2, status="ok", reason=None, batch_bytes=MIB, **k
 
 
 def tuned_result(**kw):
+    """A TuneResult; knob keywords (num_workers=..., threads=...) set its ``config``, the rest its fields."""
     trials = (trial(0, 500.0), trial(2, 980.0), trial(4, 1000.0),
               trial(8, None, status="skipped", reason="memory: 8 workers x 900 MiB exceed the budget"),
               trial(16, None, status="failed", reason="worker died: killed"))
-    base = dict(num_workers=2, prefetch_factor=2, pin_memory=False, persistent_workers=True, samples_per_s=980.0,
-                bottleneck="cpu", source="tuned", trials=trials, consumer_samples_per_s=2000.0, seconds=6.5,
-                reason="fewest workers within 5% of the best", created=1.7e9)
+    knobs = dict(num_workers=2, prefetch_factor=2, pin_memory=False, persistent_workers=True, threads=1)
+    knobs.update({k: kw.pop(k) for k in list(kw) if k in knobs})
+    base = dict(config=LoaderConfig(**knobs), samples_per_s=980.0, bottleneck="cpu", source="tuned", trials=trials,
+                consumer_samples_per_s=2000.0, seconds=6.5, reason="fewest workers within 5% of the best",
+                created=1.7e9)
     base.update(kw)
     return TuneResult(**base)
 

@@ -1,4 +1,4 @@
-"""Datasets for tests/test_online.py (module level, so workers of any start method can load them)."""
+"""Datasets for tests/tuning/test_online.py (module level, so workers of any start method can load them)."""
 from __future__ import annotations
 
 import os
@@ -57,3 +57,21 @@ class RaisesAt(Indexed):
         if i == self.bad:
             raise Corrupt(f"sample {i} is corrupt")
         return super().__getitem__(i)
+
+
+class NeedsWorkerInit(Indexed):
+    """Like ``Indexed``, but a worker that did not run ``mark_initialised`` (the loader's ``worker_init_fn``) raises."""
+
+    initialised = False
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if get_worker_info() is not None and not self.initialised:
+            raise RuntimeError("worker_init_fn did not run in this worker")
+        return super().__getitem__(i)
+
+
+def mark_initialised(worker_id: int) -> None:
+    """A ``worker_init_fn`` for ``NeedsWorkerInit``."""
+    info = get_worker_info()
+    assert info is not None and info.id == worker_id
+    info.dataset.initialised = True

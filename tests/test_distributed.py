@@ -21,9 +21,10 @@ from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, Seque
 from torch.utils.data.distributed import DistributedSampler
 
 from autoloader import make_loader
-from autoloader.distributed import Group
+from autoloader.config import LoaderConfig
+from autoloader.distributed import Alone, Group
 from autoloader.probe import probe_machine
-from autoloader.results import LoaderConfig, TrialResult, TuneResult
+from autoloader.results import TrialResult, TuneResult
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(__file__).resolve().parent / "dist_script.py"
@@ -176,13 +177,14 @@ def test_shard_leaves_the_users_choice_alone(one_rank, given):
 
 def test_broadcast_and_agreement_with_one_rank(one_rank):
     group = Group.current(None)
-    result = TuneResult(2, 2, False, True, 1234.5, "cpu", "tuned",
+    result = TuneResult(LoaderConfig(2, 2, False, True), 1234.5, "cpu", "tuned",
                         trials=(TrialResult(LoaderConfig(0), samples_per_s=1000.0),
                                 TrialResult(LoaderConfig(2, 2), samples_per_s=1234.5, worker_uss_bytes=5 * 2**20)),
                         consumer_samples_per_s=None, seconds=1.5, reason="test", created=1.0)
     assert group.broadcast(result) == result
     assert group.broadcast(None) is None
     assert group.agreement().reduce_min([3.0, -1.5, float("inf")]) == [3.0, -1.5, float("inf")]
+    assert Alone().reduce_min([3.0, -1.5]) == [3.0, -1.5], "one process agrees with itself"
 
 
 def test_make_loader_in_a_group_shards_and_forwards_set_epoch(one_rank, monkeypatch):
@@ -251,7 +253,7 @@ def test_torchrun_two_ranks_agree_shard_and_share_the_cache(tmp_path, cache_dir)
     entries = _cache_entries(cache_dir)
     assert len(entries) == 1, f"exactly one cache entry expected, found {[p.name for p in entries]}"
     stored = json.loads(entries[0].read_text())["result"]
-    assert stored["num_workers"] == rank0["num_workers"]
+    assert stored["config"]["num_workers"] == rank0["num_workers"]
     assert dict(stored, source="tuned") == json.loads(rank0["result"])
 
     second = _launch(tmp_path / "second", cache_dir, "--explicit")

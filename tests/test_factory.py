@@ -70,8 +70,9 @@ def test_changed_inputs_miss(tmp_path, change):
 
 def test_dataset_length_changes_the_key(tmp_path):
     make_loader(InMemory(n=256), 16, tuning="trials", cache=tmp_path, budget=2, max_workers=1)
-    assert make_loader(InMemory(n=257), 16, tuning="trials", cache=tmp_path, budget=2, max_workers=1).tuning.source == "tuned"
-    assert make_loader(InMemory(n=256), 16, tuning="trials", cache=tmp_path, budget=2, max_workers=1).tuning.source == "cache"
+    args = dict(tuning="trials", cache=tmp_path, budget=2, max_workers=1)
+    assert make_loader(InMemory(n=257), 16, **args).tuning.source == "tuned"
+    assert make_loader(InMemory(n=256), 16, **args).tuning.source == "cache"
 
 
 def test_key_overrides_the_fingerprint(tmp_path):
@@ -109,8 +110,8 @@ def test_user_dataloader_arguments_pass_through(tmp_path):
         return torch.stack(samples) * 2
 
     data = InMemory(n=100)
-    loader = make_loader(data, 10, tuning="trials", cache=tmp_path, budget=2, max_workers=1, collate_fn=collate, drop_last=True,
-                         sampler=SequentialSampler(data))
+    loader = make_loader(data, 10, tuning="trials", cache=tmp_path, budget=2, max_workers=1, collate_fn=collate,
+                         drop_last=True, sampler=SequentialSampler(data))
     assert loader.loader.collate_fn is collate and loader.loader.drop_last
     first = next(iter(loader))
     assert torch.equal(first, data.data[:10] * 2)

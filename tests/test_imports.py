@@ -1,8 +1,11 @@
-"""The package's structure: every module imports on its own, and no two modules import each other (issue 12).
+"""The package's structure: every module imports on its own, no two modules import each other (issue 12), and the
+layout stays shallow and readable (issue 20).
 
 A module that imports only after another one has (a cycle hidden by import order, or a lazy import inside a function
 that papers over one) breaks the first user who imports it directly. So each module is imported in a process where no
-other autoloader module was imported yet, and the module-level imports between modules must form no cycle.
+other autoloader module was imported yet, and the imports between modules, those for type checking included, must
+form no cycle. The longest chain of imports inside the package stays within ``MAX_DEPTH`` modules, and no function
+grows past ``MAX_LINES`` lines or ``MAX_PARAMS`` parameters, apart from the public signatures in ``PUBLIC``.
 """
 from __future__ import annotations
 
@@ -61,15 +64,23 @@ def _resolve(module: str, is_package: bool, level: int, target: Optional[str]) -
     return ".".join(base + ([target] if target else []))
 
 
-def _imports_at_module_level(name: str, path: Path, known: Set[str]) -> Set[str]:
-    """The autoloader modules ``name`` imports when it is imported (not inside functions, not for type checking)."""
+MAX_DEPTH = 9
+MAX_LINES = 60
+MAX_PARAMS = 8
+PUBLIC = {"autoloader.factory.make_loader", "autoloader.tuning.trials.tune", "autoloader.request.Request.checked"}
+"""Signatures that mirror ``make_loader``'s keyword arguments (the user's API), exempt from ``MAX_PARAMS``."""
+
+
+def _imports_at_module_level(name: str, path: Path, known: Set[str], *, type_checking: bool = False) -> Set[str]:
+    """The autoloader modules ``name`` imports when it is imported (not inside functions; those for type checking
+    only with ``type_checking``)."""
     tree = ast.parse(path.read_text(), str(path))
     found: Set[str] = set()
     is_package = path.name == "__init__.py"
 
     def visit(body: List[ast.stmt]) -> None:
         for node in body:
-            if isinstance(node, ast.If) and not _under_type_checking(node):
+            if isinstance(node, ast.If) and (type_checking or not _under_type_checking(node)):
                 visit(node.body)
                 visit(node.orelse)
             elif isinstance(node, ast.Try):
@@ -114,9 +125,10 @@ def _cycle(graph: Dict[str, Set[str]]) -> Optional[List[str]]:
     return None
 
 
-def _graph() -> Dict[str, Set[str]]:
+def _graph(*, type_checking: bool = False) -> Dict[str, Set[str]]:
     modules = _modules()
-    graph = {name: _imports_at_module_level(name, path, set(modules)) for name, path in modules.items()}
+    graph = {name: _imports_at_module_level(name, path, set(modules), type_checking=type_checking)
+             for name, path in modules.items()}
     # a package's submodule importing the package itself is importing its __init__, which imports the submodule
     return graph
 
@@ -132,6 +144,63 @@ def test_every_module_imports_on_its_own():
 def test_no_import_cycle_between_modules():
     cycle = _cycle(_graph())
     assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
+
+
+def test_no_import_cycle_even_for_type_checking():
+    cycle = _cycle(_graph(type_checking=True))
+    assert cycle is None, f"import cycle (type-checking imports included): {' -> '.join(cycle)}"
+
+
+def _longest_chain(graph: Dict[str, Set[str]]) -> List[str]:
+    """The longest path of imports (the graph has no cycle)."""
+    best: Dict[str, List[str]] = {}
+
+    def longest(node: str) -> List[str]:
+        if node not in best:
+            tails = [longest(nxt) for nxt in graph[node]]
+            best[node] = [node] + max(tails, key=len, default=[])
+        return best[node]
+
+    return max((longest(node) for node in graph), key=len)
+
+
+def test_longest_import_chain_is_short():
+    chain = _longest_chain(_graph(type_checking=True))
+    assert len(chain) <= MAX_DEPTH, f"{len(chain)} modules deep: {' -> '.join(chain)}"
+
+
+def test_the_chain_measure_counts_modules():
+    assert _longest_chain({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == ["a", "b", "c"]
+
+
+def _functions(tree: ast.AST, prefix: str):
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield f"{prefix}.{node.name}", node
+            yield from _functions(node, f"{prefix}.{node.name}")
+        elif isinstance(node, ast.ClassDef):
+            yield from _functions(node, f"{prefix}.{node.name}")
+
+
+def _too_big() -> List[str]:
+    found = []
+    for module, path in _modules().items():
+        for name, node in _functions(ast.parse(path.read_text()), module):
+            args = node.args
+            params = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs if a.arg not in ("self", "cls")]
+            lines = node.end_lineno - node.lineno + 1
+            body = node.body[1:] if node.body and isinstance(node.body[0], ast.Expr) and \
+                isinstance(getattr(node.body[0], "value", None), ast.Constant) else node.body
+            code_lines = (body[-1].end_lineno - body[0].lineno + 1) if body else 0
+            if name not in PUBLIC and len(params) > MAX_PARAMS:
+                found.append(f"{name}: {len(params)} parameters")
+            if code_lines > MAX_LINES:
+                found.append(f"{name}: {code_lines} lines of code ({lines} with its docstring)")
+    return found
+
+
+def test_no_function_too_long_or_with_too_many_parameters():
+    assert _too_big() == []
 
 
 def test_the_cycle_check_finds_a_cycle():

@@ -5,17 +5,36 @@ import sys
 from pathlib import Path
 
 import autoloader
+from autoloader.loader import threads
+
+PUBLIC = ["AutoloaderWarning", "EpochStats", "LoaderConfig", "MachineProfile", "PrefetchLoader", "ThreadedDataset",
+          "TrialResult", "TuneResult", "TuningError", "make_loader", "probe_machine", "tune", "unwrap", "with_threads"]
 
 
 def test_public_names_are_sorted_and_import_touches_no_hardware():
-    assert autoloader.__all__ == sorted(autoloader.__all__)
+    assert autoloader.__all__ == sorted(autoloader.__all__) == PUBLIC
+    assert all(getattr(autoloader, name) is not None for name in PUBLIC)
+    for name in ("ThreadedDataset", "unwrap", "with_threads"):  # the threads API, as autoloader.loader.threads has it
+        assert getattr(autoloader, name) is getattr(threads, name)
     code = ("import sys, torch, autoloader\n"
             "assert not torch.cuda.is_initialized()\n"
             "assert 'autoloader.probe' in sys.modules\n"
+            "assert not [m for m in sys.modules if m.startswith('autoloader.cli')], 'the command is not imported'\n"
             "import psutil\n"
             "assert not psutil.Process().children()\n"
+            "import autoloader.cli\n"
+            "assert [m for m in sys.modules if m.startswith('autoloader.cli')] == ['autoloader.cli']\n"
             "print('ok')\n")
     root = str(Path(__file__).resolve().parents[1])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": root})
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_threads_api_wraps_and_unwraps_a_dataset():
+    data = list(range(10))
+    wrapped = autoloader.with_threads(data, 4)
+    assert isinstance(wrapped, autoloader.ThreadedDataset) and autoloader.unwrap(wrapped) is data
+    assert [wrapped[i] for i in range(3)] == [0, 1, 2] and len(wrapped) == 10
+    assert wrapped.__getitems__([3, 4, 5]) == [3, 4, 5]                        # fetched by its threads
+    assert autoloader.unwrap(data) is data and autoloader.with_threads(wrapped, 1) is data

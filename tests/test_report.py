@@ -5,7 +5,8 @@ from dataclasses import replace
 
 from autoloader.probe import DiskInfo, MachineProfile, probe_machine
 from autoloader.report import BOTTLENECK_WORDS, format_profile, format_tune_result
-from autoloader.results import LoaderConfig, TuneResult
+from autoloader.config import LoaderConfig
+from autoloader.results import TuneResult
 from helpers import full_profile, trial, tuned_result
 
 
@@ -27,7 +28,7 @@ def test_format_tune_result_table_marks_the_choice_and_shows_reasons():
 def test_format_tune_result_without_trials():
     cached = tuned_result(source="cache", trials=())
     assert "from the cache" in format_tune_result(cached) and "no trials recorded" in format_tune_result(cached)
-    fallback = TuneResult(0, None, False, False, None, None, "fallback", reason="could not tune: boom")
+    fallback = TuneResult(LoaderConfig(0), None, None, "fallback", reason="could not tune: boom")
     text = format_tune_result(fallback)
     assert "fallback, not tuned: could not tune: boom" in text and "unknown" in text
 

@@ -1,7 +1,3 @@
-"""The ``autotune`` command: probe the machine, tune a demo or your dataset, show/clear the cache, doctor.
-
-``make_loader`` imports nothing from here.
+"""The ``autotune`` command (``main.main``): probe the machine, tune a demo or your dataset, show/clear the cache,
+doctor. Importing the package imports none of its modules; ``make_loader`` imports nothing from here.
 """
-from .main import build_parser, main
-
-__all__ = ["build_parser", "main"]

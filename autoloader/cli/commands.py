@@ -18,10 +18,11 @@ import torch
 from .._fs import default_cache_dir
 from ..cache import resolve_cache
 from ..factory import make_loader
-from .._device import resolve_device
+from ..loader.device import resolve_device
 from ..probe import load_profile, probe_machine, save_profile
 from ..report import format_entries, format_profile, format_tune_result
-from ..tuner import tune_with
+from ..request import Request
+from ..tuning.trials import tune_with
 from . import plot
 from ._spec import CliError, load_dataset
 from .demo import DemoImages, baselines, format_comparison
@@ -141,11 +142,10 @@ def _demo(args: argparse.Namespace) -> int:
     _note(args, f"tuning the demo dataset ({len(dataset)} synthetic 3x64x64 images, batch {args.batch_size}, "
                 f"on {device}; budget {args.budget:g} s)...")
     with _progress(args.quiet):
-        result = tune_with(dataset, args.batch_size, step=args.step, device=device, shuffle=False, normalize=None,
-                           dtype=None, input_key=None, budget=args.budget, max_workers=args.max_workers,
-                           loader_kwargs={}, fixed={}, profile=profile)
-        compared = baselines(dataset, args.batch_size, result, usable_cpus=profile.cpu.usable, step=args.step,
-                             device=device, max_workers=args.max_workers)
+        request = Request.checked(dataset, args.batch_size, step=args.step, device=device, budget=args.budget,
+                                  max_workers=args.max_workers)
+        result = tune_with(request, profile)
+        compared = baselines(request, result, usable_cpus=profile.cpu.usable)
     plotted = _write_plot(args, result, "autotune demo: synthetic images, decode + augment per sample")
     demo = {"dataset": "DemoImages", "len": len(dataset), "sample": "float32 3x64x64, ~1-2 ms decode+augment",
             "batch_size": args.batch_size, "step": args.step, "device": str(device)}

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .._consumer import Consumer, Step
+from ..config import LoaderConfig, make_config
+from ..measure.consumer import Consumer
+from ..measure.trial import run_trial
 from ..report import grid, rate
-from ..results import LoaderConfig, TrialResult, TuneResult
-from ..trial import run_trial
+from ..request import Request
+from ..results import TrialResult, TuneResult
 
 __all__ = ["DemoImages", "Baseline", "cores_rule_workers", "baselines"]
 
@@ -130,15 +132,15 @@ def _tried(result: TuneResult, config: LoaderConfig) -> Optional[TrialResult]:
     return None
 
 
-def baselines(dataset: Any, batch_size: int, result: TuneResult, *, usable_cpus: Optional[int], step: Step,
-              device: torch.device, max_workers: Optional[int] = None, time_limit: float = 4.0) -> List[Baseline]:
+def baselines(request: Request, result: TuneResult, *, usable_cpus: Optional[int],
+              time_limit: float = 4.0) -> List[Baseline]:
     """``num_workers=0`` and the cores rule (same prefetch/pin defaults as the tuner), each taken from the tuner's
     trials when it tried that configuration, else timed now with one extra trial against the same consumer (never
     above ``max_workers``: such a baseline is left unmeasured)."""
-    pin = result.pin_memory
+    pin = result.config.pin_memory
     rule = cores_rule_workers(usable_cpus)
-    wanted = [("num_workers=0", LoaderConfig(0, None, pin, False), ""),
-              ("cores rule", LoaderConfig(rule, 2, pin, False),
+    wanted = [("num_workers=0", make_config(0, fixed={}, pin_memory=pin), ""),
+              ("cores rule", make_config(rule, fixed={}, pin_memory=pin),
                f"max(1, {usable_cpus if usable_cpus is not None else '?'} usable CPUs - 1) = "
                f"{rule} worker{'s' if rule != 1 else ''}")]
     consumer: Optional[Consumer] = None
@@ -146,9 +148,9 @@ def baselines(dataset: Any, batch_size: int, result: TuneResult, *, usable_cpus:
     for name, config, description in wanted:
         trial = _tried(result, config)
         by_tuner = trial is not None
-        if trial is None and (max_workers is None or config.num_workers <= max_workers):
-            consumer = consumer or Consumer(step, device)
-            trial = run_trial(dataset, batch_size, config, consumer=consumer, time_limit=time_limit)
+        if trial is None and (request.max_workers is None or config.num_workers <= request.max_workers):
+            consumer = consumer or Consumer(request.step, request.device)
+            trial = run_trial(request, config, consumer=consumer, limit_s=time_limit)
         found.append(Baseline(name, config, trial, by_tuner, description))
     return found
 

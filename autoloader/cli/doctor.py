@@ -14,7 +14,7 @@ from typing import Dict, Iterable, List, Literal, Mapping, Optional, Sequence
 import torch.multiprocessing
 
 from ..cache import CacheEntry, resolve_cache
-from ..policy import shm_need_bytes
+from ..search.policy import shm_need_bytes
 from ..probe import (THREAD_ENV_VARS, CpuInfo, GpuInfo, MachineProfile, ShmInfo, load_profile, open_files_limit,
                      probe_machine)
 from ..report import mib

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 if TYPE_CHECKING:
-    from ..online import EpochTrace
-    from ..results import TuneResult
+    from ..results import EpochTrace, TuneResult
 
 MISSING = "install autoloader[plot] (matplotlib) for --plot"
 
@@ -128,16 +127,40 @@ def plot_online_epoch(trace: "EpochTrace", path: Union[str, "os.PathLike[str]"],
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
 
     spans = list(trace.spans)
     times, rates, width = rolling_rate(trace.batches)
     fig = Figure(figsize=(10, 5.4), dpi=110)
     ax = fig.add_subplot(1, 1, 1)
-    measured_labels = {label for _, _, label, rate in spans if rate is not None}
     top = max([r for _, _, _, r in spans if r is not None] + rates + [1.0])
     end = max([e for _, e, _, _ in spans] + [times[-1] if times else 0.0] + [1e-3])
     ax.set_xlim(0, end)
+    chosen_label = _draw_slices(ax, spans, top=top, end=end)
+    gaps = _switch_gaps(trace.batches, spans)
+    for start, stop in gaps:
+        ax.axvspan(start, stop, facecolor="none", edgecolor="#444444", hatch="////", linewidth=0)
+    ax.plot(times, rates, color="black", linewidth=1.2)
+    arrivals = [t for t, _ in trace.batches]
+    ax.plot(arrivals, [0.015 * top] * len(arrivals), linestyle="", marker="|", markersize=5, color="#333333",
+            alpha=0.35)
+    _legend(ax, width=width, gaps=gaps, chosen_label=chosen_label)
+    ax.set_xlabel(f"seconds since the epoch started (epoch {trace.epoch})")
+    ax.set_ylabel("samples/s")
+    samples = sum(n for _, n in trace.batches)
+    ax.set_title(title or f"online tuning, epoch {trace.epoch}: {len(spans)} slices, {samples:,} samples in "
+                          f"{end:.1f} s")
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, format="png")
+    return out
+
+
+def _draw_slices(ax: Any, spans: List[Tuple[float, float, str, Optional[float]]], *, top: float,
+                 end: float) -> Optional[str]:
+    """Shade and label each candidate's slice (its measured rate dashed); returns the chosen configuration's label,
+    the one that served the rest of the epoch."""
+    measured_labels = {label for _, _, label, rate in spans if rate is not None}
     palette = ["#4C72B0", "#DD8452", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD"]
     colours: Dict[str, str] = {}
     chosen_label: Optional[str] = None
@@ -171,13 +194,12 @@ def plot_online_epoch(trace: "EpochTrace", path: Union[str, "os.PathLike[str]"],
     for x, text, fits in labels:
         ax.text(x, (1 + room) * top * 0.985, text, ha="center", va="top", fontsize=8 if fits else 7,
                 rotation=0 if fits else 90, color="#222222")
-    gaps = _switch_gaps(trace.batches, spans)
-    for start, stop in gaps:
-        ax.axvspan(start, stop, facecolor="none", edgecolor="#444444", hatch="////", linewidth=0)
-    ax.plot(times, rates, color="black", linewidth=1.2)
-    arrivals = [t for t, _ in trace.batches]
-    ax.plot(arrivals, [0.015 * top] * len(arrivals), linestyle="", marker="|", markersize=5, color="#333333",
-            alpha=0.35)
+    return chosen_label
+
+
+def _legend(ax: Any, *, width: float, gaps: List[Tuple[float, float]], chosen_label: Optional[str]) -> None:
+    from matplotlib.patches import Patch
+
     switch_s = sum(stop - start for start, stop in gaps)
     handles = [_line(f"loop's samples/s (rolling {width:.2g} s)", "black", "-"),
                _line("measured rate of a candidate (its timed window)", "#4C72B0", "--"),
@@ -189,16 +211,6 @@ def plot_online_epoch(trace: "EpochTrace", path: Union[str, "os.PathLike[str]"],
         handles.append(Patch(facecolor="#55A868", alpha=0.3, label=f"chosen: {chosen_label}"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize="small",
               frameon=False)
-    ax.set_xlabel(f"seconds since the epoch started (epoch {trace.epoch})")
-    ax.set_ylabel("samples/s")
-    samples = sum(s for _, s in trace.batches)
-    ax.set_title(title or f"online tuning, epoch {trace.epoch}: {len(spans)} slices, {samples:,} samples in "
-                          f"{end:.1f} s")
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, format="png")
-    return out
 
 
 def _line(label: str, colour: str, style: str, marker: Optional[str] = None) -> Any:

@@ -345,8 +345,9 @@ def oracle(points: Sequence[Point], length_s: float) -> Tuple[Point, int]:
 
 def shut_down(loader: Any) -> None:
     """Stop a PrefetchLoader's persistent workers now (the test must leave no process behind)."""
-    if getattr(loader, "_online", None) is not None:
-        for dl in (loader._online.plain, loader._online.in_force):
+    source = getattr(loader, "_loader", None)  # an OnlineLoader (tuning/online.py) serves its DataLoaders in turn
+    if hasattr(source, "plain") and hasattr(source, "in_force"):
+        for dl in (source.plain, source.in_force):
             if getattr(dl, "_iterator", None) is not None:
                 dl._iterator = None
     elif getattr(loader, "_iterator", None) is not None:

@@ -27,22 +27,28 @@ for the markdown tables).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import os
 import statistics
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from unittest import mock
 
 import pytest
 import torch
 
 from autoloader import tune
-from autoloader._consumer import Consumer
-from autoloader.policy import busy_fraction
+from autoloader.measure.consumer import Consumer
+from autoloader.search.threads_policy import busy_fraction
 from autoloader.probe import probe_machine
-from autoloader.results import LoaderConfig, TrialResult, TuneResult
-from autoloader.trial import run_trial
+from autoloader.config import LoaderConfig
+from autoloader.results import TrialResult, TuneResult
+from autoloader.measure import run as measure_run
+from autoloader.measure.trial import run_trial
+from autoloader.request import Request
 from helpers import emit_table, live_children
 from workloads import GilBound, JpegDecode, LatencyBound, Mixed
 
@@ -139,16 +145,25 @@ class Measured:
     failed: int
 
 
+@contextlib.contextmanager
+def longer_windows(seconds: float) -> Iterator[None]:
+    """Trials timed at least ``seconds`` (``measure.window.Window``'s ``min_window_s``): ``run_trial`` takes no
+    such argument, so the benchmark's trials build their windows with it while this lasts (tune() never does)."""
+    with mock.patch.object(measure_run, "Window", functools.partial(measure_run.Window, min_window_s=seconds)):
+        yield
+
+
 def side_by_side(dataset: Any, batch_size: int, configs: Sequence[LoaderConfig]) -> Dict[LoaderConfig, Measured]:
     """Every config in interleaved rounds (forward, reverse, ...) with the same trial code and consumer; medians."""
-    consumer = Consumer(None, "cpu")
+    request = Request.checked(dataset, batch_size, device="cpu")
+    consumer = Consumer(None, request.device)
     runs: Dict[LoaderConfig, List[TrialResult]] = {c: [] for c in configs}
-    for r in range(ROUNDS):
-        for config in (configs if r % 2 == 0 else list(configs)[::-1]):
-            trial = run_trial(dataset, batch_size, config, consumer=consumer, time_limit=TRIAL_LIMIT,
-                              min_window_s=MIN_WINDOW_S)
-            assert_no_worker_left(f"the trial of {config.label()}")
-            runs[config].append(trial)
+    with longer_windows(MIN_WINDOW_S):
+        for r in range(ROUNDS):
+            for config in (configs if r % 2 == 0 else list(configs)[::-1]):
+                trial = run_trial(request, config, consumer=consumer, limit_s=TRIAL_LIMIT)
+                assert_no_worker_left(f"the trial of {config.label()}")
+                runs[config].append(trial)
     out = {}
     for config, trials in runs.items():
         ok = [t for t in trials if t.ok]

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from autoloader import cli
+import autoloader.cli.main as cli
 from autoloader.cache import TuneCache
-from autoloader.cli import main
+from autoloader.cli.main import main
 from autoloader.cli.demo import cores_rule_workers
-from autoloader._fingerprint import machine_fingerprint
+from autoloader.cache.fingerprint import machine_fingerprint
 from autoloader.probe import MachineProfile, load_profile, probe_machine, save_profile
 from autoloader.report import BOTTLENECK_WORDS
 from autoloader.results import TuneResult
@@ -39,7 +39,7 @@ def test_tune_caches_under_make_loaders_key_then_show_force_and_clear(work, monk
     [entry] = shown["entries"]
     assert entry["key"] == key and entry["error"] is None
     assert entry["meta"]["dataset"] == "Squares" and entry["meta"]["batch_size"] == 8
-    assert entry["result"]["num_workers"] == out["result"]["num_workers"]
+    assert entry["result"]["config"] == out["result"]["config"] and "num_workers" in entry["result"]["config"]
 
     # A training script calling make_loader with the same arguments gets the entry: no trial runs.
     from autoloader import make_loader

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from autoloader.cli.demo import DemoImages, baselines, cores_rule_workers
-from autoloader.results import LoaderConfig
+from autoloader.config import LoaderConfig
+from autoloader.request import Request
 from helpers import trial, tuned_result
 
 
@@ -31,12 +32,12 @@ def test_baselines_reuse_the_tuners_trials_and_time_the_rest():
     data = DemoImages(length=64, work=0)
     serial = trial(0, 500.0)
     result = tuned_result(trials=(serial,), num_workers=0, prefetch_factor=None, persistent_workers=False)
-    no_workers, rule = baselines(data, 8, result, usable_cpus=3, step=None, device=torch.device("cpu"),
-                                 time_limit=3.0)
+    request = Request.checked(data, 8, step=None, device="cpu")
+    no_workers, rule = baselines(request, result, usable_cpus=3, time_limit=3.0)
     assert no_workers.trial is serial and no_workers.measured_by_tuner and no_workers.samples_per_s == 500.0
     assert rule.config == LoaderConfig(2, 2, False, False) and not rule.measured_by_tuner
     assert rule.trial is not None and rule.trial.config == rule.config and rule.trial.status in ("ok", "failed")
-    capped = baselines(data, 8, result, usable_cpus=3, step=None, device=torch.device("cpu"), max_workers=0)[1]
+    capped = baselines(Request.checked(data, 8, step=None, device="cpu", max_workers=0), result, usable_cpus=3)[1]
     assert capped.trial is None and capped.samples_per_s is None
     from autoloader.cli.demo import format_comparison
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autoloader import cli
+import autoloader.cli.main as cli
 from autoloader.cache import CacheEntry
 from autoloader.cli.doctor import (INIT, ORPHAN, OTHER_USER, RUNNING, DeviceHolder, ShmNeed, check_cache, check_cpus,
                                    check_gpu_holders, check_open_files, check_saved_profile, check_shm,
@@ -43,7 +43,8 @@ def entry(result, key="c" * 32, meta=None):
 def test_shm_check_against_cached_needs():
     needs = shm_needs([entry(tuned_result())])              # (2 workers x prefetch 2 + 2) x 1 MiB batches
     assert [n.need_bytes for n in needs] == [6 * MIB] and "Fake" in needs[0].label
-    assert shm_needs([entry(tuned_result(num_workers=0, prefetch_factor=None)), entry(None)]) == []
+    serial = tuned_result(num_workers=0, prefetch_factor=None, persistent_workers=False)
+    assert shm_needs([entry(serial), entry(None)]) == []
     shm = ShmInfo("/dev/shm", 64 * MIB, 60 * MIB)
     assert check_shm(shm, [ShmNeed("big", 100 * MIB)]).status == "fail"
     warn = check_shm(shm, [ShmNeed("half", 40 * MIB)])

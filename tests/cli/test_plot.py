@@ -6,7 +6,7 @@ import time
 import pytest
 
 from autoloader import make_loader
-from autoloader.online import EpochTrace
+from autoloader.results import EpochTrace
 from helpers import tuned_result
 from online_data import Indexed
 

@@ -1,0 +1,133 @@
+"""The knobs of a DataLoader autoloader decides or records, defined once: ``KNOBS`` and the ``LoaderConfig`` they make.
+
+Each knob says its default, whether DataLoader accepts it without workers, whether the search chooses it (unless the
+user fixed it), whether it is recorded in a configuration (and so in the cache), and how it reads in a label. Every
+DataLoader autoloader builds, every cache entry and every report reads these rows: a new knob is one row here (plus,
+for a tuned one, the search's rule for choosing it).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+
+def _start_method_name(value: Any) -> Optional[str]:
+    """A ``multiprocessing_context`` as the start method's name (a context object or a name), for JSON and labels."""
+    if value is None or isinstance(value, str):
+        return value
+    get = getattr(value, "get_start_method", None)
+    if not callable(get):
+        raise TypeError(f"multiprocessing_context must be a start method name ('fork', 'spawn', 'forkserver') or a "
+                        f"multiprocessing context, got {value!r}")
+    return str(get())
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One DataLoader setting: ``worker_only``: meaningless without workers (DataLoader rejects some at
+    ``num_workers=0``, so a configuration without workers holds ``off`` there and passes nothing); ``tuned``: the
+    search chooses it unless the user fixed it; ``recorded``: a field of ``LoaderConfig`` (cached, reported; the
+    user's value when they set it); ``loader_arg``: passed to DataLoader (``threads`` wraps the dataset instead)."""
+
+    name: str
+    default: Any
+    worker_only: bool = False
+    tuned: bool = False
+    recorded: bool = True
+    loader_arg: bool = True
+    off: Any = None
+    """The value without workers (worker-only knobs)."""
+    normalize: Optional[Callable[[Any], Any]] = None
+    """The user's value as recorded (JSON-able); None: as given."""
+    label: Optional[Callable[[Any], str]] = None
+    """How the value reads in ``LoaderConfig.label()`` when it is not ``off`` and not the default (``always``: when
+    not ``off``); None: never shown."""
+    always: bool = False
+
+    def recorded_value(self, value: Any) -> Any:
+        """The user's ``value`` as a configuration records it (``normalize``: JSON-able, e.g. a start method's
+        name)."""
+        return value if self.normalize is None else self.normalize(value)
+
+
+KNOBS: Tuple[Knob, ...] = (
+    Knob("num_workers", 0, tuned=True, label=lambda n: f"workers={n}", always=True),
+    Knob("prefetch_factor", 2, worker_only=True, tuned=True, label=lambda p: f"prefetch={p}", always=True),
+    Knob("threads", 1, tuned=True, loader_arg=False, label=lambda t: f"threads={t}"),
+    Knob("pin_memory", False, tuned=True, label=lambda _: "pin"),
+    Knob("persistent_workers", False, worker_only=True, tuned=True, off=False),
+    Knob("multiprocessing_context", None, worker_only=True, recorded=False, normalize=_start_method_name),
+    Knob("timeout", 0, worker_only=True, recorded=False),  # the single-process iterator asserts timeout == 0
+)
+BY_NAME: Dict[str, Knob] = {k.name: k for k in KNOBS}
+RECORDED = tuple(k.name for k in KNOBS if k.recorded)
+USER_KNOBS = tuple(k.name for k in KNOBS if k.recorded and k.loader_arg)
+"""The DataLoader keywords whose user value is kept apart from the user's other arguments (``Request.fixed``)."""
+NOT_A_CANDIDATE = ("persistent_workers",)
+"""Set on a decision after the search, never measured: two configurations differing only here are one candidate."""
+
+
+def without_worker_only(kwargs: Mapping[str, Any]) -> dict:
+    """``kwargs`` less the knobs that need workers (for a DataLoader with ``num_workers=0``)."""
+    return {k: v for k, v in kwargs.items() if not (k in BY_NAME and BY_NAME[k].worker_only)}
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """A DataLoader configuration: one field per recorded knob (``KNOBS``). ``prefetch_factor`` is None without
+    workers, as are the other worker-only knobs' effects."""
+
+    num_workers: int
+    prefetch_factor: Optional[int] = None
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    threads: int = 1
+    """Threads fetching a batch's samples inside each process (see ``autoloader.loader.threads``); 1: none."""
+
+    def __post_init__(self) -> None:
+        if self.num_workers == 0 and (self.prefetch_factor is not None or self.persistent_workers):
+            raise ValueError("prefetch_factor and persistent_workers need num_workers > 0")
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+
+    def loader_kwargs(self) -> dict:
+        """The keywords to pass to ``torch.utils.data.DataLoader`` for this configuration; the worker-only ones only
+        with workers, and none left unset (None: DataLoader's own default)."""
+        return {k.name: getattr(self, k.name) for k in KNOBS if k.recorded and k.loader_arg
+                and (self.num_workers > 0 or not k.worker_only) and getattr(self, k.name) is not None}
+
+    def same_candidate(self, other: "LoaderConfig") -> bool:
+        """The same candidate as ``other`` whatever the knobs set only on decisions (``NOT_A_CANDIDATE``)."""
+        return all(getattr(self, k) == getattr(other, k) for k in RECORDED if k not in NOT_A_CANDIDATE)
+
+    def label(self) -> str:
+        """Short text: ``workers=4 prefetch=2 threads=8 pin``."""
+        parts = []
+        for knob in KNOBS:
+            value = getattr(self, knob.name) if knob.recorded else knob.off
+            if knob.label is not None and value != knob.off and (knob.always or value != knob.default):
+                parts.append(knob.label(value))
+        return " ".join(parts)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "LoaderConfig":
+        unknown = set(data) - set(RECORDED)
+        if unknown:
+            raise ValueError(f"unknown LoaderConfig fields {sorted(unknown)}")
+        return cls(**data)
+
+
+def make_config(num_workers: int, *, fixed: Mapping[str, Any], **chosen: Any) -> LoaderConfig:
+    """The configuration with ``num_workers`` and the knobs ``chosen`` (by the search), the user's ``fixed`` ones,
+    and every other knob's default; worker-only knobs ``off`` without workers."""
+    values: Dict[str, Any] = {}
+    for knob in KNOBS:
+        if not knob.recorded or knob.name == "num_workers":
+            continue
+        value = chosen[knob.name] if chosen.get(knob.name) is not None else fixed.get(knob.name, knob.default)
+        values[knob.name] = knob.off if knob.worker_only and num_workers == 0 else value
+    return LoaderConfig(num_workers, **values)

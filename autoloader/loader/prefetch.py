@@ -1,0 +1,302 @@
+"""``PrefetchLoader``: hands out batches already on the device, copied on a side CUDA stream while the consumer
+works on the previous batch, optionally converted and normalised there. On the CPU it is a pass-through.
+
+    loader = PrefetchLoader(DataLoader(ds, batch_size=64, pin_memory=True, num_workers=4),   # uint8 images
+                            normalize=((123.7, 116.3, 103.5), (58.4, 57.1, 57.4)), dtype=torch.float32)
+    for epoch in range(3):
+        for images, labels in loader:     # on the GPU, images float32 and normalised
+            train_step(images, labels)
+        print(loader.stats.stall_fraction)  # share of the epoch spent waiting for data
+
+It also answers what training frameworks read from a DataLoader (``sampler``, ``batch_sampler``, ``dataset``,
+``batch_size``, ``worker_init_fn``, ``_iterator``: see NOTE [ What frameworks read ]).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.distributed as dist
+
+from ..errors import quiet_worker_count_warning
+from ..results import TuneResult
+from .batch import iter_tensors, map_tensors
+from .device import resolve_device, side_stream
+from .transform import InputTransform
+
+logger = logging.getLogger("autoloader.prefetch")
+
+_END = object()
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """One epoch as the consumer saw it: ``wait_s`` is the time spent inside ``next()`` waiting for data.
+
+    On CUDA this is host-side waiting only: no device synchronisation is made, so a copy still running on the GPU
+    when the consumer's kernels are queued is not counted.
+    """
+
+    epoch: int
+    batches: int
+    wall_s: float
+    wait_s: float
+
+    @property
+    def stall_fraction(self) -> float:
+        return self.wait_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+class _EpochClock:
+    __slots__ = ("epoch", "batches", "start", "end", "wait")
+
+    def __init__(self, epoch: int, start: float) -> None:
+        self.epoch, self.batches, self.start, self.end, self.wait = epoch, 0, start, start, 0.0
+
+    def snapshot(self) -> EpochStats:
+        return EpochStats(self.epoch, self.batches, self.end - self.start, self.wait)
+
+
+def _samplers(loader: Any) -> List[Any]:
+    """The loader's samplers that have ``set_epoch``, each once: its sampler, batch sampler, batch sampler's
+    sampler."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    found: List[Any] = []
+    for sampler in (getattr(loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None)):
+        if callable(getattr(sampler, "set_epoch", None)) and all(sampler is not f for f in found):
+            found.append(sampler)
+    return found
+
+
+class PrefetchLoader:
+    """Wraps ``loader`` (a DataLoader or any iterable of batches) and yields its batches on ``device``.
+
+    ``dtype`` then ``normalize=(mean, std)`` (per channel, in the input's units: 0-255 for uint8 images) apply to
+    the input tensor only: the batch itself when it is a tensor, its first element when it is a tuple/list,
+    ``batch[input_key]`` when it is a mapping. ``stats``/``history`` report the time the consumer waited for data
+    (see ``EpochStats``). ``single_process`` (set by ``make_loader`` for a loader it did not shard) makes iterating
+    under a multi-process ``torch.distributed`` group an error instead of every rank reading the whole dataset.
+    """
+
+    def __init__(self, loader: Iterable, *, device: Union[str, torch.device, None] = None,
+                 normalize: Optional[Tuple[Sequence[float], Sequence[float]]] = None,
+                 dtype: Optional[torch.dtype] = None, input_key: Optional[Hashable] = None,
+                 tuning: Optional[TuneResult] = None, cache_key: Optional[str] = None,
+                 single_process: bool = False) -> None:
+        if not hasattr(loader, "__iter__"):
+            raise TypeError(f"loader must be an iterable of batches (e.g. a DataLoader), got {type(loader).__name__}")
+        self._transform = InputTransform(normalize=normalize, dtype=dtype, input_key=input_key)
+        self._loader = loader
+        self.device = resolve_device(device)
+        self._tuning = tuning
+        self.cache_key = cache_key
+        """The cache entry holding ``tuning`` (``autotune show`` lists it); None when it is not cached."""
+        self._single_process = single_process
+        self._next_epoch = 0
+        self._epoch_set = False
+        self._sampler_epochs: Optional[List[Any]] = None
+        self._clocks: List[_EpochClock] = []
+
+    @property
+    def loader(self) -> Any:
+        """The DataLoader in force: the one wrapped, or the one a source of several DataLoaders (online tuning's)
+        says is in force (``in_force``). The prefetcher reads one batch ahead, so while the loop holds a batch this
+        is the DataLoader serving the next one."""
+        return getattr(self._loader, "in_force", self._loader)
+
+    @property
+    def _frame(self) -> Any:
+        """What the user and frameworks see as the DataLoader (samplers, settings): the object wrapped."""
+        return self._loader
+
+    @property
+    def tuning(self) -> Optional[TuneResult]:
+        """What ``make_loader`` chose and why (``print`` it for the trial table); with online tuning, the decision
+        in force; None for a loader you wrapped yourself."""
+        return self._tuning if self._tuning is not None else getattr(self._loader, "tuning", None)
+
+    @property
+    def decisions(self) -> Tuple[Any, ...]:
+        """Every online decision (``results.Decision``: epoch, config, rate, stall, why), oldest first; () without
+        online tuning."""
+        return tuple(getattr(self._loader, "decisions", ()))
+
+    @property
+    def online_traces(self) -> Tuple[Any, ...]:
+        """Every epoch that searched online (``tuning.online.EpochTrace``), oldest first: when each batch reached the
+        loop and each candidate's slice (``autoloader.cli.plot.plot_online_epoch`` draws one); () without online
+        tuning."""
+        return tuple(getattr(self._loader, "traces", ()))
+
+    def __len__(self) -> int:
+        return len(self._frame)  # type: ignore[arg-type]
+
+    @property
+    def dataset(self) -> Any:
+        return getattr(self._frame, "dataset", None)
+
+    @property
+    def batch_size(self) -> Optional[int]:
+        return getattr(self._frame, "batch_size", None)
+
+    @property
+    def stream(self) -> Optional["torch.cuda.Stream"]:
+        """The side CUDA stream batches are copied on (one per device, see NOTE [ One side stream per device ]);
+        None on the CPU."""
+        return side_stream(self.device)
+
+    # NOTE [ What frameworks read ]
+    # Training frameworks take the loader they are given and read DataLoader attributes off it. Lightning (2.6) calls
+    # ``set_epoch`` on ``loader.sampler`` and ``loader.batch_sampler.sampler`` at every epoch, never on the loader
+    # itself, and shuts persistent workers down at the end of ``fit`` through ``loader._iterator``; it sets
+    # ``worker_init_fn`` for ``seed_everything(workers=True)``. Accelerate leaves any object that is not a DataLoader
+    # alone, and its loops never call ``set_epoch`` (its own loaders advance the epoch themselves). So a PrefetchLoader
+    # forwards these to the DataLoader it wraps, and advances the samplers' epoch itself when nobody else did
+    # between two epochs (``_advance_epoch``). It is not a DataLoader subclass: a framework that rebuilds loaders
+    # (Lightning's ``overfit_batches``, Accelerate's ``prepare`` on ``.loader``) cannot rebuild it, and says so.
+
+    @property
+    def sampler(self) -> Any:
+        return getattr(self._frame, "sampler", None)
+
+    @property
+    def batch_sampler(self) -> Any:
+        return getattr(self._frame, "batch_sampler", None)
+
+    @property
+    def worker_init_fn(self) -> Any:
+        return getattr(self._frame, "worker_init_fn", None)
+
+    @worker_init_fn.setter
+    def worker_init_fn(self, value: Any) -> None:
+        setattr(self._frame, "worker_init_fn", value)
+
+    @property
+    def _iterator(self) -> Any:
+        """The DataLoader's persistent-workers iterator (Lightning shuts its workers down through it)."""
+        return getattr(self._frame, "_iterator", None)
+
+    @_iterator.setter
+    def _iterator(self, value: Any) -> None:
+        if hasattr(self._frame, "_iterator"):
+            self._frame._iterator = value
+
+    @property
+    def stats(self) -> Optional[EpochStats]:
+        """The latest epoch's statistics (updated at every batch), None before the first epoch."""
+        return self._clocks[-1].snapshot() if self._clocks else None
+
+    @property
+    def history(self) -> Tuple[EpochStats, ...]:
+        """Every epoch's statistics, oldest first."""
+        return tuple(clock.snapshot() for clock in self._clocks)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Number the next epoch and forward ``epoch`` to every sampler of the loader that has ``set_epoch``."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise TypeError(f"epoch must be an int, got {epoch!r}")
+        self._next_epoch = epoch
+        self._epoch_set = True
+        if callable(getattr(self._frame, "set_epoch", None)):  # a source that numbers its epochs (online tuning)
+            self._frame.set_epoch(epoch)
+        for sampler in _samplers(self._frame):
+            sampler.set_epoch(epoch)
+
+    def _advance_epoch(self) -> None:
+        """At an epoch's start: when neither ``set_epoch`` here nor anyone on the samplers themselves changed their
+        ``epoch`` since the last epoch started, advance it by one, as Accelerate's loaders do, so a
+        ``DistributedSampler`` reshuffles every epoch (see NOTE [ What frameworks read ])."""
+        samplers = [s for s in _samplers(self._frame) if isinstance(getattr(s, "epoch", None), int)]
+        epochs = [s.epoch for s in samplers]
+        if samplers and self._sampler_epochs == epochs and not self._epoch_set:
+            for sampler in samplers:
+                sampler.set_epoch(sampler.epoch + 1)
+            logger.debug("nobody called set_epoch since the last epoch: advanced the samplers to %s",
+                         [s.epoch for s in samplers])
+        self._sampler_epochs = [s.epoch for s in samplers]
+        self._epoch_set = False
+
+    def _check_single_process(self) -> None:
+        if not self._single_process or not (dist.is_available() and dist.is_initialized()):
+            return
+        world = dist.get_world_size()
+        if world > 1:
+            raise RuntimeError(
+                f"autoloader: this loader was made before torch.distributed was initialised, so it is not sharded, "
+                f"but it is now iterated by {world} processes: every rank would read the whole dataset. Call "
+                f"make_loader after init_process_group (Lightning: return it from train_dataloader(), not before "
+                f"Trainer.fit), or pass distributed=False if every rank should read everything")
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._epoch()
+
+    # NOTE [ Stream synchronisation ]
+    # Batch i+1 is copied (and converted) on one side stream while the consumer's stream runs its step on batch i.
+    # Three rules keep that correct, with no host-device synchronisation:
+    # 1. Before the side stream writes batch i+1, it waits on the consumer's current stream
+    #    (``side.wait_stream(consumer)``): work the consumer queued (e.g. on tensors that feed the batch) is done.
+    # 2. Before batch i is handed out, the consumer stream waits on the side stream. This happens before batch i+1's
+    #    copy is queued, so the consumer waits for batch i's copy only and the copy of i+1 overlaps its step.
+    # 3. Each handed-out tensor was allocated on the side stream; ``record_stream(consumer)`` tells the caching
+    #    allocator not to reuse its memory until the consumer's queued work on it has finished.
+    # The side stream is the device's one (NOTE [ One side stream per device ] in device.py): a stream per epoch or
+    # per loader strands each one's cached blocks in a pool no later stream can use (timm issue 2781).
+    # On the CPU the same loop runs with ``contextlib.nullcontext()`` in place of the stream context and no copy.
+
+    def _tuned_workers(self) -> bool:
+        """True when the loader's worker count is one autoloader measured (see quiet_worker_count_warning)."""
+        workers = getattr(self.loader, "num_workers", None)
+        return bool(self.tuning is not None and workers and workers == getattr(self.tuning, "num_workers", None))
+
+    def _epoch(self) -> Iterator[Any]:
+        self._check_single_process()
+        self._advance_epoch()
+        stream = side_stream(self.device)
+        clock = _EpochClock(self._next_epoch, time.perf_counter())
+        self._next_epoch += 1
+        self._clocks.append(clock)
+        entered = clock.start
+        with quiet_worker_count_warning(self._tuned_workers()):
+            it = iter(self._loader)
+        batch = self._fetch(it, stream)
+        while batch is not _END:
+            if stream is not None:
+                consumer = torch.cuda.current_stream(self.device)
+                consumer.wait_stream(stream)
+                for tensor in iter_tensors(batch):
+                    if tensor.is_cuda:
+                        tensor.record_stream(consumer)
+            following = self._fetch(it, stream)
+            now = time.perf_counter()
+            clock.batches += 1
+            clock.wait += now - entered
+            clock.end = now
+            yield batch
+            entered = time.perf_counter()
+            batch = following
+        clock.end = time.perf_counter()
+        clock.wait += clock.end - entered
+        logger.debug("epoch %d: %d batches in %.3f s, stall %.1f%%", clock.epoch, clock.batches,
+                     clock.end - clock.start, 100.0 * clock.snapshot().stall_fraction)
+
+    def _fetch(self, it: Iterator[Any], stream: Optional[torch.cuda.Stream]) -> Any:
+        """The next batch, copied (see NOTE [ Stream synchronisation ]) and transformed; ``_END`` when exhausted."""
+        try:
+            batch = next(it)
+        except StopIteration:
+            return _END
+        if stream is None and not self._transform.active:
+            return batch
+        consumer = torch.cuda.current_stream(self.device) if stream is not None else None
+        context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        with context:
+            if stream is not None:
+                stream.wait_stream(consumer)
+                batch = map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
+            if self._transform.active:
+                batch = self._transform(batch)
+        return batch

@@ -1,0 +1,197 @@
+"""Worker processes of a trial: find them, read what they cost (psutil), and make sure none outlives the trial.
+
+# NOTE [ Process cleanup ]
+# A trial's DataLoader workers are reaped in its ``finally``, inside ``SignalGuard.shield()`` (no signal raises there:
+# see NOTE [ Asynchronous exceptions ] in signals.py), in these steps:
+# 1. When the trial failed (a worker died, the limit passed, the dataset or the step raised, Ctrl-C), ``terminate()``
+#    stops every worker first: SIGTERM, which makes a DataLoader worker exit with status 0 (torch's worker signal
+#    handler), then SIGKILL after a short wait for one that ignores it. Otherwise the DataLoader's own shutdown would
+#    wait up to 5 s for each stuck worker in turn, and Ctrl-C while 36 of 64 workers were still starting took 6.5 s.
+# 2. Drop every reference to the DataLoader iterator, including the ones a pending exception's traceback holds
+#    through its frames (``traceback.clear_frames``), then ``gc.collect()``. The iterator's ``__del__`` runs the
+#    DataLoader's own shutdown: it signals the workers, joins them and closes its queues. This is the public way; we
+#    never call ``_shutdown_workers`` ourselves.
+# 3. ``reap()`` then checks, with psutil, the processes that appeared during the trial. Any still running after a
+#    grace period (a worker stuck in uninterruptible user code) gets SIGTERM, then SIGKILL.
+# We never ``waitpid`` a worker ourselves: multiprocessing owns that, and reaping a pid behind its back would let it
+# signal a recycled pid later. ``multiprocessing.active_children()`` lets it collect what is left.
+# The trial only ever touches children that did not exist when it started (less multiprocessing's resource tracker and
+# fork server, which the first spawn/forkserver worker starts for the whole process), so a user's own children are safe
+# (unless another thread of the user's starts processes during a trial, which autoloader cannot tell apart).
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import multiprocessing
+import os
+import resource
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Set
+
+import psutil
+
+log = logging.getLogger("autoloader.trial")
+
+
+_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
+def _is_helper(proc: psutil.Process, me: int) -> bool:
+    """multiprocessing's resource tracker or fork server: started with the first spawn/forkserver worker, then shared
+    by the whole process for its lifetime, so never a trial's to stop (its own children, forkserver workers, are)."""
+    try:
+        return proc.ppid() == me and any(h in " ".join(proc.cmdline()) for h in _HELPERS)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
+def child_pids() -> Set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def new_children(before: Set[int]) -> List[psutil.Process]:
+    """Descendants that did not exist in ``before``, less multiprocessing's own long-lived helpers."""
+    me = os.getpid()
+    return [p for p in psutil.Process().children(recursive=True) if p.pid not in before and not _is_helper(p, me)]
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_gone(procs: Iterable[psutil.Process], timeout: float) -> List[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if _running(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [p for p in alive if _running(p)]
+    return alive
+
+
+def _signal_until_gone(alive: List[psutil.Process], *, level: int, why: str) -> None:
+    for sig_name in ("terminate", "kill"):
+        if not alive:
+            return
+        log.log(level, "trial workers %s %s; sending %s", [p.pid for p in alive], why, sig_name.upper())
+        for proc in alive:
+            try:
+                getattr(proc, sig_name)()
+            except psutil.NoSuchProcess:
+                continue
+        alive = _wait_gone(alive, 1.0)
+
+
+def terminate(procs: Iterable[psutil.Process], *, why: str = "belong to a failed trial") -> int:
+    """SIGTERM (then SIGKILL) ``procs`` now: the workers of a trial that failed. Returns how many were running."""
+    alive = [p for p in procs if _running(p)]
+    _signal_until_gone(alive, level=logging.INFO, why=why)
+    return len(alive)
+
+
+def reap(procs: Iterable[psutil.Process], *, grace: float = 5.0) -> int:
+    """Make sure ``procs`` have exited (see NOTE [ Process cleanup ]). Returns how many had to be signalled."""
+    alive = _wait_gone(procs, grace)
+    _signal_until_gone(alive, level=logging.WARNING, why="did not exit")
+    multiprocessing.active_children()
+    return len(alive)
+
+
+def drop(references: List[Any]) -> None:
+    """Drop ``references`` (a DataLoader iterator, its loader, ...: the caller keeps no other), so the iterator's
+    ``__del__`` runs the DataLoader's shutdown now. A full ``gc.collect()`` (0.1-0.3 s in a process holding torch, and
+    it holds the GIL) runs only when one of them survived, held by a reference cycle (a traceback's frames)."""
+    survivors = []
+    for obj in references:
+        try:
+            survivors.append(weakref.ref(obj))
+        except TypeError:  # None, or a type without weak references
+            continue
+    references.clear()
+    if any(ref() is not None for ref in survivors):
+        gc.collect()
+
+
+def retire(references: List[Any], workers: List[psutil.Process]) -> threading.Thread:
+    """Shut down a DataLoader iterator that is no longer used, in a helper thread: ``references`` holds the only
+    references to it (and its loader), which the thread drops (``drop``), so that the DataLoader's own shutdown
+    (signalling and joining ``workers``) runs there; then the workers are reaped (see NOTE [ Process cleanup ]). The
+    caller must not keep another reference."""
+    def run() -> None:
+        drop(references)
+        reap(workers)
+
+    thread = threading.Thread(target=run, name="autoloader-retire", daemon=True)
+    thread.start()
+    return thread
+
+
+@dataclass(frozen=True)
+class WorkerSample:
+    """Cumulative counters of a set of workers at one instant."""
+
+    cpu_s: float
+    read_bytes: Optional[int]
+    max_rss: Optional[int]
+    max_uss: Optional[int]
+    uss_by_pid: Dict[int, int]
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's children that have exited and been waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+class WorkerTracker:
+    """Cumulative CPU time and bytes read of a trial's workers, including those that exit during the trial.
+
+    A finite IterableDataset's workers exit, and the DataLoader joins them, before the trial ends: a sample taken then
+    finds no process and would miss all their work (issue 14: every WebDataset trial read 0 % worker CPU). A worker
+    still running (or a zombie not yet waited for) is read with psutil; once it has been waited for, its whole CPU time
+    is in this process's ``RUSAGE_CHILDREN``, so the total is the running workers' readings plus what
+    ``RUSAGE_CHILDREN`` gained since the tracker started (the only children waited for during a trial are its own
+    workers). Bytes read of a vanished worker stay at its last reading."""
+
+    def __init__(self, procs: Iterable[psutil.Process]) -> None:
+        self.procs = list(procs)
+        self._cpu: Dict[int, float] = {}
+        self._read: Dict[int, Optional[int]] = {}
+        self._children_at_start = _children_cpu_s()
+        self.last_sampled = -float("inf")
+
+    def sample(self, *, memory: bool = True) -> WorkerSample:
+        """CPU seconds, bytes read and memory of the workers; a figure the platform refuses to report is None.
+        Memory is that of the workers still running."""
+        rss: Optional[int] = None
+        uss: Dict[int, int] = {}
+        for proc in self.procs:
+            try:
+                with proc.oneshot():
+                    times = proc.cpu_times()
+                    self._cpu[proc.pid] = times.user + times.system
+                    try:
+                        self._read[proc.pid] = proc.io_counters().read_chars
+                    except (psutil.AccessDenied, AttributeError, NotImplementedError):
+                        self._read[proc.pid] = None
+                    if memory:
+                        try:
+                            info = proc.memory_full_info()
+                            uss[proc.pid] = info.uss
+                            rss = max(rss or 0, info.rss)
+                        except (psutil.AccessDenied, AttributeError, NotImplementedError):
+                            rss = max(rss or 0, proc.memory_info().rss)
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                self._cpu.pop(proc.pid, None)  # waited for: its CPU time is in RUSAGE_CHILDREN now
+                continue
+        self.last_sampled = time.perf_counter()
+        reads = list(self._read.values())
+        read = None if any(r is None for r in reads) else sum(r for r in reads if r is not None)
+        cpu = sum(self._cpu.values()) + max(0.0, _children_cpu_s() - self._children_at_start)
+        return WorkerSample(cpu, read, rss, max(uss.values()) if uss else None, uss)

@@ -1,0 +1,281 @@
+"""Signals that raise in the main thread during a trial, delivered only where raising cannot leak a lock.
+
+# NOTE [ Asynchronous exceptions ]
+# Three signals make the main thread raise at whatever bytecode it is running: SIGALRM (a trial's hard limit,
+# ``TrialTimeout``), SIGINT (``KeyboardInterrupt``) and SIGCHLD (torch's DataLoader handler raises "DataLoader worker
+# (pid X) is killed by signal" when a worker dies). Raising between a lock's acquire and the ``try``/``with`` that
+# releases it leaks the lock for good. ``multiprocessing.Queue.put`` runs ``with self._notempty:``, and the
+# Python-level ``Condition.__enter__`` returns with the lock held before the ``with`` is set up: a worker killed while
+# the main thread puts indices raised exactly there (issue 11, seen with a diagnostic handler: "raised at
+# threading.py:__enter__ <- queues.py:put <- dataloader.py:_try_put_index"), and the iterator's shutdown then put to
+# the same queue and waited forever, the queue's feeder thread with it.
+# ``SignalGuard`` wraps the handlers of the three signals for the length of a trial:
+# - when the interrupted frame is inside the standard library's synchronisation code (threading, queue,
+#   multiprocessing), or where Python swallows exceptions ("Exception ignored in ...": a ``__del__``, a callback that
+#   ``os.fork()`` runs, such as logging's lock release, where a Ctrl-C while workers were forked was lost), a
+#   handler's exception is kept, not raised, and a 10 ms timer (SIGALRM) retries until the thread is somewhere safe. Blocking reads are safe places and raise at once: multiprocessing.connection and selectors
+#   (the pipe under ``Queue.get``, inside its try/finally), and a ``Condition.wait`` called by ``queue.Queue.get``
+#   once its try block is entered (the pin-memory results), which releases what it holds on the way out.
+# - in a function marked ``@cleanup`` (``Run.stop``) before it entered its ``shield()``, and while entering it, a
+#   handler's exception is kept the same way: a Ctrl-C that lands as a run starts its cleanup must not skip it (it
+#   left a trial's workers running).
+# - inside ``shielded()`` (a trial's cleanup) nothing is raised. A Ctrl-C kept there is raised when the guard exits;
+#   a worker's death or the limit passing is dropped, since the trial's outcome is already decided.
+# - only the first process owns the guard: a forked worker inherits the wrappers and calls the original handlers,
+#   and so does a wrapper left installed after its guard exited (two guards may exit out of order).
+# - ``hold_worker_errors`` (online tuning, where the user's own loop runs between our batches): a worker's death is
+#   never raised by the retry timer, only by ``check()`` in autoloader's own code, so it cannot land in the user's
+#   training step; Ctrl-C still lands at the next safe place.
+# torch installs its SIGCHLD handler once per process, in the first multi-worker iterator, on top of whatever is
+# there. We make it install first (``_set_SIGCHLD_handler``, a private torch function, called when it exists) so
+# that our wrapper sits above it; were it gone, torch's handler would sit above ours during the first iterator only.
+# Guards nest (the timer is the innermost one's until it exits, then the outer one's again) and may exit out of order:
+# an exited guard's wrappers stay transparent wherever they are still installed.
+# When SIGALRM is not ours to use (not the main thread, or the user's own handler is installed) nothing is wrapped:
+# kept exceptions could never be retried, so the guard stands aside and the limit is not enforced by a signal.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing.connection
+import os
+import queue
+import signal
+import threading
+import time
+from types import CodeType, FrameType
+from typing import Any, Callable, Dict, Optional, Set, TypeVar
+
+log = logging.getLogger("autoloader.trial")
+
+RETRY_S = 0.01
+"""How soon a kept exception is retried."""
+
+_THREADING = threading.__file__
+_QUEUE = queue.__file__
+_MULTIPROCESSING = os.path.dirname(multiprocessing.connection.__file__) + os.sep
+_SAFE_FILES = frozenset({multiprocessing.connection.__file__, getattr(__import__("selectors"), "__file__", "")})
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+_CLEANUP: Set[CodeType] = set()
+
+
+def cleanup(function: F) -> F:
+    """Mark ``function`` as one that must start its work unraised: a signal landing in its own frame (before it
+    entered ``SignalGuard.shield()``) is kept, as inside the shield (see NOTE [ Asynchronous exceptions ])."""
+    _CLEANUP.add(function.__code__)
+    return function
+
+
+def unsafe_to_raise(frame: Optional[FrameType]) -> bool:
+    """True when ``frame`` (the innermost one a signal interrupted) is in code that may hold a lock outside a
+    ``try``/``with`` that releases it, or where Python would swallow the exception (see NOTE [ Asynchronous
+    exceptions ])."""
+    if frame is None:
+        return False
+    if frame.f_code in _CLEANUP or _swallowed_in(frame):
+        return True
+    path = frame.f_code.co_filename
+    if path in _SAFE_FILES:
+        return False
+    if path == _THREADING:
+        caller = frame.f_back
+        in_try = frame.f_code.co_name == "wait" and "gotit" in frame.f_locals
+        return not (in_try and caller is not None and caller.f_code.co_filename == _QUEUE
+                    and caller.f_code.co_name == "get")
+    return path == _QUEUE or path.startswith(_MULTIPROCESSING)
+
+
+def _swallowed_in(frame: FrameType, depth: int = 64) -> bool:
+    """An exception raised here would be printed as "Exception ignored in ..." and lost: inside a ``__del__``, or in
+    a callback ``os.fork()`` runs (``register_at_fork``: its caller is multiprocessing's fork)."""
+    caller = frame.f_back
+    if caller is not None and caller.f_code.co_filename.startswith(_MULTIPROCESSING) and \
+            caller.f_code.co_filename not in _SAFE_FILES and not frame.f_code.co_filename.startswith(_MULTIPROCESSING):
+        return True
+    current: Optional[FrameType] = frame
+    for _ in range(depth):
+        if current is None:
+            return False
+        if current.f_code.co_name == "__del__":
+            return True
+        current = current.f_back
+    return False
+
+
+def _rank(exc: BaseException) -> int:
+    """Which kept exception wins: Ctrl-C, then a timeout, then anything else (a worker's death)."""
+    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return 2
+    return 1 if getattr(exc, "from_limit", False) else 0
+
+
+def _guard_of(handler: Any) -> Optional["SignalGuard"]:
+    return getattr(handler, "_autoloader_guard", None)
+
+
+def _unwrapped(signum: int, handler: Any) -> Any:
+    """``handler``, or what it wrapped when it belongs to a guard that has exited (guards may exit out of order)."""
+    guard = _guard_of(handler)
+    while guard is not None and not guard.active:
+        handler = guard._previous.get(signum, signal.SIG_DFL)
+        guard = _guard_of(handler)
+    return handler
+
+
+def _ensure_torch_sigchld_handler() -> None:
+    from torch.utils.data._utils import signal_handling
+
+    install = getattr(signal_handling, "_set_SIGCHLD_handler", None)
+    if callable(install):
+        install()
+
+
+class SignalGuard:
+    """Raise ``make_timeout()`` after ``limit_s`` seconds, and deliver SIGINT/SIGCHLD/SIGALRM exceptions only at
+    safe points, for the length of a ``with`` block (see NOTE [ Asynchronous exceptions ]).
+
+    ``make_timeout`` returns the exception to raise at the limit; it should carry ``from_limit = True``.
+    """
+
+    def __init__(self, *, limit_s: Optional[float] = None,
+                 make_timeout: Optional[Callable[[], BaseException]] = None, hold_worker_errors: bool = False) -> None:
+        self.limit_s, self.make_timeout, self.hold_worker_errors = limit_s, make_timeout, hold_worker_errors
+        self.active = False
+        self._pid = os.getpid()
+        self._previous: Dict[int, Any] = {}
+        self._deadline: Optional[float] = None
+        self._pending: Optional[BaseException] = None
+        self._shielded = 0
+        self._limit_passed = False
+
+    # -- installing ----------------------------------------------------------------------------------------------
+    def __enter__(self) -> "SignalGuard":
+        self.active = (hasattr(signal, "setitimer") and hasattr(signal, "SIGCHLD")
+                       and threading.current_thread() is threading.main_thread()
+                       and (signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None)
+                            or _guard_of(signal.getsignal(signal.SIGALRM)) is not None))
+        if not self.active:
+            return self
+        self._pid = os.getpid()
+        _ensure_torch_sigchld_handler()
+        self._previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._owned(self._make_alarm()))
+        for signum in (signal.SIGINT, signal.SIGCHLD):
+            inner = signal.getsignal(signum)
+            if callable(inner):
+                self._previous[signum] = signal.signal(signum, self._owned(self._wrap(inner)))
+        if self.limit_s is not None and self.make_timeout is not None:
+            self._deadline = time.monotonic() + self.limit_s
+        self._arm()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if not self.active:
+            return
+        self.active = False
+        for signum, previous in self._previous.items():
+            if _guard_of(signal.getsignal(signum)) is self:
+                signal.signal(signum, _unwrapped(signum, previous))
+        owner = _guard_of(signal.getsignal(signal.SIGALRM))
+        if owner is not None and owner.active:
+            owner._arm()  # a guard entered after this one and still running keeps its timer
+        else:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        kept, self._pending = self._pending, None
+        if kept is not None and _rank(kept) == 2:
+            raise kept
+
+    def _owned(self, handler: Any) -> Any:
+        handler._autoloader_guard = self
+        return handler
+
+    # -- delivering ----------------------------------------------------------------------------------------------
+    def _wrap(self, inner: Callable[[int, Optional[FrameType]], Any]) -> Callable[[int, Optional[FrameType]], None]:
+        def handler(signum: int, frame: Optional[FrameType]) -> None:
+            if os.getpid() != self._pid or not self.active:
+                inner(signum, frame)
+                return
+            try:
+                inner(signum, frame)
+            except BaseException as exc:  # noqa: B036 - kept or re-raised by _deliver
+                self._deliver(exc, frame)
+        return handler
+
+    def _make_alarm(self) -> Callable[[int, Optional[FrameType]], None]:
+        def handler(signum: int, frame: Optional[FrameType]) -> None:
+            self._on_alarm(signum, frame)
+        return handler
+
+    def _on_alarm(self, signum: int, frame: Optional[FrameType]) -> None:
+        if os.getpid() != self._pid or not self.active:
+            return
+        exc = self._pending
+        if self._deadline is not None and not self._limit_passed and time.monotonic() >= self._deadline:
+            self._limit_passed = True
+            timeout = self.make_timeout() if self.make_timeout is not None else None
+            if timeout is not None and (exc is None or _rank(timeout) >= _rank(exc)):
+                exc = timeout
+        if exc is not None:
+            self._deliver(exc, frame)
+        else:
+            self._arm()
+
+    def _deliver(self, exc: BaseException, frame: Optional[FrameType]) -> None:
+        if self._shielded or unsafe_to_raise(frame) or (self.hold_worker_errors and _rank(exc) == 0):
+            if self._pending is None or _rank(exc) > _rank(self._pending):
+                self._pending = exc
+            log.debug("kept %r: interrupted %s:%s", exc, frame and frame.f_code.co_filename,
+                      frame and frame.f_code.co_name)
+            self._arm()
+            return
+        self._pending = None
+        self._arm()
+        raise exc
+
+    def _arm(self) -> None:
+        if not self.active:
+            return
+        delays = []
+        if self._pending is not None and not self._shielded and \
+                not (self.hold_worker_errors and _rank(self._pending) == 0):
+            delays.append(RETRY_S)
+        if self._deadline is not None and not self._limit_passed:
+            delays.append(max(1e-4, self._deadline - time.monotonic()))
+        signal.setitimer(signal.ITIMER_REAL, min(delays) if delays else 0)
+
+    # -- the cleanup and the checkpoints ---------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise a kept exception now (call from a safe point in our own code)."""
+        kept, self._pending = self._pending, None
+        if kept is not None:
+            self._arm()
+            raise kept
+
+    @cleanup
+    def shield(self) -> "_Shield":
+        """A block in which nothing is raised (a trial's cleanup); see NOTE [ Asynchronous exceptions ]."""
+        return _Shield(self)
+
+
+class _Shield:
+    @cleanup
+    def __init__(self, guard: SignalGuard) -> None:
+        self.guard = guard
+
+    @cleanup
+    def __enter__(self) -> None:
+        guard = self.guard
+        guard._shielded += 1
+        if guard._pending is not None and _rank(guard._pending) < 2:
+            log.debug("dropped %r: the trial already ended", guard._pending)
+            guard._pending = None
+        guard._limit_passed = True
+        guard._arm()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        guard = self.guard
+        guard._shielded -= 1
+        if guard._pending is not None and _rank(guard._pending) < 2:
+            guard._pending = None
+        guard._arm()

@@ -1,0 +1,138 @@
+"""A trial: one candidate configuration timed against the consumer step before training, by the one measured loop
+(``run.Run``, NOTE [ Trial timing ]) over a DataLoader whose sampler never ends.
+
+While it runs, a trial also watches for two mistakes in the dataset (advice.py): workers repeating an unsharded
+IterableDataset (``advice.RepeatCheck``) and copy-on-read memory growth (worker USS from the first batch to the end).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Iterator, Optional
+
+import torch
+from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+
+from ..config import LoaderConfig
+from ..errors import quiet_worker_count_warning
+from ..loader.prefetch import PrefetchLoader
+from ..probe import start_method
+from ..request import Request
+from ..results import TrialResult
+from . import advice as _advice
+from .consumer import Consumer
+from .failures import classify
+from .run import Run
+
+log = logging.getLogger("autoloader.trial")
+
+_TRIAL_SEED = 0x5EED
+SPAWN_STARTUP_S = 15.0
+"""Allowed on top of a trial's limit when its workers are spawned (spawn, forkserver): each imports torch before its
+first batch, seconds on a busy machine, and that start-up is reported apart, never the candidate's fault."""
+
+
+class _Cycle:
+    """Repeats a sampler (or batch sampler) forever, so trials never hit an epoch boundary."""
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            empty = True
+            for item in self.base:
+                empty = False
+                yield item
+            if empty:
+                return
+
+
+def _private_generator(generator: Optional[torch.Generator]) -> torch.Generator:
+    """A copy of the user's generator (or a fixed-seed one): trials must not advance the user's RNG state."""
+    copy = torch.Generator()
+    if generator is not None:
+        copy.set_state(generator.get_state())
+    else:
+        copy.manual_seed(_TRIAL_SEED)
+    return copy
+
+
+def trial_loader(request: Request, config: LoaderConfig, *, limit_s: float) -> DataLoader:
+    """The DataLoader a trial iterates (``Request.data_loader``): the user's arguments, the candidate's knobs, a
+    private generator, no persistent workers, a worker ``timeout``, and a sampler that never ends."""
+    kwargs = request.loader_kwargs
+    generator = _private_generator(kwargs.get("generator"))
+    forced: dict = {"generator": generator, "persistent_workers": False}
+    if config.num_workers > 0 and not kwargs.get("timeout"):
+        forced["timeout"] = max(1.0, limit_s)
+    sampling: Optional[dict] = None
+    if request.streaming:
+        pass
+    elif kwargs.get("batch_sampler") is not None:
+        sampling = {"batch_sampler": _Cycle(kwargs["batch_sampler"])}
+    else:
+        sampler = kwargs.get("sampler")
+        if sampler is None:
+            sampler = RandomSampler(request.dataset, generator=generator) if request.shuffle else \
+                SequentialSampler(request.dataset)
+        sampling = {"batch_size": request.batch_size, "sampler": _Cycle(sampler),
+                    "drop_last": kwargs.get("drop_last", False)}
+    with quiet_worker_count_warning(True):
+        return request.data_loader(config, sampling=sampling, **forced)
+
+
+def run_trial(request: Request, config: LoaderConfig, *, consumer: Consumer, limit_s: float = 5.0,
+              measure_consumer: bool = False, threads_tuned: bool = False) -> TrialResult:
+    """Time ``config`` against ``consumer`` (see NOTE [ Trial timing ]); workers are always reaped.
+
+    Returns a ``TrialResult`` with ``status="failed"`` and the reason when the candidate itself fails (worker killed,
+    timeout, file descriptors, or a thread candidate the tuner chose, ``threads_tuned``, raising); re-raises the
+    user's own exceptions from the dataset or the step unchanged, and ``KeyboardInterrupt``. With
+    ``measure_consumer``, ``consumer_s_per_batch`` is the step alone timed on the last batch (see
+    ``Consumer.seconds_per_batch``); otherwise it is the host time spent in the step during the window.
+    """
+    spawned = config.num_workers > 0 and start_method(request.setting("multiprocessing_context")) != "fork"
+    limit_s += SPAWN_STARTUP_S if spawned else 0.0
+    run = Run(trial_loader(request, config, limit_s=limit_s), config, mode="trial", consumer=consumer,
+              batch_size=request.batch_size, limit_s=limit_s)
+    error: Optional[BaseException] = None
+    try:
+        with run.guard:  # its hard limit covers every step, the last one's and measure_consumer's too
+            try:
+                _consume(PrefetchLoader(run, device=consumer.device, **request.transform), run, consumer,
+                         measure_consumer=measure_consumer)
+            except BaseException as exc:  # noqa: B036 - classified below: the user's errors are re-raised unchanged
+                error = exc
+            finally:
+                run.stop(error)
+    finally:
+        run.stop(error)  # a Ctrl-C that landed as the first call began: the workers are stopped all the same
+    if error is not None:
+        return classify(error, config, user=run.user, threads_tuned=threads_tuned, stream=request.streaming,
+                        startup_s=run.startup_s, elapsed_s=run.elapsed, batch_bytes=run.window.batch_bytes)
+    result = run.result
+    if result is None:  # the generator never ran to its end: cannot happen without an error above
+        raise RuntimeError("the trial's loop ended without a measurement")
+    if run.repeats is not None and run.repeats.repeated:
+        _advice.warn_once(request.dataset, "repeated-stream",
+                          _advice.repeated_stream_advice(request.dataset, config.num_workers))
+    copy_on_read = _advice.copy_on_read_advice(result, dataset_name=type(request.dataset).__name__)
+    if copy_on_read is not None:
+        _advice.warn_once(request.dataset, "copy-on-read", copy_on_read)
+    return dataclasses.replace(result, elapsed_s=run.elapsed)
+
+
+def _consume(prefetcher: PrefetchLoader, run: Run, consumer: Consumer, *, measure_consumer: bool) -> None:
+    """The training loop of a trial: the step on every batch the run hands out (the user's code: ``run.user``), then
+    the step alone on the last one when asked."""
+    last: Any = None
+    for last in prefetcher:
+        run.user = True
+        consumer(last)
+        run.user = False
+    if measure_consumer and last is not None and run.result is not None:
+        run.user = True
+        consumer_s = consumer.seconds_per_batch(last, seconds=0.25)
+        run.user = False
+        run.result = dataclasses.replace(run.result, consumer_s_per_batch=consumer_s)

@@ -1,0 +1,226 @@
+"""A candidate's timed window: what each batch cost, what the workers did, and the ``TrialResult`` they make; and
+the lighter ``Tally`` of an epoch served by the configuration in force.
+
+``run.Run`` drives the loop; this module only records and computes, following NOTE [ Trial timing ] in run.py. The
+window's constants and the start-up burst rule (``burst_batches``) are defined here and nowhere else.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any, List, Optional, Sequence, Tuple
+
+from ..config import LoaderConfig
+from ..loader.batch import batch_nbytes, iter_tensors
+from ..results import TrialResult
+from .procs import WorkerSample, WorkerTracker
+
+SAMPLE_EVERY_S = 0.1
+"""How often the workers' counters are read during a trial, so a worker that exits keeps most of its figures."""
+MIN_WINDOW_S = 0.5
+"""A window spans at least this long ..."""
+MIN_ROUNDS = 3
+"""... and at least this many waves of ``num_workers`` batches ..."""
+MIN_BATCHES = 6
+"""... and at least this many batches (see NOTE [ Trial timing ] in run.py)."""
+
+
+def burst_batches(config: LoaderConfig) -> int:
+    """Batches consumed before a window opens: the start-up burst (``num_workers * prefetch_factor`` batches ready in
+    the queue) plus one wave of ``num_workers``; 1 without workers (NOTE [ Trial timing ], 2.)."""
+    n = config.num_workers
+    return n * (config.prefetch_factor or 0) + n if n else 1
+
+
+@dataclass(frozen=True)
+class BatchMark:
+    """One consumed batch: when the consumer finished it, its samples, and where its time went."""
+
+    done: float
+    samples: int
+    wait_s: float
+    """Wall time inside ``next()``: waiting for data."""
+    wait_cpu_s: float
+    """This process's CPU time inside ``next()``."""
+    step_s: float
+    """Host time inside the consumer step (and the pacing after it)."""
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """Counters read at one edge of the window."""
+
+    time: float
+    main_cpu_s: float
+    workers: Optional[WorkerSample]
+
+
+def samples_in(batch: Any, default: int) -> int:
+    """The batch's leading dimension (its first tensor's), else its ``len()``, else ``default``."""
+    for tensor in iter_tensors(batch):
+        return int(tensor.shape[0]) if tensor.dim() > 0 else default
+    try:
+        return len(batch)
+    except TypeError:
+        return default
+
+
+def window_open(count: int, skip: int, n: int) -> Optional[int]:
+    """Index of the batch whose completion opens the timed window: after the burst if we got that far, else after
+    the first wave, else after the first batch; None when fewer than two batches follow it."""
+    for index in (skip - 1, n, 0):
+        if count - 1 - index >= 2:
+            return index
+    return None
+
+
+class Window:
+    """Everything one candidate measures, batch by batch (see NOTE [ Trial timing ] in run.py)."""
+
+    def __init__(self, config: LoaderConfig, *, started: float, batch_size: int, min_window_s: float = MIN_WINDOW_S,
+                 min_rounds: int = MIN_ROUNDS, min_batches: int = MIN_BATCHES) -> None:
+        n = config.num_workers
+        self.config, self.started, self.batch_size, self.min_window_s = config, started, batch_size, min_window_s
+        self.skip = burst_batches(config)
+        self.need = max(min_batches, min_rounds * n)
+        self.marks: List[BatchMark] = []
+        self.startup_s: Optional[float] = None
+        self.batch_bytes: Optional[int] = None
+        self.tracker: Optional[WorkerTracker] = None
+        self.memory_start: Optional[WorkerSample] = None
+        self.opened: Optional[_Probe] = None
+        self.closed: Optional[_Probe] = None
+        self.end = started
+        self.exhausted = False
+        self.consumer_s: Optional[float] = None
+        self.last_batch: Any = None
+
+    def first_batch(self, batch: Any, t_got: float, *, workers: Sequence[Any], memory: bool = True) -> None:
+        """The first batch arrived: start-up is over; start tracking ``workers`` (their memory too, for its growth
+        during the window: reading it costs tens of milliseconds per worker on big machines)."""
+        self.startup_s = t_got - self.started
+        self.batch_bytes = batch_nbytes(batch)
+        if workers:
+            self.tracker = WorkerTracker(workers)
+            self.memory_start = self.tracker.sample(memory=memory)
+
+    def add(self, batch: Any, *, t_ask: float, c_ask: float, t_got: float, c_got: float, consumer: Any) -> None:
+        """Record a batch the consumer has finished; the batch that opens the window first waits for the device."""
+        if len(self.marks) + 1 == self.skip:
+            consumer.synchronize()
+        t_done = time.perf_counter()
+        self.marks.append(BatchMark(t_done, samples_in(batch, self.batch_size), t_got - t_ask, c_got - c_ask,
+                                    t_done - t_got))
+        if len(self.marks) == self.skip:
+            self.opened = _Probe(time.perf_counter(), time.process_time(),
+                                 self.tracker.sample(memory=False) if self.tracker else None)
+        elif self.tracker is not None and t_done - self.tracker.last_sampled >= SAMPLE_EVERY_S:
+            self.tracker.sample(memory=False)
+
+    def complete(self, *, deadline: float, patient: bool = False) -> bool:
+        """Enough waves and seconds after the window opened, or the soft limit reached. ``patient``: the limit ends
+        the window only once it has opened and holds a few batches (online, a slow training step must not cut a
+        candidate before it is measured)."""
+        if not self.marks:
+            return False
+        last = self.marks[-1].done
+        in_window = len(self.marks) - self.skip
+        if last >= deadline and (not patient or in_window >= 3):
+            return True
+        return in_window >= self.need and last - self.marks[self.skip - 1].done >= self.min_window_s
+
+    def close(self) -> None:
+        """Read the counters at the window's end (after the device caught up)."""
+        self.end = time.perf_counter()
+        if self.opened is not None:
+            self.closed = _Probe(self.end, time.process_time(), self.tracker.sample() if self.tracker else None)
+
+    def result(self, elapsed: float) -> TrialResult:
+        config, marks = self.config, self.marks
+        opened = window_open(len(marks), self.skip, self.config.num_workers)
+        if opened is None:
+            return TrialResult(config=config, status="failed", startup_s=self.startup_s, elapsed_s=elapsed,
+                               batch_bytes=self.batch_bytes, steady=False,
+                               reason=f"only {len(marks)} batches within the trial's time limit; too few to measure "
+                                      f"a rate")
+        window_marks = marks[opened + 1:]
+        batches = len(window_marks)
+        last = max(self.end, marks[-1].done)
+        span = last - marks[opened].done
+        wait = sum(m.wait_s for m in window_marks)
+        rate = sum(m.samples for m in window_marks) / span
+        if config.num_workers and opened < self.skip - 1:
+            # Cut inside the start-up burst: its batches were made while the workers started, so the window's rate
+            # overstates the steady one; count from the trial's start instead (see NOTE [ Trial timing ], 4.).
+            rate = min(rate, sum(m.samples for m in marks) / max(1e-9, last - self.started))
+        result = TrialResult(
+            config=config,
+            samples_per_s=rate,
+            batches=batches,
+            window_s=span,
+            startup_s=self.startup_s,
+            elapsed_s=elapsed,
+            stall_fraction=min(1.0, wait / span),
+            fetch_s_per_batch=wait / batches,
+            fetch_cpu_s_per_batch=sum(m.wait_cpu_s for m in window_marks) / batches,
+            consumer_s_per_batch=sum(m.step_s for m in window_marks) / batches,
+            batch_bytes=self.batch_bytes,
+            steady=opened == self.skip - 1 and batches >= self.need and not self.exhausted,
+            **self._worker_fields(span, batches),
+        )
+        if self.consumer_s is not None:
+            result = replace(result, consumer_s_per_batch=self.consumer_s)
+        return result
+
+    def _worker_fields(self, span: float, batches: int) -> dict:
+        start, end = self.opened, self.closed
+        if start is None or end is None:
+            return {}
+        probed = max(1e-9, end.time - start.time)
+        fields: dict = {"main_cpu_util": (end.main_cpu_s - start.main_cpu_s) / probed}
+        n = self.config.num_workers
+        if not n or start.workers is None or end.workers is None:
+            return fields
+        per_batch = span / (probed * batches)
+        cpu = max(0.0, end.workers.cpu_s - start.workers.cpu_s)
+        first_uss = self.memory_start.uss_by_pid if self.memory_start is not None else {}
+        growth = [uss - first_uss[pid] for pid, uss in end.workers.uss_by_pid.items() if pid in first_uss]
+        read = (None if end.workers.read_bytes is None or start.workers.read_bytes is None
+                else max(0, end.workers.read_bytes - start.workers.read_bytes))
+        fields.update(
+            worker_cpu_util=cpu / (probed * n),
+            worker_cpu_s_per_batch=cpu * per_batch,
+            read_bytes_per_batch=None if read is None else read * per_batch,
+            worker_rss_bytes=end.workers.max_rss,
+            worker_uss_bytes=end.workers.max_uss,
+            worker_uss_growth_bytes=max(growth) if growth else None,
+            worker_uss_total_bytes=sum(end.workers.uss_by_pid.values()) if end.workers.uss_by_pid else None,
+        )
+        return fields
+
+
+class Tally:
+    """An epoch served by the configuration in force, counted without a mark per batch (an epoch may hold millions):
+    its steady rate and stall after the same start-up burst a window skips, for the re-tune check."""
+
+    def __init__(self, config: LoaderConfig, batch_size: int) -> None:
+        self.skip, self.batch_size = burst_batches(config), batch_size
+        self.count = self.samples = 0
+        self.opened: Optional[float] = None
+        self.waited = 0.0
+
+    def add(self, batch: Any, *, wait_s: float, t_got: float) -> None:
+        self.count += 1
+        if self.count == self.skip:
+            self.opened = t_got
+        elif self.count > self.skip:
+            self.waited += wait_s
+            self.samples += samples_in(batch, self.batch_size)
+
+    def rate_and_stall(self, end: float) -> Tuple[Optional[float], Optional[float]]:
+        """(samples/s, share of the time spent waiting) after the burst; (None, None) when too few batches followed
+        it."""
+        if self.opened is None or self.count < self.skip + 3 or end <= self.opened:
+            return None, None
+        span = end - self.opened
+        return self.samples / span, self.waited / span

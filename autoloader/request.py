@@ -1,0 +1,106 @@
+"""``make_loader``'s arguments, checked once (``Request.checked``), and the DataLoader they make for a configuration
+(``Request.data_loader``: the one place a DataLoader is built, for the returned loader, trials and online slices)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional, Union
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from . import distributed as _distributed
+from ._validate import check_common, check_dataset, check_loader_kwargs, check_picklable, check_threads
+from .config import BY_NAME, USER_KNOBS, LoaderConfig, without_worker_only
+from .errors import quiet_worker_count_warning
+from .loader.device import resolve_device
+from .loader.threads import fixed_threads, loader_dataset
+from .measure.consumer import Step
+from .probe import start_method
+
+SAMPLING = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
+"""The DataLoader arguments that decide an epoch's batches: ``data_loader(sampling=...)`` replaces them together."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """``make_loader``'s arguments, checked: the knobs the user fixed apart from the other DataLoader keywords, and
+    the data sharded across ranks when training is distributed."""
+
+    dataset: Any
+    batch_size: int
+    shuffle: bool
+    step: Step
+    device: torch.device
+    transform: Dict[str, Any]
+    budget: Optional[float]
+    max_workers: Optional[int]
+    key: Optional[str]
+    loader_kwargs: Dict[str, Any]
+    fixed: Dict[str, Any]
+    group: Optional[_distributed.Group] = field(default=None, compare=False)
+    unsharded: bool = False
+    """A map-style dataset with no sampler of the user's, loaded by one process because torch.distributed was not
+    initialised (yet): iterating it later under a group of several processes is a mistake PrefetchLoader reports."""
+    threads: Union[bool, int] = False
+    """As ``check_threads`` returns it: False, True (tuned) or an int >= 2 (fixed)."""
+
+    @property
+    def fixed_threads(self) -> int:
+        """Threads per process of every candidate when the user fixed them, else 1."""
+        return fixed_threads(self.threads)
+
+    def setting(self, name: str) -> Any:
+        """The user's value of a DataLoader argument, whether autoloader records it (``fixed``) or not."""
+        return self.fixed.get(name, self.loader_kwargs.get(name))
+
+    @property
+    def streaming(self) -> bool:
+        return isinstance(self.dataset, IterableDataset)
+
+    @classmethod
+    def checked(cls, dataset: Any, batch_size: Any = 1, *, shuffle: Any = False, step: Any = None,
+                device: Any = None, normalize: Any = None, dtype: Any = None, input_key: Any = None,
+                cache: Any = False, budget: Any = None, max_workers: Any = None, key: Any = None,
+                distributed: Any = False, threads: Any = False,
+                dataloader_kwargs: Optional[Dict[str, Any]] = None) -> "Request":
+        """Check every argument (each error names the fix) and split the knobs the user fixed from the rest;
+        ``distributed=None`` follows ``torch.distributed.is_initialized()`` and shards the data."""
+        dataloader_kwargs = dict(dataloader_kwargs or {})
+        check_common(batch_size=batch_size, step=step, budget=budget, max_workers=max_workers, key=key, cache=cache)
+        check_dataset(dataset)
+        threads = check_threads(threads, dataset)
+        check_loader_kwargs(dataset, batch_size=batch_size, shuffle=shuffle, kwargs=dataloader_kwargs)
+        kwargs = dict(dataloader_kwargs)
+        fixed = {k: BY_NAME[k].recorded_value(kwargs.pop(k)) for k in USER_KNOBS if k in kwargs}
+        group = _distributed.Group.current(distributed)
+        if group is not None:
+            kwargs, shuffle = group.shard(dataset, shuffle=shuffle, drop_last=kwargs.get("drop_last", False),
+                                          loader_kwargs=kwargs)
+        if fixed.get("num_workers", 1) > 0 and (max_workers is None or max_workers > 0):
+            context = fixed.get("multiprocessing_context", kwargs.get("multiprocessing_context"))
+            check_picklable(start_method=start_method(context) or "fork",
+                            objects={"dataset": dataset, "collate_fn": kwargs.get("collate_fn"),
+                                     "worker_init_fn": kwargs.get("worker_init_fn")})
+        unsharded = (distributed is None and group is None and not isinstance(dataset, IterableDataset)
+                     and kwargs.get("sampler") is None and kwargs.get("batch_sampler") is None)
+        return cls(dataset, batch_size, shuffle, step, resolve_device(device),
+                   dict(normalize=normalize, dtype=dtype, input_key=input_key), budget, max_workers, key, kwargs,
+                   fixed, group, unsharded, threads)
+
+    def data_loader(self, config: LoaderConfig, *, sampling: Optional[Mapping[str, Any]] = None,
+                    **forced: Any) -> DataLoader:
+        """The user's DataLoader with ``config``'s knobs (theirs where they fixed one) over ``loader_dataset``.
+
+        ``sampling`` replaces the user's ``SAMPLING`` arguments (a trial's endless sampler, an online slice);
+        ``forced`` overrides anything (a private generator, ``in_order``, no persistent workers for a trial). The
+        knobs that need workers are dropped from a configuration without them (``config.KNOBS``)."""
+        user = dict(self.loader_kwargs)
+        if sampling is None:
+            sampling = {"batch_size": self.batch_size, "shuffle": self.shuffle}
+        else:
+            user = {k: v for k, v in user.items() if k not in SAMPLING}
+        kwargs = {**user, **sampling, **config.loader_kwargs(), **self.fixed, **forced}
+        if kwargs.get("num_workers", 0) == 0:
+            kwargs = without_worker_only(kwargs)
+        with quiet_worker_count_warning("num_workers" not in self.fixed):
+            return DataLoader(loader_dataset(self.dataset, config), **kwargs)

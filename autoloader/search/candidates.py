@@ -1,0 +1,46 @@
+"""What a search asks a driver to measure (``Candidate``), what it gets back (``Outcome``), and the budget rules both
+trials and online tuning follow. No measuring here: ``measure/`` does that, ``search.py`` decides."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Generator, Mapping, TypeVar, Union
+
+import torch
+
+from ..config import LoaderConfig, make_config
+from ..errors import TuningError
+from ..results import TrialResult, TuneResult
+
+DEFAULT_BUDGET_S = 30.0
+Progress = Callable[[TrialResult, float, float], None]
+"""Called after every trial with (the trial, seconds elapsed, the budget)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What the search asks to have measured next: a configuration, the soft time limit of its measurement, and
+    whether to time the consumer step alone too (the first, serial candidate)."""
+
+    config: LoaderConfig
+    limit_s: float
+    first: bool = False
+
+
+Outcome = Union[TrialResult, TuningError]
+"""What a driver sends back for a candidate: its measurement, or the ``TuningError`` that stopped it."""
+T = TypeVar("T")
+Steps = Generator[Candidate, Outcome, T]
+
+
+def trial_limit(budget: Any) -> float:
+    """Each candidate's soft wall-clock limit: a fifth of the budget, between 1.5 and 8 seconds."""
+    return min(8.0, max(1.5, (DEFAULT_BUDGET_S if budget is None else budget) / 5.0))
+
+
+def fallback_result(fixed: Mapping[str, Any], *, device: torch.device, reason: str, threads: int = 1) -> TuneResult:
+    """The safe configuration when tuning cannot run: the user's knobs (and ``threads``, when they fixed it), else no
+    workers (nothing to go wrong)."""
+    n = int(fixed.get("num_workers", 0))
+    config = make_config(n, fixed=fixed, pin_memory=fixed.get("pin_memory", device.type == "cuda"), threads=threads)
+    return TuneResult(config, None, None, "fallback", reason=reason, created=time.time())

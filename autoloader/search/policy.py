@@ -1,0 +1,279 @@
+"""The tuner's decisions, as pure functions of measurements: easy to read, and tested with tables of fake trials.
+
+Nothing here runs a trial, reads the machine or the clock; ``search.py`` feeds these functions what it measured. The
+decisions about threads per process live in ``threads_policy.py`` (NOTE [ Processes x threads ]), which
+``thread_search.py`` reads directly; ``select`` only borrows its ``least_memory``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Optional, Sequence
+
+from .threads_policy import least_memory
+from ..report import mib
+from ..results import Bottleneck, TrialResult, TuneResult
+
+__all__ = [
+    "DEFAULT_TOLERANCE", "FIRST_STEP_WORKERS", "HEADROOM", "RETUNE_RATE_CHANGE", "RETUNE_STALL", "SHM_MARGIN",
+    "bottleneck", "cpu_saturated", "disk_ceiling", "keep_workers_alive", "memory_guard", "next_count_near",
+    "next_worker_count", "no_longer_fits", "per_worker_bytes", "predict_from_serial", "predict_from_workers",
+    "retune_reason", "select", "shm_guard", "shm_need_bytes", "worth_more_prefetch"]
+
+DEFAULT_TOLERANCE = 0.05
+HEADROOM = 1.2
+"""Aim for this much more loading capacity than the consumer eats, so jitter does not stall it."""
+FIRST_STEP_WORKERS = 8
+"""The first worker trial starts at most at max(this, 2 x usable CPUs): it measures per-worker cost before a big
+jump."""
+SHM_MARGIN = 0.9
+
+
+def select(trials: Sequence[TrialResult], *, tolerance: float = DEFAULT_TOLERANCE) -> Optional[TrialResult]:
+    """Of the configs within ``tolerance`` of the best measured rate: fewest workers (processes), then fewest
+    threads per process, then least worker memory (the sum of the workers' USS; ``least_memory`` treats figures
+    within a few percent as equal), then smallest prefetch_factor.
+
+    Ties beyond that keep the faster one. None when no trial measured a rate.
+    """
+    ok = [t for t in trials if t.ok]
+    if not ok:
+        return None
+    best = max(t.samples_per_s for t in ok)
+    near = [t for t in ok if t.samples_per_s >= (1.0 - tolerance) * best]
+    fewest = min((t.config.num_workers, t.config.threads) for t in near)
+    near = least_memory([t for t in near if (t.config.num_workers, t.config.threads) == fewest])
+    return min(near, key=lambda t: (t.config.prefetch_factor or 0, -t.samples_per_s))
+
+
+def predict_from_serial(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float, usable_cpus: int,
+                        cap: int) -> int:
+    """Workers to try first, from the ``num_workers=0`` trial.
+
+    A worker makes one batch per ``fetch_s`` seconds and keeps a CPU busy ``fetch_cpu_s / fetch_s`` of the time.
+    Loading meets the consumer at ``fetch_s / consumer_s`` workers (with headroom) and saturates the usable CPUs at
+    ``usable / cpu_fraction``; the first trial is the smaller of the two, and at most ``FIRST_STEP_WORKERS`` (or
+    twice the CPUs) so a large jump is only taken once per-worker costs are measured.
+    """
+    if fetch_s <= 0:
+        return 1
+    cpu_fraction = min(1.0, max(0.01, fetch_cpu_s / fetch_s))
+    by_cpu = usable_cpus / cpu_fraction
+    by_consumer = HEADROOM * fetch_s / consumer_s if consumer_s > 0 else math.inf
+    first_step = max(FIRST_STEP_WORKERS, 2 * usable_cpus)
+    return _clamp(math.ceil(min(by_cpu, by_consumer, first_step) - 1e-9), cap)
+
+
+def predict_from_workers(trial: TrialResult, *, batch_size: int, consumer_s: float, usable_cpus: int,
+                         cap: int) -> Optional[int]:
+    """Workers that should meet the consumer or fill the CPUs, extrapolated from a trial with workers.
+
+    Assumes throughput grows with the worker count at the measured per-worker rate, until the measured CPU use per
+    worker fills the usable CPUs. None when the trial lacks the figures.
+    """
+    n = trial.config.num_workers
+    if not trial.ok or n == 0:
+        return None
+    per_worker = trial.samples_per_s / n
+    target = HEADROOM * batch_size / consumer_s if consumer_s > 0 else math.inf
+    by_consumer = target / per_worker if per_worker > 0 else math.inf
+    util = trial.worker_cpu_util
+    by_cpu = usable_cpus / max(util, 0.01) if util is not None else math.inf
+    estimate = min(by_consumer, by_cpu)
+    if math.isinf(estimate):
+        return None
+    return _clamp(round(estimate) if estimate == by_cpu else math.ceil(estimate - 1e-9), cap)
+
+
+def cpu_saturated(trial: TrialResult, *, usable_cpus: int, level: float = 0.85) -> bool:
+    """True when the workers and the main process together keep ``level`` of the usable CPUs busy."""
+    used = (trial.worker_cpu_util or 0.0) * trial.config.num_workers + (trial.main_cpu_util or 0.0)
+    return used >= level * usable_cpus
+
+
+def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int,
+                      tolerance: float = DEFAULT_TOLERANCE) -> Optional[int]:
+    """The next worker count to try, from the rates measured so far (None = failed or skipped); None when done.
+
+    A count that failed or was skipped (None) is a ceiling: no climb reaches it, and while no worker count has
+    measured a rate, half of the smallest such count is tried next (a killed or out-of-memory candidate may fit with
+    fewer workers). Climb (double) while the best is the largest count tried and gains more than half the
+    ``tolerance`` over the counts below it. The climb does not stop at the core count: whether more workers than cores
+    pay (they fill the gaps while others hand over batches) or lose to oversubscription is measured, and such gains
+    come in small steps (2-5 % a doubling, measured on 2 cores) that a full-tolerance threshold would stop too early.
+    Then descend: between the fewest workers within ``tolerance`` of the best and the largest count below it, try the
+    (geometric) middle until they are within a factor of 1.5 or adjacent.
+    """
+    measured = {n: r for n, r in rates.items() if r is not None}
+    if not measured:
+        return None
+    failed = [n for n, r in rates.items() if r is None and n > 0]
+    ceiling = min(failed, default=None)
+    if ceiling is not None and not any(n > 0 for n in measured):
+        fewer = ceiling // 2
+        return fewer if fewer >= 1 and fewer not in rates else None
+    best_rate = max(measured.values())
+    best = min(n for n, r in measured.items() if r == best_rate)
+    if best > 0 and best == max(measured) and best < cap:
+        below = [r for n, r in measured.items() if n < best]
+        if not below or best_rate > (1.0 + tolerance / 2) * max(below):
+            candidate = min(cap, 2 * best)
+            if candidate not in rates and (ceiling is None or candidate < ceiling):
+                return candidate
+    good = min(n for n, r in measured.items() if r >= (1.0 - tolerance) * best_rate)
+    lower = max((n for n in rates if n < good), default=None)
+    if lower is None or good - lower <= 1:
+        return None
+    if lower == 0:
+        middle = good // 2
+    else:
+        if good / lower <= 1.5:
+            return None
+        middle = round(math.sqrt(good * lower))
+    middle = min(max(middle, lower + 1), good - 1)
+    return None if middle in rates else middle
+
+
+def next_count_near(rates: Mapping[int, Optional[float]], *, cap: int,
+                    tolerance: float = DEFAULT_TOLERANCE) -> Optional[int]:
+    """``next_worker_count``, for a search that starts from the configuration in force rather than from the serial
+    one: it climbs and bisects the same way, and while the fewest workers measured are still within ``tolerance`` of
+    the best, it tries half as many (a regime that got cheaper, such as files now in the page cache, needs fewer)."""
+    proposal = next_worker_count(rates, cap=cap, tolerance=tolerance)
+    if proposal is not None:
+        return proposal
+    measured = {n: r for n, r in rates.items() if r is not None}
+    if not measured:
+        return None
+    lowest = min(measured)
+    if lowest > 0 and measured[lowest] >= (1.0 - tolerance) * max(measured.values()) and lowest // 2 not in rates:
+        return lowest // 2
+    return None
+
+
+RETUNE_STALL = 0.10
+"""Loading is the bottleneck when the loop waits for data this share of an epoch or more."""
+RETUNE_RATE_CHANGE = 0.15
+"""A regime changed when an epoch's rate moved this much from the rate measured for the decision."""
+
+
+def retune_reason(*, decided_samples_per_s: Optional[float], decided_stall: Optional[float],
+                  epoch_samples_per_s: Optional[float], epoch_stall: Optional[float]) -> Optional[str]:
+    """Why the next epoch should search again (from the epoch just ended, steady state), or None to keep the decision.
+
+    Loading became the bottleneck (the loop waited ``RETUNE_STALL`` of the epoch or more, and more than when the
+    decision was measured), or the rate moved more than ``RETUNE_RATE_CHANGE`` from the decision's: the data's regime
+    changed (a cold first epoch then a warm page cache; another job sharing the machine)."""
+    if epoch_samples_per_s is None or epoch_stall is None or not decided_samples_per_s:
+        return None
+    if epoch_stall >= RETUNE_STALL and epoch_stall > (decided_stall or 0.0) + RETUNE_STALL:
+        return f"the loop waited for data {epoch_stall:.0%} of the epoch (at the decision: {decided_stall or 0.0:.0%})"
+    change = epoch_samples_per_s / decided_samples_per_s - 1.0
+    if abs(change) > RETUNE_RATE_CHANGE:
+        return (f"the epoch ran at {epoch_samples_per_s:,.0f} samples/s, {change:+.0%} from the "
+                f"{decided_samples_per_s:,.0f} measured for the decision")
+    return None
+
+
+def memory_guard(num_workers: int, *, per_worker_bytes: Optional[int], budget_bytes: Optional[int]) -> Optional[str]:
+    """Why ``num_workers`` would not fit in RAM, or None when it fits (or either figure is unknown)."""
+    if not num_workers or per_worker_bytes is None or budget_bytes is None:
+        return None
+    need = num_workers * per_worker_bytes
+    if need > budget_bytes:
+        return (f"memory: {num_workers} workers x {mib(per_worker_bytes)} = {mib(need)} exceeds the memory budget "
+                f"of {mib(budget_bytes)}")
+    return None
+
+
+def per_worker_bytes(trials: Sequence[TrialResult]) -> Optional[int]:
+    """What one worker needs, from trials that measured it: the largest USS plus its growth during the trial
+    (copy-on-read keeps growing, see NOTE [ Copy-on-read ]); None when no trial measured a worker."""
+    return max((t.worker_uss_bytes + max(0, t.worker_uss_growth_bytes or 0)
+                for t in trials if t.worker_uss_bytes is not None), default=None)
+
+
+def shm_need_bytes(num_workers: int, prefetch_factor: Optional[int], batch_bytes: int) -> int:
+    """/dev/shm the batches in flight take: up to ``num_workers * prefetch_factor`` queued, plus the one being pinned
+    and the one being consumed."""
+    return (num_workers * (prefetch_factor or 2) + 2) * batch_bytes
+
+
+def shm_guard(num_workers: int, prefetch_factor: Optional[int], *, batch_bytes: Optional[int],
+              shm_free_bytes: Optional[int]) -> Optional[str]:
+    """Why the batches in flight (``shm_need_bytes``) would not fit in /dev/shm, or None."""
+    if not num_workers or batch_bytes is None or shm_free_bytes is None:
+        return None
+    need = shm_need_bytes(num_workers, prefetch_factor, batch_bytes)
+    if need > SHM_MARGIN * shm_free_bytes:
+        return (f"/dev/shm: {num_workers} workers x prefetch {prefetch_factor} batches of {mib(batch_bytes)} "
+                f"need {mib(need)}, only {mib(shm_free_bytes)} free (Docker: --shm-size)")
+    return None
+
+
+def no_longer_fits(result: TuneResult, *, budget_bytes: Optional[int], shm_free_bytes: Optional[int]) -> Optional[str]:
+    """Why a cached configuration's workers would not fit in today's memory budget or free /dev/shm, or None."""
+    batch_bytes = next((t.batch_bytes for t in result.trials if t.batch_bytes is not None), None)
+    config = result.config
+    return memory_guard(config.num_workers, per_worker_bytes=per_worker_bytes(result.trials),
+                        budget_bytes=budget_bytes) or \
+        shm_guard(config.num_workers, config.prefetch_factor, batch_bytes=batch_bytes, shm_free_bytes=shm_free_bytes)
+
+
+def keep_workers_alive(num_workers: int, *, per_worker_bytes: Optional[int], budget_bytes: Optional[int]) -> bool:
+    """``persistent_workers``: on with workers, unless they would hold more than half the memory budget between
+    epochs."""
+    if num_workers == 0:
+        return False
+    if per_worker_bytes is None or budget_bytes is None:
+        return True
+    return num_workers * per_worker_bytes <= budget_bytes // 2
+
+
+def worth_more_prefetch(chosen: TrialResult, *, consumer_samples_per_s: Optional[float]) -> bool:
+    """A deeper queue only helps when loading keeps up on average but the consumer still waits (jitter)."""
+    if chosen.config.num_workers == 0 or consumer_samples_per_s is None or chosen.stall_fraction is None:
+        return False
+    return chosen.stall_fraction > 0.05 and chosen.samples_per_s >= 0.8 * consumer_samples_per_s
+
+
+def bottleneck(chosen: TrialResult, trials: Sequence[TrialResult], *, consumer_samples_per_s: Optional[float],
+               usable_cpus: int, memory_limited: bool) -> Bottleneck:
+    """What limits the chosen configuration, from what it measured."""
+    if consumer_samples_per_s and chosen.samples_per_s >= 0.9 * consumer_samples_per_s:
+        return "consumer"
+    if chosen.consumer_s_per_batch and chosen.window_s and \
+            chosen.consumer_s_per_batch * chosen.batches >= 0.75 * chosen.window_s:
+        return "consumer"
+    if chosen.stall_fraction is not None and chosen.stall_fraction < 0.1 and consumer_samples_per_s:
+        return "consumer"
+    if memory_limited:
+        return "memory"
+    n = chosen.config.num_workers
+    if n == 0:
+        slower_with_workers = any(t.ok and t.config.num_workers > 0 for t in trials)
+        if slower_with_workers:
+            return "ipc"
+        fetch, cpu = chosen.fetch_s_per_batch, chosen.fetch_cpu_s_per_batch
+        if fetch and cpu is not None and cpu / fetch < 0.5:
+            return "io"
+        return "cpu"
+    if cpu_saturated(chosen, usable_cpus=usable_cpus):
+        return "cpu"
+    if (chosen.main_cpu_util or 0.0) >= 0.9:
+        return "ipc"
+    if chosen.worker_cpu_util is not None and chosen.worker_cpu_util < 0.5:
+        return "io"
+    return "cpu"
+
+
+def disk_ceiling(*, read_bytes_per_sample: Optional[float], seq_read_mb_s: Optional[float]) -> Optional[float]:
+    """Samples per second the disk's sequential read speed allows at the bytes the workers read per sample (1 MB =
+    10**6 bytes, as the probe measures it); None when either is unknown or nothing was read."""
+    if not read_bytes_per_sample or read_bytes_per_sample <= 0 or not seq_read_mb_s or seq_read_mb_s <= 0:
+        return None
+    return seq_read_mb_s * 1e6 / read_bytes_per_sample
+
+
+def _clamp(n: int, cap: int) -> int:
+    return max(1, min(int(n), cap)) if cap >= 1 else 0
+

@@ -1,0 +1,261 @@
+"""Which candidates to try, in what order, within what budget, and which one to choose.
+
+The search is model-guided (see ``policy.py`` for each decision): one serial candidate (``num_workers=0``) measures
+what a batch costs to load (wall and CPU time) and what the consumer costs; a first worker candidate measures what one
+worker delivers and how busy it keeps a CPU; from these the worker count that meets the consumer or fills the CPUs is
+predicted and tried, and a few more candidates climb or descend only while it pays. With ``threads=True``, a few
+(processes, threads) candidates follow (``thread_search.py``). An exhaustive sweep is a benchmark baseline, never the
+method. The search measures nothing itself: a driver measures each candidate it yields
+(see ``Search``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import psutil
+
+from ..config import LoaderConfig, make_config
+from ..distributed import Agreement, Alone
+from ..errors import TuningError, warn_user
+from ..probe import MachineProfile
+from ..request import Request
+from ..results import TrialResult, TuneResult
+from . import policy
+from .bounds import worker_bounds
+from .candidates import Candidate, Progress, Steps, fallback_result, trial_limit
+from .thread_search import search_threads
+
+log = logging.getLogger("autoloader.tuner")
+
+THREADS_SHARE_AT = 0.6
+"""With ``threads=True`` and a finite budget, the process-only search starts no candidate past this share of it: the
+rest is for thread candidates (see ``thread_search.py``)."""
+
+# Fields a decision reads that ranks must agree on, each the largest cost (the rate is agreed as the slowest).
+_AGREED_MAX = ("fetch_s_per_batch", "fetch_cpu_s_per_batch", "consumer_s_per_batch", "worker_cpu_util",
+               "main_cpu_util", "stall_fraction", "worker_uss_bytes", "worker_uss_growth_bytes", "worker_rss_bytes",
+               "batch_bytes", "worker_uss_total_bytes")
+
+
+class Search:
+    """The model-guided search (see the module docstring). ``steps()`` is a generator: it yields the next
+    ``Candidate``, is sent back its ``Outcome``, and returns the ``TuneResult``. Trials (``tuning/trials.py``) and
+    online tuning (``tuning/online.py``) drive it the same way; only how a candidate is measured differs."""
+
+    def __init__(self, request: Request, profile: MachineProfile, *, budget: float,
+                 agreement: Optional[Agreement] = None, progress: Optional[Progress] = None,
+                 tolerance: float = policy.DEFAULT_TOLERANCE, start: Optional[LoaderConfig] = None) -> None:
+        """The search for ``request`` on the machine ``profile`` describes, within ``budget`` seconds (``math.inf``
+        online); ``start``: search near this configuration (the one in force) instead of from the serial one."""
+        self.batch_size, self.device, self.fixed = request.batch_size, request.device, request.fixed
+        bounds = worker_bounds(profile, max_workers=request.max_workers, dataset=request.dataset)
+        self.cap, self.usable, self.cap_reason = bounds.cap, bounds.usable_cpus, bounds.reason
+        self.cap_by_open_files = bounds.by_open_files
+        self.start = start
+        self.budget = budget
+        self.memory_budget, self.shm_free = profile.memory.budget_bytes, profile.shm.free_bytes
+        self.disk_mb_s = profile.disk.seq_read_mb_s if profile.disk else None
+        """The disk's sequential read speed (saved machine profile), for the ceiling an I/O-bound result reports."""
+        self.tolerance, self.progress = tolerance, progress
+        self.agreement: Agreement = agreement or Alone()
+        self.trial_limit = trial_limit(budget)
+        self.started = time.monotonic()
+        self.trials: List[TrialResult] = []
+        self.by_config: Dict[LoaderConfig, TrialResult] = {}
+        self.memory_limited = False
+        self.batch_bytes: Optional[int] = None
+        self.per_worker_bytes: Optional[int] = None
+        self.pin = bool(self.fixed.get("pin_memory", self.device.type == "cuda"))
+        self.prefetch = int(self.fixed.get("prefetch_factor") or 2)
+        self.tune_threads = request.threads is True
+        """``threads=True``: (processes, threads) candidates follow the process-only search."""
+        self.threads = request.fixed_threads
+        """Threads per process of every process-only candidate (the user's ``threads=N``, else 1)."""
+        self.stop_at = self.budget
+        """Seconds after which no candidate starts: the budget, less a share kept for thread candidates."""
+
+    # -- budget -------------------------------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return -self.agreement.reduce_min([-(time.monotonic() - self.started)])[0]
+
+    def config(self, n: int, prefetch: Optional[int] = None, pin: Optional[bool] = None,
+               threads: Optional[int] = None) -> LoaderConfig:
+        return make_config(n, fixed=self.fixed, prefetch_factor=prefetch or self.prefetch,
+                           pin_memory=self.pin if pin is None else pin, persistent_workers=False,
+                           threads=self.threads if threads is None else threads)
+
+    # -- one candidate ------------------------------------------------------------------------------------------
+    def guard(self, config: LoaderConfig) -> Optional[str]:
+        return policy.memory_guard(config.num_workers, per_worker_bytes=self.per_worker_estimate(),
+                                   budget_bytes=self.memory_budget) or \
+            policy.shm_guard(config.num_workers, config.prefetch_factor, batch_bytes=self.batch_bytes,
+                             shm_free_bytes=self.shm_free)
+
+    def per_worker_estimate(self) -> Optional[int]:
+        """Measured worker USS (plus its growth) once a worker trial ran; before that the main process's RSS, which
+        a forked worker starts out sharing (an upper bound)."""
+        if self.per_worker_bytes is not None:
+            return self.per_worker_bytes
+        return -int(self.agreement.reduce_min([-float(psutil.Process().memory_info().rss)])[0])
+
+    def run(self, config: LoaderConfig, *, first: bool = False, again: bool = False,
+            force: bool = False) -> Steps[Optional[TrialResult]]:
+        """Have one candidate measured (or skip it with a reason); None when it yields no rate. A candidate measured
+        before is not measured again, unless ``again``; none starts past the budget, unless ``first`` or ``force``."""
+        if config in self.by_config and not again:
+            return self.by_config[config] if self.by_config[config].ok else None
+        elapsed = self.elapsed()
+        if not (first or force) and elapsed >= self.stop_at:
+            return None
+        reason = self.guard(config)
+        if reason is not None:
+            self.memory_limited = True
+            trial = TrialResult(config=config, status="skipped", reason=reason)
+        else:
+            limit = self.trial_limit if first or force else max(1.0, min(self.trial_limit, self.stop_at - elapsed))
+            outcome = yield Candidate(config, limit, first)
+            broken = outcome if isinstance(outcome, TuningError) else None
+            if not isinstance(self.agreement, Alone) and self.agreement.reduce_min([0.0 if broken else 1.0])[0] == 0:
+                raise broken or TuningError("autoloader failed on another rank")
+            if isinstance(outcome, TuningError):
+                raise outcome
+            trial = self.agree(outcome)
+        self.trials.append(trial)
+        self.by_config[config] = trial
+        if trial.batch_bytes is not None and self.batch_bytes is None:
+            self.batch_bytes = trial.batch_bytes
+        self.per_worker_bytes = policy.per_worker_bytes(self.trials)
+        elapsed = self.elapsed()
+        log.info("%s %-26s %-24s %5.1f s%s", "trial" if math.isfinite(self.budget) else "candidate",
+                 config.label(),
+                 f"{trial.samples_per_s:,.0f} samples/s" if trial.ok else f"{trial.status}: {trial.reason}",
+                 elapsed, f" of {self.budget:.0f} s budget" if math.isfinite(self.budget) else " (online)")
+        if self.progress is not None:
+            self.progress(trial, elapsed, self.budget)
+        return trial if trial.ok else None
+
+    def agree(self, trial: TrialResult) -> TrialResult:
+        """Make every decision-relevant figure identical on all ranks (see Agreement)."""
+        if isinstance(self.agreement, Alone):
+            return trial
+        values = [-1.0 if not trial.ok else float(trial.samples_per_s)]
+        for name in _AGREED_MAX:
+            value = getattr(trial, name)
+            values.append(math.inf if value is None else -float(value))
+        agreed = self.agreement.reduce_min(values)
+        update: Dict[str, Any] = {}
+        for name, value in zip(_AGREED_MAX, agreed[1:]):
+            if math.isinf(value):
+                update[name] = None
+            else:
+                update[name] = int(-value) if name.endswith("bytes") else -value
+        if agreed[0] < 0:
+            update.update(samples_per_s=None, status="failed",
+                          reason=trial.reason if not trial.ok else "failed on another rank")
+        else:
+            update["samples_per_s"] = agreed[0]
+        return dataclasses.replace(trial, **update)
+
+    # -- the search ---------------------------------------------------------------------------------------------
+    def rates(self) -> Dict[int, Optional[float]]:
+        return {c.num_workers: t.samples_per_s for c, t in self.by_config.items() if c.threads == self.threads
+                and c.prefetch_factor in (None, self.prefetch) and c.pin_memory == self.pin}
+
+    def search_workers(self, serial: Optional[TrialResult], consumer_s: float) -> Steps[None]:
+        consumer_rate = self.batch_size / consumer_s if consumer_s > 0 else None
+        if serial is not None and consumer_rate and serial.samples_per_s >= (1 - self.tolerance) * consumer_rate:
+            return
+        if serial is not None:
+            first = policy.predict_from_serial(fetch_s=serial.fetch_s_per_batch or 0.0,
+                                               fetch_cpu_s=serial.fetch_cpu_s_per_batch or 0.0,
+                                               consumer_s=consumer_s, usable_cpus=self.usable, cap=self.cap)
+        else:
+            first = min(self.usable, self.cap)
+        if first < 1:
+            return
+        trial = yield from self.run(self.config(first))
+        if trial is not None:
+            second = policy.predict_from_workers(trial, batch_size=self.batch_size, consumer_s=consumer_s,
+                                                 usable_cpus=self.usable, cap=self.cap)
+            if second is not None and second != first:
+                yield from self.run(self.config(second))
+        yield from self.follow(policy.next_worker_count)
+
+    def follow(self, propose: Callable[..., Optional[int]]) -> Steps[None]:
+        """Measure the worker counts ``propose`` names from the rates so far, until it names none or the budget is
+        spent: ``policy.next_worker_count`` from the serial candidate, ``policy.next_count_near`` from the
+        configuration in force (climb while more workers pay, halve while fewer keep up, then bisect)."""
+        while self.elapsed() < self.stop_at:
+            proposal = propose(self.rates(), cap=self.cap, tolerance=self.tolerance)
+            if proposal is None:
+                return
+            yield from self.run(self.config(proposal))
+
+    def steps(self) -> Steps[TuneResult]:
+        fixed_n = self.fixed.get("num_workers")
+        if self.tune_threads and math.isfinite(self.budget):
+            self.stop_at = THREADS_SHARE_AT * self.budget
+        if self.start is not None and self.start.num_workers > 0 and fixed_n is None:
+            current = yield from self.run(self.config(self.start.num_workers), first=True)
+            consumer_s = (current.consumer_s_per_batch or 0.0) if current is not None else 0.0
+            yield from self.follow(policy.next_count_near)
+        elif fixed_n is not None:
+            serial = yield from self.run(self.config(fixed_n), first=True)
+            consumer_s = serial.consumer_s_per_batch if serial is not None else 0.0
+        else:
+            serial = yield from self.run(self.config(0), first=True)
+            consumer_s = (serial.consumer_s_per_batch or 0.0) if serial is not None else 0.0
+            if self.cap > 0:
+                yield from self.search_workers(serial, consumer_s)
+        consumer_rate = self.batch_size / consumer_s if consumer_s else None
+        self.stop_at = self.budget
+        if self.tune_threads:
+            base = [t for t in self.trials if t.ok and t.config.threads == self.threads]
+            chosen = policy.select(base, tolerance=self.tolerance)
+            if chosen is not None:
+                yield from search_threads(self, chosen, consumer_rate)
+        chosen = policy.select(self.trials, tolerance=self.tolerance)
+        if chosen is not None and "prefetch_factor" not in self.fixed and \
+                policy.worth_more_prefetch(chosen, consumer_samples_per_s=consumer_rate):
+            yield from self.run(self.config(chosen.config.num_workers, prefetch=2 * self.prefetch,
+                                            threads=chosen.config.threads))
+        if chosen is not None and self.device.type == "cuda" and "pin_memory" not in self.fixed:
+            yield from self.run(self.config(chosen.config.num_workers, chosen.config.prefetch_factor,
+                                            pin=not self.pin, threads=chosen.config.threads))
+        return self.result(policy.select(self.trials, tolerance=self.tolerance), consumer_rate)
+
+    def result(self, chosen: Optional[TrialResult], consumer_rate: Optional[float]) -> TuneResult:
+        seconds = time.monotonic() - self.started
+        worker_failures = [t for t in self.trials if t.status == "failed" and t.config.num_workers > 0]
+        if chosen is None:
+            reasons = "; ".join(sorted({t.reason or t.status for t in self.trials})) or "no trial ran"
+            fallback = fallback_result(self.fixed, device=self.device, threads=self.threads,
+                                       reason=f"no trial measured a rate: {reasons}")
+            warn_user(f"autoloader could not measure any configuration ({reasons}); using "
+                      f"num_workers={fallback.num_workers}")
+            return dataclasses.replace(fallback, trials=tuple(self.trials), consumer_samples_per_s=consumer_rate,
+                                       seconds=seconds)
+        n = chosen.config.num_workers
+        if n == 0 and worker_failures and not any(t.ok and t.config.num_workers for t in self.trials):
+            warn_user(f"every worker count failed ({worker_failures[0].reason}); using num_workers=0")
+        persistent = self.fixed.get("persistent_workers")
+        if persistent is None:
+            persistent = policy.keep_workers_alive(n, per_worker_bytes=self.per_worker_bytes,
+                                                   budget_bytes=self.memory_budget)
+        neck = policy.bottleneck(chosen, self.trials, consumer_samples_per_s=consumer_rate,
+                                 usable_cpus=self.usable, memory_limited=self.memory_limited)
+        best = max(t.samples_per_s for t in self.trials if t.ok)
+        fewest = "fewest workers, then threads per process," if self.tune_threads else "fewest workers"
+        why = (f"{fewest} within {self.tolerance:.0%} of the best measured rate ({best:,.0f} samples/s) "
+               f"in {len(self.trials)} trials" + (f"; {self.cap_reason}" if self.cap_reason else ""))
+        per_sample = chosen.read_bytes_per_batch / self.batch_size if chosen.read_bytes_per_batch else None
+        ceiling = policy.disk_ceiling(read_bytes_per_sample=per_sample, seq_read_mb_s=self.disk_mb_s) \
+            if neck == "io" else None
+        config = dataclasses.replace(chosen.config, persistent_workers=bool(persistent and n > 0))
+        return TuneResult(config, chosen.samples_per_s, neck, "tuned", tuple(self.trials), consumer_rate, seconds, why,
+                          created=time.time(), disk_ceiling_samples_per_s=ceiling,
+                          read_bytes_per_sample=per_sample if ceiling is not None else None)

@@ -1,0 +1,305 @@
+"""Tuning inside the training loop: ``OnlineLoader`` is a DataLoader-like source whose first epoch is the trial, and
+which searches again when the regime changes. ``PrefetchLoader`` wraps it as it wraps a DataLoader.
+
+# NOTE [ Online switching ]
+# While a search runs (``search.Search``, the same model-guided search as the trials), an epoch is served by a
+# sequence of candidate DataLoaders, each over the next consecutive slice of that epoch's batch order
+# (``slices.EpochSlicer``, NOTE [ Exact epochs across candidates ]): the loop gets exactly the batches the plain
+# DataLoader would give for the epoch. Each candidate is one ``measure.run.Run`` (NOTE [ Trial timing ]) in
+# ``mode="candidate"``: timed from the loop's own requests, patient with a slow step, with the host paced to the GPU.
+# - Decisions flow one way. The run yields ``Measured`` when its window is complete; this loader hands it to the
+#   search (``Steps.send``) and answers the run: serve on when the search chose this very configuration (no restart),
+#   else stop. The search's ``TuneResult`` becomes the decision: the plain DataLoader is rebuilt with it (the old
+#   one's persistent workers shut down), it goes to ``history`` and to the cache slot (``source="online"``).
+# - Switching. A measured candidate is stopped in a helper thread (``procs.retire``: the orderly shutdown takes a few
+#   hundred ms that the next candidate's start-up overlaps; a failed candidate is stopped at once, NOTE [ Process
+#   cleanup ]); the batches its workers prefetched but the loop did not get are re-issued to the next one. Start-up
+#   and stopping are timed apart (``Decision.switch_s``). When the search ends, the rest of the epoch runs with the
+#   choice; later epochs use the plain DataLoader with it (``mode="serve"``). A candidate the epoch's end cuts short
+#   counts with what its window measured; one whose window had not opened yet goes on next epoch (``MAX_ATTEMPTS``).
+# - Failures. Signals are guarded as in trials (NOTE [ Asynchronous exceptions ]), with worker deaths held until our
+#   own code checks, so they never land in the user's step. A candidate whose workers die is recorded as failed
+#   (``failures.classify``); its undelivered batches are re-issued, so no sample is lost or repeated. The user's own
+#   exceptions (dataset, collate) and Ctrl-C surface unchanged after the candidate's workers are reaped.
+# - Ranks. Under torch.distributed, every rank agrees after each candidate batch whether to stop (all windows
+#   complete, or a candidate failed anywhere) before handing the batch out, so all ranks switch at the same batch
+#   index; the search agrees on every figure (NOTE [ One decision across ranks ]).
+# - Re-tuning. After an epoch with the decision in force, ``policy.retune_reason`` compares its steady rate and stall
+#   (``window.Tally``) with the decision's; when they moved, the next epoch searches again from the configuration in
+#   force and its neighbours (``Search(start=...)``).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, Generator, Iterator, List, Optional, Tuple
+
+from torch.utils.data import DataLoader
+
+from ..cache.slot import Slot
+from ..config import LoaderConfig, make_config
+from ..distributed import Agreement, Alone
+from ..errors import TuningError, warn_user
+from ..measure.consumer import Consumer
+from ..measure.failures import classify
+from ..measure.run import Measured, Run
+from ..measure.window import samples_in
+from ..probe import MachineProfile
+from ..request import Request
+from ..results import Decision, EpochTrace, TrialResult, TuneResult
+from ..search.candidates import Candidate, Steps
+from ..search.policy import retune_reason
+from ..search.search import Search
+from .slices import EpochSlicer, EpochSource
+
+__all__ = ["EpochTrace", "OnlineLoader"]
+
+log = logging.getLogger("autoloader.online")
+
+MAX_ATTEMPTS = 2
+"""Epochs a candidate may be cut short by the epoch's end before its window opened, before its partial measurement is
+taken as it is (a window that opened and holds a few batches is taken at once, marked not steady)."""
+
+
+class OnlineLoader:
+    """The epochs of one loader tuned in its own training loop (see NOTE [ Online switching ]): from scratch when
+    ``decision`` is None, else re-tuning from it when an epoch's rate or stall moves away (``retune``)."""
+
+    def __init__(self, request: Request, profile: MachineProfile, *, slot: Slot, decision: Optional[TuneResult],
+                 retune: bool) -> None:
+        self.request, self.profile, self.slot, self.retune = request, profile, slot, retune
+        group = request.group
+        self.agreement: Agreement = group.agreement() if group is not None else Alone()
+        self.consumer = Consumer(None, request.device)
+        self.history: List[Decision] = []
+        self.traces: List[EpochTrace] = []
+        self._overrides: dict = {}
+        self.decision = decision or _undecided(request)
+        self.plain = self._build(self.decision.config)
+        self.in_force: DataLoader = self.plain
+        self.slicer = EpochSlicer(self.plain)
+        self._steps: Optional[Steps[TuneResult]] = None
+        self._candidate: Optional[Candidate] = None
+        self._measured: List[TrialResult] = []
+        self._next_epoch = self._epoch = self.attempts = 0
+        self.search_s = self.switch_s = 0.0
+        self.tuning_threads = False
+        if decision is None:
+            self._start_search(None, why="no tuning for this dataset and machine yet")
+
+    # -- what a DataLoader answers (NOTE [ What frameworks read ] in loader/prefetch.py) -------------------------
+    def __len__(self) -> int:
+        return len(self.plain)
+
+    def __getattr__(self, name: str) -> Any:
+        """The plain DataLoader's attributes (dataset, sampler, batch_sampler, batch_size, generator, ...)."""
+        if name.startswith("__") or name in ("plain", "_overrides"):
+            raise AttributeError(name)
+        return getattr(self.plain, name)
+
+    @property
+    def worker_init_fn(self) -> Any:
+        return self.plain.worker_init_fn
+
+    @worker_init_fn.setter
+    def worker_init_fn(self, value: Any) -> None:
+        """Set on every DataLoader this source builds from now on (Lightning's ``seed_everything(workers=True)``)."""
+        self._overrides["worker_init_fn"] = value
+        self.plain.worker_init_fn = value
+
+    @property
+    def _iterator(self) -> Any:
+        return self.plain._iterator
+
+    @_iterator.setter
+    def _iterator(self, value: Any) -> None:
+        self.plain._iterator = value
+
+    @property
+    def tuning(self) -> TuneResult:
+        return self.decision
+
+    @property
+    def decisions(self) -> Tuple[Decision, ...]:
+        return tuple(self.history)
+
+    @property
+    def searching(self) -> bool:
+        return self._steps is not None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Number the next epoch (its decisions and trace say it)."""
+        self._next_epoch = epoch
+
+    # -- the epochs ---------------------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        """One epoch of raw batches: candidates while searching, else the plain DataLoader (then maybe re-tune)."""
+        self._epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
+        if not self.searching:
+            return self._steady()
+        return self._searching()
+
+    def _searching(self) -> Iterator[Any]:
+        source = self.slicer.epoch()
+        trace = EpochTrace(self._epoch, time.perf_counter())
+        self.traces.append(trace)
+        while not source.done:
+            candidate = self._candidate
+            outcome = yield from self._slice(source, candidate, trace)
+            if outcome is not None:
+                self._advance(outcome)
+            elif candidate is not None and self._candidate is candidate:
+                log.info("epoch %d ended before candidate %s was measured: it goes on next epoch", self._epoch,
+                         candidate.config.label())
+                break
+            if candidate is None:
+                break
+        self.in_force = self.plain
+
+    def _slice(self, source: EpochSource, candidate: Optional[Candidate],
+               trace: EpochTrace) -> Generator[Any, None, Optional[TrialResult]]:
+        """Serve the next slice of the epoch with ``candidate`` (measured) or the decision (served). Returns what the
+        search must still be told (a failure, a window the epoch's end cut short), else None."""
+        config = candidate.config if candidate is not None else self.decision.config
+        part = source.take(None)
+        part.expect(config.num_workers, config.prefetch_factor)
+        self.in_force = self._build(config, sampling=part.sampling(), generator=part.private_generator(),
+                                    in_order=True, persistent_workers=False)
+        run = Run(self.in_force, config, mode="candidate" if candidate is not None else "serve",
+                  consumer=self.consumer, batch_size=self.request.batch_size,
+                  limit_s=candidate.limit_s if candidate is not None else math.inf, agreement=self.agreement)
+        span_start, rate, handed, error = run.started, None, False, None
+        batches = iter(run)
+        try:
+            reply: Optional[bool] = None
+            while True:
+                item = batches.send(reply)  # type: ignore[arg-type]
+                reply = None
+                if isinstance(item, Measured):
+                    handed, rate = True, item.result.samples_per_s
+                    reply = self._measured_now(item.result, config)
+                    if reply:
+                        span_start = trace.span(span_start, config, rate)
+                    continue
+                trace.batches.append((time.perf_counter() - trace.start, samples_in(item, self.request.batch_size)))
+                yield item
+        except StopIteration:
+            pass
+        except BaseException as exc:  # noqa: B036 - classified below; GeneratorExit and Ctrl-C re-raised there
+            error = exc
+        finally:
+            batches.close()
+            run.stop(error)  # done already, unless a Ctrl-C landed as the run's own cleanup began
+            self.in_force = self.plain
+            part.delivered(run.delivered)
+            self.switch_s += (run.startup_s or 0.0) + run.stop_s
+            self.search_s += run.elapsed
+        outcome = self._outcome(run, candidate if not handed else None, error)
+        trace.span(span_start, config, outcome.samples_per_s if outcome is not None and outcome.ok else rate)
+        return outcome
+
+    def _outcome(self, run: Run, candidate: Optional[Candidate],
+                 error: Optional[BaseException]) -> Optional[TrialResult]:
+        if error is not None and candidate is None:
+            raise error  # the configuration in force, measured no more: its errors reach the loop as a DataLoader's do
+        if error is not None:
+            return classify(error, run.config, user=run.user, threads_tuned=self.tuning_threads,
+                            startup_s=run.startup_s, elapsed_s=run.elapsed, batch_bytes=run.window.batch_bytes)
+        if candidate is None:
+            return None
+        if run.ended and len(run.window.marks) - run.window.skip < 3:  # the window never really opened
+            self.attempts += 1
+            if self.attempts < MAX_ATTEMPTS:
+                return None
+        return run.result
+
+    def _steady(self) -> Iterator[Any]:
+        """An epoch with the decision in force, served by the plain DataLoader, then maybe a re-tune."""
+        run = Run(self.plain, self.decision.config, mode="serve", consumer=self.consumer,
+                  batch_size=self.request.batch_size, owned=False)
+        try:
+            yield from run
+        finally:
+            run.stop()
+        if self.retune:
+            self._after_epoch(*run.rate_and_stall)
+
+    def _after_epoch(self, rate: Optional[float], stall: Optional[float]) -> None:
+        if not isinstance(self.agreement, Alone):
+            low, high = self.agreement.reduce_min([-1.0 if rate is None else rate,
+                                                   -(stall if stall is not None else -1.0)])
+            rate, stall = (None if low < 0 else low), (None if -high < 0 else -high)
+        last = self.history[-1] if self.history else None
+        why = retune_reason(decided_samples_per_s=self.decision.samples_per_s,
+                            decided_stall=last.stall_fraction if last else _stall_of(self.decision),
+                            epoch_samples_per_s=rate, epoch_stall=stall)
+        if why is not None:
+            log.info("epoch %d: %s; searching again from %s", self._epoch, why, self.decision.config.label())
+            self._start_search(self.decision.config, why=why)
+
+    # -- the search ---------------------------------------------------------------------------------------------
+    def _build(self, config: LoaderConfig, **forced: Any) -> DataLoader:
+        return self.request.data_loader(config, **{**forced, **self._overrides})
+
+    def _start_search(self, start: Optional[LoaderConfig], *, why: str) -> None:
+        self._why = why
+        self._measured, self.search_s, self.switch_s = [], 0.0, 0.0
+        search = Search(self.request, self.profile, budget=math.inf, agreement=self.agreement, start=start)
+        self.tuning_threads = search.tune_threads
+        self._steps = search.steps()
+        self._candidate = self._send(None)
+
+    def _send(self, outcome: Optional[TrialResult]) -> Optional[Candidate]:
+        """The search's next candidate after ``outcome``; None when it decided (``decision`` is then set)."""
+        if self._steps is None:
+            raise RuntimeError("no search is running")
+        try:
+            return next(self._steps) if outcome is None else self._steps.send(outcome)
+        except StopIteration as done:
+            self._decide(done.value)
+        except TuningError as err:
+            warn_user(f"autoloader could not tune online ({err}); keeping {self.decision.config.label()}")
+            self._steps = None
+        return None
+
+    def _advance(self, outcome: TrialResult) -> None:
+        self.attempts = 0
+        self._measured.append(outcome)
+        self._candidate = self._send(outcome)
+
+    def _measured_now(self, result: TrialResult, config: LoaderConfig) -> bool:
+        """A candidate's complete measurement, handed over before it stops: True when the search decided on
+        ``config`` itself, so that the candidate in force serves on."""
+        self._advance(result)
+        return self._steps is None and self._candidate is None and self.decision.config.same_candidate(config)
+
+    def _decide(self, result: TuneResult) -> None:
+        result = result.with_source("online")
+        group = self.request.group
+        result = group.broadcast(result) if group is not None else result
+        self._steps, self._candidate = None, None
+        previous, self.decision = self.plain, result
+        if getattr(previous, "_iterator", None) is not None:
+            previous._iterator = None  # persistent workers of the old configuration: shut down
+        self.plain = self._build(result.config)
+        self.slicer = EpochSlicer(self.plain)
+        chosen = next((t for t in reversed(self._measured) if t.ok and t.config.same_candidate(result.config)), None)
+        self.history.append(Decision(self._epoch, result.config, result.samples_per_s,
+                                     chosen.stall_fraction if chosen else None, f"{self._why}: {result.reason}",
+                                     len(self._measured), self.search_s, self.switch_s))
+        log.info("decided online: %s, %s samples/s", result.config.label(),
+                 "-" if result.samples_per_s is None else f"{result.samples_per_s:,.0f}")
+        self.slot.store(result)
+
+
+def _stall_of(result: TuneResult) -> Optional[float]:
+    chosen = next((t for t in result.trials if t.ok and t.config.same_candidate(result.config)), None)
+    return chosen.stall_fraction if chosen else None
+
+
+def _undecided(request: Request) -> TuneResult:
+    config = make_config(0, fixed=request.fixed, pin_memory=request.fixed.get("pin_memory",
+                                                                            request.device.type == "cuda"),
+                         threads=request.fixed_threads)
+    return TuneResult(config, None, None, "online", reason="deciding online during the first epoch")

@@ -1,0 +1,289 @@
+"""Serve one epoch's batch order through a sequence of DataLoaders: the building block of online tuning.
+
+``EpochSlicer`` holds the plain DataLoader whose epochs it serves. Each epoch, ``slicer.epoch()`` draws that epoch's
+randomness exactly as ``iter(plain)`` would and returns an ``EpochSource``; ``source.take(k)`` hands out the next
+``k`` batches as a ``BatchSlice``; a candidate DataLoader iterates it (``part.expect(workers, prefetch)``, then
+``DataLoader(..., **part.sampling(), generator=part.private_generator(), in_order=True)``: ``Request.data_loader``
+builds it so), and ``part.delivered(n)`` closes it, re-issuing what the loop did not receive::
+
+    plain = DataLoader(dataset, batch_size=64, shuffle=True, collate_fn=collate)
+    slicer = EpochSlicer(plain)
+    for epoch in range(epochs):
+        source = slicer.epoch()                      # len(source) == len(plain)
+        for limit, workers in ((20, 0), (20, 4), (None, 2)):    # None: the rest of the epoch
+            part = source.take(limit)
+            part.expect(workers, 2 if workers else None)
+            loader = DataLoader(dataset, num_workers=workers, collate_fn=collate, **part.sampling(),
+                                generator=part.private_generator(), in_order=True)
+            it, n = iter(loader), 0
+            for batch in it:                         # stop it early at will: a switch, or its workers died
+                n += 1
+                train_step(batch)
+            del it                                   # stops its workers
+            part.delivered(n)                        # the n batches the loop got; the rest go to the next slice
+        assert source.done
+"""
+# NOTE [ Exact epochs across candidates ]
+# Goal: whatever sequence of candidate loaders serves an epoch, the loop receives the batches one plain
+# ``DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, generator)`` yields for that epoch
+# (same indices, order and boundaries, each once), and each epoch leaves the user's ``generator`` and the global RNG
+# exactly as the plain loader leaves them, so later epochs (and the user's own draws) stay identical.
+# RNG rules, from torch/utils/data (torch 2.13):
+# 1. ``iter(loader)`` (``_BaseDataLoaderIter.__init__``, dataloader.py:689-694) first calls ``iter(index_sampler)``,
+#    then draws the base seed with ``torch.empty((), dtype=torch.int64).random_(generator=loader.generator)``: one draw
+#    from the user's generator, or from the global RNG when it is None. ``EpochSource.__init__`` does the same two
+#    steps in the same order with the same expression, and keeps the value as ``base_seed``. This order is torch's
+#    internal behaviour, not API: test_slices.py compares RNG states right after ``iter()`` so a change fails a test.
+# 2. Samplers draw when iterated: ``RandomSampler.__iter__`` (sampler.py:160-183) is a generator that, at the first
+#    ``next()``, draws its seed from the global RNG (no generator) or uses its generator; Weighted/SubsetRandomSampler
+#    draw there too; a batch sampler whose ``__iter__`` is eager draws at ``iter()``, before the base seed. The source
+#    pulls from that one index iterator, in order, so the same draws happen in the same order. (A sampler that kept
+#    drawing from the global RNG while it iterates could interleave differently with the loop's own draws, as prefetch
+#    depth already makes it do between plain loaders of different num_workers.)
+# 3. Candidates never touch the user's RNG: ``slicer.loader`` gives each a private ``torch.Generator`` (seeded from
+#    ``base_seed`` and the slice's number) for its own base-seed draw, and a BatchSlice draws nothing. Worker seeds
+#    therefore differ from the plain loader's, as they already do whenever num_workers changes.
+# Re-issue rule: a DataLoader pulls indices ahead of what it yields: at ``iter()`` and once per yielded batch, so with
+# workers up to ``num_workers * prefetch_factor`` are in flight (dataloader.py:1275, 1563-1566). A slice cannot know
+# how many of its batches the loop received, so the caller says it, after it stopped iterating that candidate (end of
+# slice, switch, break, dead workers): ``slice.delivered(n)``. The ``pulled - n`` undelivered batches go back, in
+# order, to the front of the source and the next slice hands them out first. One slice is open at a time, which keeps
+# the order. Candidates are built with ``in_order=True``, so "the first n" is well defined.
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, Sampler
+
+log = logging.getLogger("autoloader.online")
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceRecord:
+    """One closed slice: batches ``[start, start + delivered)`` of the epoch went to the loop."""
+
+    number: int  # 0, 1, ... within the epoch
+    start: int
+    limit: Optional[int]  # None: the rest of the epoch
+    pulled: int  # handed to the DataLoader (fresh and re-issued)
+    delivered: int
+
+    @property
+    def reissued(self) -> int:
+        return self.pulled - self.delivered
+
+
+class BatchSlice(Sampler):
+    """At most ``limit`` consecutive batches of an epoch: pass it as a DataLoader's ``batch_sampler``.
+
+    Memory: it keeps only the batches it may have to give back, the last ``lookahead + 2`` it pulled (set by
+    ``expect``; unbounded without it).
+    """
+
+    def __init__(self) -> None:
+        self._source: Optional[EpochSource] = None
+        self._binding = 0
+        self.lookahead: Optional[int] = None
+
+    def _bind(self, source: EpochSource, number: int, limit: Optional[int]) -> None:
+        self._source, self._number, self._limit, self._start = source, number, limit, source.position
+        self._pulled, self._binding, self._closed = 0, self._binding + 1, False
+        keep = None if self.lookahead is None else self.lookahead + 2
+        self._recent: Deque[Any] = collections.deque(maxlen=keep)
+
+    @property
+    def source(self) -> EpochSource:
+        if self._source is None:
+            raise RuntimeError("this BatchSlice is not bound to an epoch: get one from EpochSource.take()")
+        return self._source
+
+    @property
+    def number(self) -> int:
+        """The slice's position in its epoch's sequence: 0, 1, ..."""
+        return self._number if self._source is not None else -1
+
+    @property
+    def pulled(self) -> int:
+        return self._pulled if self._source is not None else 0
+
+    def expect(self, num_workers: int, prefetch_factor: Optional[int]) -> None:
+        """Keep as many batches as a DataLoader with these settings may pull ahead (its undelivered batches are given
+        back from them): call it before the DataLoader iterates the slice."""
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if self.pulled:
+            raise RuntimeError("call expect() before iterating the slice")
+        self.lookahead = num_workers * (prefetch_factor or 0)
+        self._recent = collections.deque(maxlen=self.lookahead + 2)
+
+    def sampling(self) -> Dict[str, Any]:
+        """The DataLoader arguments that make it iterate this slice, as the plain loader batches its epoch."""
+        if self.source._batched:
+            return {"batch_sampler": self}
+        return {"sampler": self, "batch_size": None}
+
+    def private_generator(self) -> torch.Generator:
+        """A generator of the slice's own for the candidate's base-seed draw: the user's RNG is never touched (NOTE
+        [ Exact epochs across candidates ], 3.)."""
+        private = torch.Generator()
+        private.manual_seed((self.source.base_seed + 1 + self.number) % 2 ** 63)
+        return private
+
+    def __len__(self) -> int:
+        remaining = self.source._remaining_at(self._start)
+        if remaining is None:
+            raise TypeError("this epoch's sampler has no len(), so neither has its slice")
+        return remaining if self._limit is None else min(self._limit, remaining)
+
+    def __iter__(self) -> Iterator[Any]:
+        source, binding = self.source, self._binding
+        while self._limit is None or self._pulled < self._limit:
+            if self._closed or binding != self._binding:
+                raise RuntimeError("this slice was closed by delivered(): stop iterating its DataLoader first, and "
+                                   "bind it again with EpochSource.take(limit, reuse=slice) before a new iter()")
+            batch = source._pull()
+            if batch is None:
+                return
+            self._pulled += 1
+            self._recent.append(batch)
+            yield batch
+
+    def delivered(self, n: int) -> SliceRecord:
+        """Close the slice: the loop received its first ``n`` batches; the rest are re-issued to the next slice.
+
+        Call it once the candidate's DataLoader iterator is stopped (exhausted, deleted, or failed).
+        """
+        source = self.source
+        if self._closed:
+            raise RuntimeError(f"slice {self._number} is already closed")
+        if not 0 <= n <= self._pulled:
+            raise ValueError(f"delivered({n}): slice {self._number} handed out only {self._pulled} batches; pass "
+                             f"the number of batches the training loop received from this slice's DataLoader")
+        back = self._pulled - n
+        if back > len(self._recent):
+            raise RuntimeError(f"slice {self._number} kept only its last {len(self._recent)} batches but {back} are "
+                               f"undelivered: was its DataLoader built with a larger prefetch than its lookahead?")
+        self._closed = True
+        undelivered = list(self._recent)[len(self._recent) - back:]
+        self._recent.clear()
+        return source._close(SliceRecord(self._number, self._start, self._limit, self._pulled, n), undelivered)
+
+
+class EpochSource:
+    """One epoch of an index sampler, drawn as ``iter(DataLoader)`` draws it; hands batches out lazily to slices.
+
+    ``index_sampler`` is what a plain DataLoader iterates (its ``batch_sampler``, or its ``sampler`` when
+    ``batch_size=None``); ``generator`` is the DataLoader's. Creating the source makes the epoch's RNG draws (see NOTE
+    [ Exact epochs across candidates ]): create it when the plain loader's ``iter()`` would run. It materialises
+    nothing beyond what the sampler itself does: it holds the sampler's iterator and at most one prefetch window of
+    re-issued batches, so a 1.2M-sample epoch costs what it costs a plain DataLoader.
+    """
+
+    def __init__(self, index_sampler: Any, generator: Optional[torch.Generator] = None, *,
+                 batched: bool = True) -> None:
+        self._batched = batched
+        """The index sampler yields batches of indices (a batch sampler), not samples (``batch_size=None``)."""
+        self._it = iter(index_sampler)  # before the base seed: dataloader.py:689
+        self.base_seed: int = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+        try:  # after the draws, in case a __len__ draws too
+            self._len: Optional[int] = len(index_sampler)
+        except TypeError:
+            self._len = None
+        self._reissue: Deque[Any] = collections.deque()
+        self._exhausted = False
+        self._open: Optional[BatchSlice] = None
+        self._records: List[SliceRecord] = []
+        self.position = 0
+        """Batches the loop has received this epoch (from closed slices)."""
+
+    def __len__(self) -> int:
+        if self._len is None:
+            raise TypeError("this epoch's sampler has no len()")
+        return self._len
+
+    def _remaining_at(self, position: int) -> Optional[int]:
+        return None if self._len is None else max(0, self._len - position)
+
+    @property
+    def remaining(self) -> Optional[int]:
+        """Batches not yet delivered (None when the sampler has no len())."""
+        return self._remaining_at(self.position)
+
+    @property
+    def done(self) -> bool:
+        """No slice open, nothing to re-issue, and the sampler is used up (or, with a len(), fully delivered)."""
+        spent = self._exhausted or (self._len is not None and self.position >= self._len)
+        return self._open is None and not self._reissue and spent
+
+    @property
+    def slices(self) -> Sequence[SliceRecord]:
+        return tuple(self._records)
+
+    def take(self, limit: Optional[int] = None, *, reuse: Optional[BatchSlice] = None) -> BatchSlice:
+        """The next slice: at most ``limit`` batches (None: the rest of the epoch).
+
+        ``reuse``: bind an existing (closed) slice instead of a new one, for a DataLoader whose ``batch_sampler`` it
+        already is (persistent workers keep their DataLoader across slices and epochs).
+        """
+        if self._open is not None:
+            raise RuntimeError(f"slice {self._open.number} is still open: call its delivered(n) with the number of "
+                               f"batches the loop received from it before taking the next slice")
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0 or None (the rest of the epoch), got {limit}")
+        if reuse is not None and reuse._source is not None and not reuse._closed:
+            raise RuntimeError("reuse= needs a closed slice: call its delivered(n) first")
+        part = reuse if reuse is not None else BatchSlice()
+        part._bind(self, len(self._records), limit)
+        self._open = part
+        return part
+
+    def _pull(self) -> Any:
+        if self._reissue:
+            return self._reissue.popleft()
+        if not self._exhausted:
+            try:
+                return next(self._it)
+            except StopIteration:
+                self._exhausted = True
+        return None
+
+    def _close(self, record: SliceRecord, undelivered: List[Any]) -> SliceRecord:
+        self._reissue.extendleft(reversed(undelivered))
+        self._open = None
+        self.position += record.delivered
+        self._records.append(record)
+        log.debug("slice %d: delivered %d of %d pulled, %d re-issued (epoch position %d)",
+                  record.number, record.delivered, record.pulled, record.reissued, self.position)
+        return record
+
+
+class EpochSlicer:
+    """The epochs of the plain DataLoader ``reference`` (its sampler, batch sampler and generator), served in slices
+    by other DataLoaders (see NOTE [ Exact epochs across candidates ])."""
+
+    def __init__(self, reference: DataLoader) -> None:
+        if isinstance(reference.dataset, IterableDataset):
+            raise ValueError("an IterableDataset cannot be sliced exactly: a candidate DataLoader cannot resume "
+                             "another's stream; tune it with trials (tuning='trials') instead of online")
+        if getattr(reference, "in_order", True) is False:
+            log.info("in_order=False is ignored while tuning online: re-issuing a candidate's undelivered batches "
+                     "needs in-order delivery")
+        self.reference = reference
+
+    @property
+    def index_sampler(self) -> Any:
+        """What a plain DataLoader iterates: its batch_sampler, or its sampler when ``batch_size=None``."""
+        ref = self.reference
+        return ref.batch_sampler if ref.batch_sampler is not None else ref.sampler
+
+    def __len__(self) -> int:
+        return len(self.reference)  # a TypeError when the sampler has no len(), as for the plain DataLoader
+
+    def epoch(self) -> EpochSource:
+        """Start an epoch; makes the RNG draws the plain loader's ``iter()`` makes (call ``set_epoch`` first)."""
+        return EpochSource(self.index_sampler, self.reference.generator,
+                           batched=self.reference.batch_sampler is not None)

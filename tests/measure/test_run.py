@@ -1,0 +1,247 @@
+"""``Run``, the one measured loop (autoloader.measure.run), driven directly over real DataLoaders and real workers:
+where each mode stops, which workers it stops (and when), what it measures, and how a failure comes out of it.
+
+Nothing here depends on timing beyond "a step that sleeps 10 ms takes at least 10 ms": the window's end is checked
+against its own rule (``Window.complete``), and every trial's limit is far beyond what it needs.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import fault_data as fd
+from autoloader.config import LoaderConfig
+from autoloader.measure.consumer import Consumer
+from autoloader.measure.failures import classify
+from autoloader.measure.run import Measured, Run
+from autoloader.measure.trial import trial_loader
+from autoloader.measure.window import burst_batches
+from autoloader.request import Request
+from helpers import live_children, wait_no_children
+from workloads import LatencyBound
+
+CPU = Consumer(None, torch.device("cpu"))
+WORKERS = LoaderConfig(2, 2)
+BATCH = 4
+FAR = 60.0
+"""A limit no run here comes near: its window always ends by its own rule, never by the clock."""
+STEP_S = 0.01
+"""The simulated training step between batches of a candidate: 50 of them fill the 0.5 s window whatever the speed
+of the machine."""
+
+
+def _pids() -> set:
+    return {p.pid for p in live_children()}
+
+
+def _loader(n: int = 400, *, config: LoaderConfig = WORKERS, dataset=None) -> DataLoader:
+    """A plain DataLoader over ``n`` samples (``LatencyBound``: sample ``i`` is ``full(16, i)``), in order."""
+    dataset = LatencyBound(n=n, latency_s=0.001) if dataset is None else dataset
+    return DataLoader(dataset, batch_size=BATCH, **config.loader_kwargs())
+
+
+def _ids(batches) -> list:
+    return [int(i) for batch in batches for i in batch[:, 0]]
+
+
+class LocalPeers:
+    """An ``Agreement`` that is not ``Alone`` (so the run takes the ranks' path: agree after each fetch) but whose
+    other ranks always say what this one says, unless ``failed_elsewhere``."""
+
+    def __init__(self, failed_elsewhere: bool = False) -> None:
+        self.failed_elsewhere = failed_elsewhere
+        self.calls = 0
+
+    def reduce_min(self, values):
+        self.calls += 1
+        complete, none_failed = values
+        return [complete, 0.0 if self.failed_elsewhere else none_failed]
+
+
+def _drive(run: Run, reply: bool, *, step_s: float = STEP_S):
+    """Iterate a candidate's run as online tuning does: sleep ``step_s`` per batch until ``Measured`` comes, answer
+    it with ``reply``. Returns (batches, measured, worker pids seen at each batch)."""
+    batches, measured, pids = [], [], []
+    gen = iter(run)
+    item = next(gen)
+    while True:
+        if isinstance(item, Measured):
+            measured.append(item)
+            pids.append(_pids())
+            send = reply
+        else:
+            batches.append(item)
+            pids.append(_pids())
+            if not measured:
+                time.sleep(step_s)
+            send = None
+        try:
+            item = gen.send(send) if send is not None else next(gen)
+        except StopIteration:
+            return batches, measured, pids
+
+
+# -- trial ------------------------------------------------------------------------------------------------------------
+
+def test_a_trial_stops_once_its_window_is_complete_and_stop_reaps_its_workers():
+    request = Request.checked(LatencyBound(n=64, latency_s=0.001), BATCH)
+    run = Run(trial_loader(request, WORKERS, limit_s=FAR), WORKERS, mode="trial", consumer=CPU, batch_size=BATCH,
+              limit_s=FAR)
+    batches = list(run)  # the sampler never ends: only the window's rule ends the loop
+    window = run.window
+    assert len(batches) == run.delivered == len(window.marks) > burst_batches(WORKERS)
+    assert window.complete(deadline=math.inf), "stopped before the window was complete"
+    marks, window.marks = window.marks, window.marks[:-1]
+    assert not window.complete(deadline=math.inf), "went on after the window was complete"
+    window.marks = marks
+    result = run.result
+    assert result is not None and result.ok and result.steady and result.config == WORKERS
+    assert result.batches == len(marks) - burst_batches(WORKERS) and result.samples_per_s > 0
+    assert not run.ended and not run.user and run.startup_s is not None and run.startup_s > 0
+    # The driver still runs the step on the last batch: the workers are stopped by stop(), not by the loop's end.
+    workers = {p.pid for p in window.tracker.procs}
+    assert len(workers) == 2 and workers <= _pids()
+    run.stop()
+    assert _pids() == set(), "stop() returned with a trial's worker still running"
+    stop_s = run.stop_s
+    run.stop()  # idempotent
+    assert run.stop_s == stop_s
+
+
+def test_a_trial_without_workers_measures_in_the_main_process():
+    request = Request.checked(LatencyBound(n=64, latency_s=0.001), BATCH)
+    serial = LoaderConfig(0)
+    run = Run(trial_loader(request, serial, limit_s=FAR), serial, mode="trial", consumer=CPU, batch_size=BATCH,
+              limit_s=FAR)
+    for _ in run:
+        assert _pids() == set()
+    run.stop()
+    assert run.result.ok and run.result.worker_cpu_util is None and run.window.tracker is None
+
+
+# -- candidate --------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ranks", [False, True], ids=["alone", "ranks"])
+def test_a_candidate_measured_then_kept_serves_the_rest_with_the_same_workers(ranks):
+    agreement = LocalPeers() if ranks else None
+    run = Run(_loader(400), WORKERS, mode="candidate", consumer=CPU, batch_size=BATCH, limit_s=FAR,
+              agreement=agreement)
+    batches, measured, pids = _drive(run, True)
+    assert len(measured) == 1, "one Measured per candidate"
+    result = measured[0].result
+    assert result.ok and result.steady and result.config == WORKERS and result.samples_per_s > 0
+    assert _ids(batches) == list(range(400)), "every sample once, in order, none lost or repeated at the switch"
+    assert run.delivered == 100 and run.ended and run.result is None  # the measurement went out as Measured
+    assert len(pids[0]) == 2 and all(p == pids[0] for p in pids), "the workers changed: the candidate restarted"
+    rate, stall = run.rate_and_stall
+    assert rate is not None and rate > 0 and 0.0 <= stall <= 1.0
+    assert wait_no_children() == []
+
+
+@pytest.mark.parametrize("ranks", [False, True], ids=["alone", "ranks"])
+def test_a_candidate_measured_then_dropped_stops_without_handing_out_another_batch(ranks):
+    agreement = LocalPeers() if ranks else None
+    run = Run(_loader(400), WORKERS, mode="candidate", consumer=CPU, batch_size=BATCH, limit_s=FAR,
+              agreement=agreement)
+    batches, measured, _ = _drive(run, False)
+    assert len(measured) == 1 and measured[0].result.ok
+    served = len(batches)
+    assert served == run.delivered < 100 and not run.ended
+    assert _ids(batches) == list(range(served * BATCH)), "the batches handed out are the first ones, in order"
+    if agreement is not None:
+        # the ranks agree after each fetch: the batch fetched with the decision is never handed out (the next slice
+        # serves it again)
+        assert agreement.calls == served + 1
+    assert wait_no_children() == [], "a dropped candidate's workers outlived it"
+
+
+def test_a_candidate_whose_peer_failed_raises_on_every_rank_and_stops_its_workers_at_once():
+    run = Run(_loader(400), WORKERS, mode="candidate", consumer=CPU, batch_size=BATCH, limit_s=FAR,
+              agreement=LocalPeers(failed_elsewhere=True))
+    with pytest.raises(Exception) as info:
+        list(run)
+    result = classify(info.value, WORKERS, user=run.user, threads_tuned=False)
+    assert result.status == "failed" and "another rank" in result.reason
+    assert run.delivered == 0 and _pids() == set()
+
+
+# -- serve ------------------------------------------------------------------------------------------------------------
+
+def test_serving_a_loader_it_does_not_own_leaves_persistent_workers_alive():
+    config = LoaderConfig(2, 2, persistent_workers=True)
+    loader = _loader(64, config=config)
+    pids = []
+    for _epoch in range(2):
+        run = Run(loader, config, mode="serve", consumer=CPU, batch_size=BATCH, owned=False)
+        batches = list(run)
+        assert _ids(batches) == list(range(64)) and run.ended and run.result is None
+        rate, stall = run.rate_and_stall
+        assert rate is not None and rate > 0 and stall is not None and 0.0 <= stall <= 1.0
+        assert run.window.marks == [], "serving measures no window"
+        pids.append(_pids())
+        del run, batches
+    assert len(pids[0]) == 2 and pids[0] == pids[1], "the persistent workers were stopped or restarted"
+    for thread in threading.enumerate():  # had a run started to retire them (it must not), let it finish
+        if thread.name.startswith("autoloader-retire"):
+            thread.join(timeout=15)
+    assert _pids() == pids[0], "a run stopped the workers of a loader it does not own"
+    del loader  # the DataLoader's own iterator shuts its workers down, as after a plain loop
+    gc.collect()
+    assert wait_no_children() == []
+
+
+def test_serving_too_few_batches_has_no_rate():
+    run = Run(_loader(16), WORKERS, mode="serve", consumer=CPU, batch_size=BATCH, owned=True)
+    assert len(list(run)) == 4
+    assert run.rate_and_stall == (None, None)
+    assert wait_no_children() == []
+
+
+# -- failures ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["trial", "candidate"])
+@pytest.mark.parametrize("config", [LoaderConfig(0), WORKERS], ids=["serial", "workers"])
+def test_the_datasets_error_surfaces_unchanged_and_the_workers_are_stopped_at_once(mode, config):
+    dataset = fd.Raising("always", n=64)
+    loader = trial_loader(Request.checked(dataset, BATCH), config, limit_s=FAR) if mode == "trial" else \
+        _loader(config=config, dataset=dataset)
+    run = Run(loader, config, mode=mode, consumer=CPU, batch_size=BATCH, limit_s=FAR)
+    del loader
+    with pytest.raises(fd.CorruptSample, match="sample 3 is corrupt") as info:
+        list(run)
+    assert run.user, "the error came from the user's dataset"
+    assert _pids() == set(), "a failed run's workers outlived it"
+    with pytest.raises(fd.CorruptSample) as again:
+        classify(info.value, config, user=run.user, threads_tuned=False)
+    assert again.value is info.value, "the user's error is re-raised as it is"
+
+
+def test_a_worker_killed_during_a_candidate_fails_it_and_is_never_raised_in_the_step():
+    run = Run(_loader(100_000), WORKERS, mode="candidate", consumer=CPU, batch_size=BATCH, limit_s=FAR)
+    in_step, error = [], None
+    try:
+        for i, item in enumerate(run):
+            assert not isinstance(item, Measured), "the worker's death was never noticed"
+            if i == 2:
+                victim = sorted(_pids())[0]
+                os.kill(victim, signal.SIGKILL)
+                try:
+                    time.sleep(0.5)  # the user's step: a worker's death must not be raised here
+                except BaseException as exc:  # noqa: B036 - recorded: the assertion below names it
+                    in_step.append(exc)
+    except Exception as exc:  # noqa: BLE001 - classified below
+        error = exc
+    assert in_step == [], f"raised inside the user's step: {in_step!r}"
+    assert error is not None, "the run ended normally after one of its workers was killed"
+    result = classify(error, WORKERS, user=run.user, threads_tuned=False, startup_s=run.startup_s)
+    assert result.status == "failed" and "worker" in result.reason, result
+    assert result.config == WORKERS and result.startup_s == run.startup_s
+    assert _pids() == set(), "a failed candidate's workers are stopped at once, not in a helper thread"

@@ -1,0 +1,221 @@
+"""autoloader.measure.signals: exceptions from signal handlers land only where they cannot leak a lock (issue 11).
+
+The root cause of the killed-worker hang, reproduced deterministically: a profile hook plays the signal's part and
+runs the SIGCHLD handler at the exact moment ``multiprocessing.Queue.put`` holds the queue's lock outside its
+``with`` block. torch's handler raises there and the lock stays held for good; the guarded handler keeps the exception
+and raises it a few milliseconds later, once the put is done.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+from autoloader.measure.signals import SignalGuard, unsafe_to_raise
+from autoloader.errors import TrialTimeout
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+def _raise_worker_died(signum, frame):
+    raise WorkerDied("DataLoader worker (pid 1) is killed by signal: Killed.")
+
+
+@pytest.fixture
+def raising_sigchld():
+    """A SIGCHLD handler that raises as torch's does when one of its workers has died."""
+    previous = signal.signal(signal.SIGCHLD, _raise_worker_died)
+    yield
+    signal.signal(signal.SIGCHLD, previous)
+
+
+def _in_the_lock_window(action, on_window):
+    """Run ``action`` with a profile hook that calls ``on_window(frame)`` right after ``Condition.__enter__`` has
+    acquired its lock and before it returns: where a signal arriving then would have its handler run."""
+    fired = []
+
+    def hook(frame, event, arg):
+        if event == "c_return" and not fired and frame.f_code.co_name == "__enter__" \
+                and frame.f_code.co_filename == threading.__file__:
+            fired.append(frame)
+            on_window(frame)
+
+    sys.setprofile(hook)
+    try:
+        action()
+    finally:
+        sys.setprofile(None)
+    assert fired, "the profile hook never saw Condition.__enter__ acquire its lock"
+
+
+def test_raising_inside_queue_put_leaks_the_lock_for_good(raising_sigchld):
+    """The bug, without the guard: the handler's exception escapes with the queue's lock still held."""
+    q = multiprocessing.Queue()
+    try:
+        with pytest.raises(WorkerDied):
+            _in_the_lock_window(lambda: q.put(1), lambda frame: signal.getsignal(signal.SIGCHLD)(signal.SIGCHLD, frame))
+        assert q._notempty._lock.locked(), "nobody holds the lock now, yet it stays locked: the next put waits forever"
+        q._notempty._lock.release()
+    finally:
+        q.close()
+        q.join_thread()
+
+
+def test_the_guard_keeps_the_exception_until_the_put_is_done(raising_sigchld):
+    q = multiprocessing.Queue()
+    try:
+        with pytest.raises(WorkerDied):
+            with SignalGuard():
+                _in_the_lock_window(lambda: q.put(1),
+                                    lambda frame: signal.getsignal(signal.SIGCHLD)(signal.SIGCHLD, frame))
+                assert not q._notempty._lock.locked()
+                q.put(2)  # would block for good had the lock leaked
+                started = time.monotonic()
+                time.sleep(2.0)  # the kept exception is retried every 10 ms and lands here
+        assert time.monotonic() - started < 1.5
+        assert q.get(timeout=5) == 1 and q.get(timeout=5) == 2
+    finally:
+        q.close()
+        q.join_thread()
+
+
+def test_unsafe_places_are_the_standard_librarys_lock_code():
+    frames = {}
+
+    def hook(frame, event, arg):
+        if event == "c_call" or frame.f_code.co_filename == queue.__file__:
+            frames.setdefault((frame.f_code.co_filename.rsplit("/", 1)[-1], frame.f_code.co_name),
+                              []).append(unsafe_to_raise(frame))
+
+    q = queue.Queue()
+    sys.setprofile(hook)
+    try:
+        q.put(1)
+        q.get()
+        with pytest.raises(queue.Empty):
+            q.get(timeout=0.01)  # blocks in Condition.wait, called by Queue.get, inside its try
+    finally:
+        sys.setprofile(None)
+    assert all(frames[("threading.py", "__enter__")]) and all(frames[("queue.py", "put")])
+    wait = frames[("threading.py", "wait")]
+    assert wait[0] is True and False in wait  # unsafe before its try block, safe in the blocking acquire
+    assert unsafe_to_raise(sys._getframe()) is False
+    assert unsafe_to_raise(None) is False
+
+
+def test_the_limit_raises_the_timeout_in_a_blocking_call():
+    started = time.monotonic()
+    with pytest.raises(TrialTimeout, match="too slow"):
+        with SignalGuard(limit_s=0.2, make_timeout=lambda: TrialTimeout("too slow")):
+            time.sleep(5)
+    assert time.monotonic() - started < 2.0
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_nothing_is_raised_inside_the_shield_and_ctrl_c_comes_out_at_the_end(raising_sigchld):
+    with pytest.raises(KeyboardInterrupt):
+        with SignalGuard(limit_s=0.05, make_timeout=lambda: TrialTimeout("late")) as guard:
+            with guard.shield():
+                signal.getsignal(signal.SIGCHLD)(signal.SIGCHLD, sys._getframe())
+                signal.getsignal(signal.SIGINT)(signal.SIGINT, sys._getframe())
+                time.sleep(0.3)  # past the limit: dropped, as is the worker's death
+            cleaned_up = True
+    assert cleaned_up
+    assert signal.getsignal(signal.SIGCHLD) is _raise_worker_died
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_check_raises_what_was_kept(raising_sigchld):
+    with SignalGuard() as guard:
+        guard._deliver(WorkerDied("kept"), _unsafe_frame())
+        with pytest.raises(WorkerDied, match="kept"):
+            guard.check()
+        guard.check()  # nothing kept any more
+
+
+def _unsafe_frame():
+    found = []
+
+    def hook(frame, event, arg):
+        if event == "c_return" and not found and unsafe_to_raise(frame):
+            found.append(frame)
+
+    sys.setprofile(hook)
+    try:
+        queue.Queue().put(1)
+    finally:
+        sys.setprofile(None)
+    return found[0]
+
+
+def test_the_guard_stands_aside_outside_the_main_thread_and_beside_a_users_alarm():
+    seen = []
+
+    def in_thread():
+        with SignalGuard(limit_s=0.01, make_timeout=lambda: TrialTimeout("never")) as guard:
+            seen.append(guard.active)
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=in_thread)
+    thread.start()
+    thread.join()
+    previous = signal.signal(signal.SIGALRM, lambda *a: None)
+    try:
+        with SignalGuard(limit_s=0.01, make_timeout=lambda: TrialTimeout("never")) as guard:
+            seen.append(guard.active)
+        assert signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert seen == [False, False]
+
+
+def test_guards_that_exit_out_of_order_leave_the_original_handlers(raising_sigchld):
+    """Two loaders tuning online at once (zip(train, val)) enter and exit guards in any order."""
+    first = SignalGuard()
+    second = SignalGuard(limit_s=0.2, make_timeout=lambda: TrialTimeout("second's limit"))
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert second.active
+    with pytest.raises(TrialTimeout, match="second's limit"):
+        time.sleep(2)  # the second guard's timer still runs after the first exited
+    second.__exit__(None, None, None)
+    assert signal.getsignal(signal.SIGCHLD) is _raise_worker_died
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+    with SignalGuard() as third:
+        assert third.active, "a later guard can install again"
+
+
+def test_held_worker_errors_wait_for_check(raising_sigchld):
+    with SignalGuard(hold_worker_errors=True) as guard:
+        signal.getsignal(signal.SIGCHLD)(signal.SIGCHLD, sys._getframe())  # safe frame, yet held
+        time.sleep(0.1)  # no retry raises it here: this stands for the user's training step
+        with pytest.raises(WorkerDied):
+            guard.check()
+
+
+def test_no_exception_is_raised_where_python_would_swallow_it():
+    """A Ctrl-C raised in a ``__del__`` or in a callback that ``os.fork()`` runs (logging's lock release while
+    workers are forked) is printed as "Exception ignored" and lost: such places are unsafe, the Ctrl-C is retried."""
+    seen = []
+
+    class Finalised:
+        def __del__(self):
+            seen.append(unsafe_to_raise(sys._getframe()))
+
+    Finalised()
+    assert seen == [True]
+
+    def helper():
+        return unsafe_to_raise(sys._getframe())
+
+    assert helper() is False

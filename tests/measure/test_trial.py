@@ -1,0 +1,97 @@
+"""run_trial: the steady-state window, what it measures, and that the user's state is untouched."""
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, SequentialSampler
+
+from autoloader.config import LoaderConfig
+from autoloader.measure.consumer import Consumer
+from autoloader.measure.trial import _Cycle, run_trial, trial_loader
+from autoloader.measure.window import MIN_WINDOW_S
+from autoloader.request import Request
+from workloads import CpuBound, InMemory, LatencyBound
+
+CPU = Consumer(None, torch.device("cpu"))
+
+
+def _trial(dataset, batch_size, config, *, consumer=CPU, limit_s=3.0, shuffle=False, measure_consumer=False,
+           **dataloader_kwargs):
+    request = Request.checked(dataset, batch_size, shuffle=shuffle, dataloader_kwargs=dataloader_kwargs)
+    return run_trial(request, config, consumer=consumer, limit_s=limit_s, measure_consumer=measure_consumer)
+
+
+def test_cycle_repeats_forever_and_stops_on_an_empty_base():
+    it = iter(_Cycle([1, 2, 3]))
+    assert [next(it) for _ in range(7)] == [1, 2, 3, 1, 2, 3, 1]
+    assert list(_Cycle([])) == []
+
+
+def test_trial_loader_keeps_user_arguments_and_never_ends(tmp_path):
+    def collate(samples):
+        return torch.stack(samples)
+
+    data = InMemory(n=10)
+    request = Request.checked(data, 4, dataloader_kwargs={"collate_fn": collate, "sampler": SequentialSampler(data)})
+    loader = trial_loader(request, LoaderConfig(0), limit_s=1)
+    assert isinstance(loader, DataLoader) and loader.collate_fn is collate
+    it = iter(loader)
+    batches = [next(it) for _ in range(6)]  # 60 samples from a dataset of 10
+    assert torch.equal(batches[0], data.data[:4])
+
+
+def test_serial_trial_measures_the_steady_state():
+    data = CpuBound(cost_s=0.001)
+    started = time.perf_counter()
+    for i in range(64):  # the same work in a plain loop, side by side: what a steady rate must come close to
+        data[i]
+    plain_rate = 64 / (time.perf_counter() - started)
+    result = _trial(data, 8, LoaderConfig(0), limit_s=3)
+    assert result.ok and result.steady and result.config.num_workers == 0
+    assert result.batches >= 6 and result.window_s >= MIN_WINDOW_S
+    assert 0.5 * plain_rate < result.samples_per_s < 2 * plain_rate, (result.samples_per_s, plain_rate)
+    assert result.stall_fraction > 0.8, "nothing else happens but loading"
+    assert result.batch_bytes == 8 * 16 * 4 and result.startup_s is not None
+    assert result.worker_cpu_util is None
+    waiting = _trial(LatencyBound(latency_s=0.001), 8, LoaderConfig(0), limit_s=3)
+
+    def cpu_share(trial):
+        return trial.fetch_cpu_s_per_batch / trial.fetch_s_per_batch
+
+    assert cpu_share(result) > 4 * cpu_share(waiting), "a CPU-bound fetch uses the CPU, a waiting one does not"
+
+
+def test_worker_trial_measures_workers():
+    result = _trial(LatencyBound(latency_s=0.002), 8, LoaderConfig(2, 2), limit_s=4)
+    assert result.ok and result.config.num_workers == 2
+    assert result.worker_cpu_util is not None and result.worker_cpu_util < 0.5, "sleeping workers are idle"
+    assert result.worker_rss_bytes and result.worker_uss_bytes
+    # each worker waits ~16 ms per batch: two can never exceed ~1000 samples/s, and they overlap their waits
+    serial = _trial(LatencyBound(latency_s=0.002), 8, LoaderConfig(0), limit_s=4)
+    assert 1.3 * serial.samples_per_s < result.samples_per_s < 1500, (result.samples_per_s, serial.samples_per_s)
+
+
+def test_slow_consumer_is_measured_and_the_step_dominates():
+    result = _trial(InMemory(n=512), 16, LoaderConfig(0), consumer=Consumer(0.02, torch.device("cpu")), limit_s=3,
+                    measure_consumer=True)
+    assert result.consumer_s_per_batch == pytest.approx(0.02, rel=0.5)
+    assert result.stall_fraction < 0.3
+    assert result.samples_per_s < 16 / 0.02 * 1.1
+
+
+def test_user_generator_state_is_untouched():
+    generator = torch.Generator().manual_seed(11)
+    before = generator.get_state().clone()
+    _trial(InMemory(n=256), 8, LoaderConfig(1, 2), shuffle=True, limit_s=2, generator=generator)
+    assert torch.equal(generator.get_state(), before)
+
+
+def test_step_exception_surfaces_unchanged():
+    class StepFailed(Exception):
+        pass
+
+    def step(batch):
+        raise StepFailed("loss is nan")
+
+    with pytest.raises(StepFailed, match="loss is nan"):
+        _trial(InMemory(n=64), 8, LoaderConfig(2, 2), consumer=Consumer(step, torch.device("cpu")), limit_s=2)

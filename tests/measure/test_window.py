@@ -1,0 +1,47 @@
+"""Where a trial's timed window opens (autoloader.measure.window): after the prefetch burst has drained; and the rate
+of a trial cut before it did."""
+import pytest
+
+from autoloader.measure.window import BatchMark, Window, window_open
+from autoloader.config import LoaderConfig
+
+
+@pytest.mark.parametrize("count, skip, n, expected", [
+    (20, 7, 2, 6),      # past the burst (2 x 2 prefetched + 2): the window opens after batch index 6
+    (5, 7, 2, 2),       # the burst never drained: open after the first wave of 2
+    (3, 7, 2, 0),       # not even that: after the first batch
+    (2, 7, 2, None),    # fewer than two batches after anything: no rate
+    (10, 1, 0, 0),      # no workers: only the first batch is skipped
+])
+def test_window_open(count, skip, n, expected):
+    assert window_open(count, skip, n) == expected
+
+
+def _window(workers: int, gaps, *, first_at: float) -> Window:
+    """A Window of ``workers`` (prefetch 2) whose batches of 64 are consumed at ``first_at``, then after ``gaps``."""
+    window = Window(LoaderConfig(workers, 2 if workers else None), started=0.0, batch_size=64, min_window_s=0.2,
+                    min_rounds=3, min_batches=10)
+    done = first_at
+    for gap in [0.0] + list(gaps):
+        done += gap
+        window.marks.append(BatchMark(done, 64, 0.0, 0.0, 0.0))
+    window.end = done
+    return window
+
+
+def test_a_window_cut_inside_the_burst_counts_from_the_trials_start():
+    # 18 workers, 27 batches: the first after 0.6 s of start-up, the rest already made (the burst, 5 ms apart). The
+    # fallback window (after the first wave) alone would read 64 / 0.005 = 12,800 samples/s.
+    window = _window(18, [0.005] * 26, first_at=0.6)
+    assert window.skip == 54
+    result = window.result(elapsed=0.73)
+    assert result.ok and not result.steady
+    assert result.samples_per_s == pytest.approx(27 * 64 / 0.73)
+
+
+def test_a_window_past_the_burst_is_timed_from_its_opening():
+    # 2 workers (skip 6): 30 batches 10 ms apart after 0.5 s of start-up: the steady 6,400 samples/s, start-up excluded.
+    window = _window(2, [0.01] * 29, first_at=0.5)
+    result = window.result(elapsed=0.8)
+    assert result.samples_per_s == pytest.approx(6400)
+    assert result.steady

@@ -1,0 +1,256 @@
+"""Online tuning (autoloader.tuning.online): the training loop's own epochs are the trials, and nothing about the loop
+changes.
+
+Every epoch must yield exactly the batches a plain DataLoader with the same arguments and seeds yields, whatever
+candidates serve it; failures of a candidate lose nothing; the user's errors surface unchanged; decisions are kept in
+``loader.decisions`` and the cache. The search's choices themselves are tested on tables in test_policy.py.
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, WeightedRandomSampler
+
+from autoloader import PrefetchLoader, make_loader
+from autoloader.cache.slot import Slot
+from autoloader.cache.store import TuneCache
+from autoloader.probe import probe_machine
+from autoloader.request import Request
+from autoloader.tuning.online import OnlineLoader
+from autoloader.tuning.slices import BatchSlice
+from fault_data import Stream
+from online_data import Corrupt, Indexed, KilledFromWorkers, NeedsWorkerInit, RaisesAt, mark_initialised
+
+pytestmark = pytest.mark.filterwarnings("ignore::autoloader.AutoloaderWarning")
+
+
+def _epochs(loader, epochs, *, take=None):
+    """The index lists of each batch, per epoch (``take``: stop each epoch after that many batches)."""
+    out = []
+    for _ in range(epochs):
+        batches = []
+        for batch in itertools.islice(loader, take):
+            batches.append(batch.view(-1).tolist())
+        out.append(batches)
+    return out
+
+
+SETUPS = {
+    "shuffle-generator": lambda: dict(shuffle=True, generator=torch.Generator().manual_seed(5)),
+    "shuffle-global-seed": lambda: dict(shuffle=True),
+    "drop-last-ragged": lambda: dict(shuffle=True, drop_last=True),
+    "weighted-sampler": lambda: dict(sampler=WeightedRandomSampler(
+        torch.rand(1203, generator=torch.Generator().manual_seed(0)).tolist(), 1203)),
+    "batch-sampler": lambda: dict(batch_sampler=BatchSampler(RandomSampler(range(1203)), 10, drop_last=False)),
+}
+
+
+@pytest.mark.parametrize("setup", sorted(SETUPS))
+def test_every_epoch_equals_a_plain_dataloaders_epoch(setup):
+    data = Indexed(1203, latency_s=0.0005)
+    batch_size = 1 if setup == "batch-sampler" else 10
+    torch.manual_seed(11)
+    loader = make_loader(data, batch_size, cache=False, tuning="online", max_workers=4, **SETUPS[setup]())
+    assert len(loader) == len(DataLoader(data, batch_size, **SETUPS[setup]()))
+    online = _epochs(loader, 3)
+    assert loader.online_traces[0].epoch == 0, "candidates served the first epoch"
+    after_online = torch.random.get_rng_state()
+    torch.manual_seed(11)
+    plain = _epochs(DataLoader(data, batch_size, **SETUPS[setup]()), 3)
+    assert online == plain
+    assert torch.equal(after_online, torch.random.get_rng_state()), "the RNG ends as a plain loader leaves it"
+    del loader
+
+
+def _until_decided(loader, decisions=1, max_epochs=10):
+    """Epochs until the loader made ``decisions`` (a candidate needs a few waves of batches, more than an epoch of
+    these small datasets may hold); returns the epochs' batches."""
+    epochs = []
+    while len(loader.decisions) < decisions:
+        assert len(epochs) < max_epochs, f"no decision after {max_epochs} epochs"
+        epochs += _epochs(loader, 1)
+    return epochs
+
+
+def test_returns_at_once_and_decides_during_the_first_epochs(cache_dir):
+    data = Indexed(3000, latency_s=0.002)
+    loader = make_loader(data, 16, shuffle=True, tuning="online", max_workers=8)
+    assert loader.tuning.source == "online" and loader.tuning.samples_per_s is None and not loader.decisions
+    _until_decided(loader)
+    [decision] = loader.decisions
+    assert loader.tuning.samples_per_s == decision.samples_per_s and decision.candidates >= 2
+    assert decision.config.num_workers > 0, "2 ms of waiting per sample: workers pay"
+    assert 0 < decision.switch_s <= decision.search_s
+    assert "online" in str(loader.tuning) and str(decision.epoch) in repr(decision)
+    again = make_loader(data, 16, shuffle=True, tuning="online", max_workers=8)
+    assert again.tuning.source == "cache" and again.tuning.config == loader.tuning.config
+    assert not again.decisions, "the cached decision: nothing searched"
+    del loader, again
+
+
+def test_a_candidate_whose_workers_die_is_abandoned_and_no_sample_is_lost():
+    data = KilledFromWorkers(1000, from_workers=2)
+    torch.manual_seed(3)
+    loader = make_loader(data, 8, shuffle=True, cache=False, tuning="online", max_workers=4)
+    online = _until_decided(loader)
+    torch.manual_seed(3)
+    assert online == _epochs(DataLoader(Indexed(1000), 8, shuffle=True), len(online))
+    failed = [t for t in loader.tuning.trials if t.status == "failed"]
+    assert failed and all(t.config.num_workers >= 2 and "worker" in t.reason for t in failed)
+    assert loader.tuning.num_workers < 2
+    del loader
+
+
+def test_the_users_own_error_surfaces_unchanged():
+    loader = make_loader(RaisesAt(400, bad=150), 8, cache=False, tuning="online", max_workers=2)
+    with pytest.raises(Corrupt, match="sample 150 is corrupt"):
+        _epochs(loader, 1)
+    del loader
+
+
+def test_break_mid_epoch_then_a_new_epoch_behaves_as_a_plain_loader():
+    data = Indexed(900, latency_s=0.0005)
+    torch.manual_seed(2)
+    loader = make_loader(data, 10, shuffle=True, cache=False, tuning="online", max_workers=4)
+    partial = _epochs(loader, 1, take=5)
+    rest = _epochs(loader, 2)
+    torch.manual_seed(2)
+    plain = DataLoader(data, 10, shuffle=True)
+    assert partial == _epochs(plain, 1, take=5) and rest == _epochs(plain, 2)
+    del loader
+
+
+def test_the_loader_retunes_when_the_regime_changes_and_retune_false_freezes():
+    histories = {}
+    for retune in (True, False):
+        data = Indexed(2400, latency_s=0.003)  # cold: every read waits
+        loader = make_loader(data, 16, shuffle=True, cache=False, tuning="online", retune=retune, max_workers=8)
+        _until_decided(loader)
+        first = loader.tuning.config
+        data.latency_s = 0.0  # warm: the page cache serves it
+        _epochs(loader, 1)  # the epoch that shows the change
+        if retune:
+            _until_decided(loader, decisions=2)
+        else:
+            _epochs(loader, 3)
+        histories[retune] = (first, loader.decisions)
+        del loader
+    first, decisions = histories[True]
+    assert len(decisions) == 2 and "samples/s" in decisions[1].why
+    assert decisions[1].samples_per_s > 1.5 * decisions[0].samples_per_s, "measured again, in the warm regime"
+    assert decisions[1].config.num_workers <= first.num_workers, "in memory, no more workers are needed"
+    assert len(histories[False][1]) == 1
+
+
+def test_auto_mode_and_argument_errors():
+    data = Indexed(200)
+    assert make_loader(data, 8, cache=False).tuning.source == "online", "map-style, no step: online"
+    assert make_loader(data, 8, cache=False, step=0.001, budget=2).tuning.source == "tuned", "a step: trials"
+    assert make_loader(Stream(64), 8, cache=False, budget=2).tuning.source == "tuned", "a stream: trials"
+    with pytest.raises(ValueError, match="IterableDataset"):
+        make_loader(Stream(64), 8, cache=False, tuning="online")
+    with pytest.raises(ValueError, match="num_workers=2 is fixed"):
+        make_loader(data, 8, cache=False, tuning="online", num_workers=2)
+    with pytest.raises(ValueError, match="tuning='sometimes'"):
+        make_loader(data, 8, cache=False, tuning="sometimes")
+    with pytest.raises(TypeError, match="retune"):
+        make_loader(data, 8, cache=False, retune="yes")
+
+
+def test_trials_mode_keeps_todays_static_loader():
+    loader = make_loader(Indexed(400), 8, cache=False, tuning="trials", budget=2)
+    assert loader.tuning.source == "tuned" and type(loader.loader) is DataLoader
+    static = loader.loader
+    assert static.num_workers == loader.tuning.num_workers
+    for _ in range(2):
+        assert sum(len(b) for b in loader) == 400 and loader.loader is static
+    assert not loader.decisions and not loader.online_traces, "nothing searched online"
+    del loader, static
+
+
+# ---------------------------------------------------------------- OnlineLoader: a DataLoader-like source
+
+def _online_loader(data, batch_size, *, shuffle=False, max_workers=2, **kwargs):
+    """An ``OnlineLoader`` built by hand, with no cache, as ``make_loader(tuning="online")`` builds it."""
+    request = Request.checked(data, batch_size, shuffle=shuffle, max_workers=max_workers, dataloader_kwargs=kwargs)
+    profile = probe_machine(disk=False, gpus=False)
+    return OnlineLoader(request, profile, slot=Slot(request, profile, None, None), decision=None, retune=False)
+
+
+def test_online_loader_answers_what_a_dataloader_answers():
+    data, generator = Indexed(300), torch.Generator().manual_seed(5)
+    online = _online_loader(data, 10, shuffle=True, generator=generator, drop_last=True)
+    plain = DataLoader(data, 10, shuffle=True, generator=generator, drop_last=True)
+    assert len(online) == len(plain) == 30 and online.dataset is data and online.batch_size == 10
+    assert online.drop_last and online.generator is generator
+    assert type(online.sampler) is RandomSampler and online.sampler.generator is generator
+    assert type(online.batch_sampler) is BatchSampler and online.batch_sampler.sampler is online.sampler
+    assert online.batch_sampler.batch_size == 10 and online.batch_sampler.drop_last
+    assert online.searching and online.tuning.source == "online" and online.decisions == () and not online.traces
+    loader = PrefetchLoader(online)  # wrapped by hand, as a DataLoader would be
+    assert len(loader) == 30 and loader.dataset is data and loader.batch_size == 10
+    assert loader.sampler is online.sampler and loader.batch_sampler is online.batch_sampler
+    assert loader.tuning is online.tuning and loader.loader is online.plain and loader.decisions == ()
+    loader.worker_init_fn = mark_initialised
+    assert online.worker_init_fn is mark_initialised and online.plain.worker_init_fn is mark_initialised
+    del loader, online
+
+
+def test_a_prefetch_loader_wraps_it_as_it_wraps_a_dataloader():
+    """Wrapped by hand: each epoch is the plain DataLoader's, ``loader.loader`` is the candidate in force while the
+    search runs and the plain DataLoader (rebuilt with the decision, the user's worker_init_fn kept) after it."""
+    data = NeedsWorkerInit(1200, latency_s=0.0005)
+    online = _online_loader(data, 10, shuffle=True, generator=torch.Generator().manual_seed(3))
+    loader = PrefetchLoader(online)
+    loader.worker_init_fn = mark_initialised  # as Lightning's seed_everything(workers=True) does
+    epochs, in_force = [], []
+    while not loader.decisions:
+        assert len(epochs) < 10, "no decision after 10 epochs"
+        loader.set_epoch(100 + len(epochs))
+        batches, seen = [], []
+        for batch in loader:
+            batches.append(batch.view(-1).tolist())
+            seen.append(loader.loader)
+        epochs.append(batches)
+        in_force.append(seen[:-1])  # at the last batch the prefetcher has asked past the epoch's end
+    [decision] = loader.decisions
+    assert decision.epoch == 100 + len(epochs) - 1 and [t.epoch for t in loader.online_traces] == [
+        100 + e for e in range(len(epochs))], "set_epoch numbers the source's epochs"
+    candidates = {id(dl): dl for seen in in_force for dl in seen}.values()
+    assert len(candidates) >= 2 and all(isinstance(dl.batch_sampler, BatchSlice) for dl in in_force[0])
+    assert all(dl is not online.plain and dl.worker_init_fn is mark_initialised for dl in candidates)
+    assert loader.loader is online.plain and type(online.plain.batch_sampler) is BatchSampler
+    assert online.plain.num_workers == decision.config.num_workers == loader.tuning.num_workers
+    assert loader.worker_init_fn is mark_initialised and online.plain.worker_init_fn is mark_initialised
+    batches, served = [], set()
+    for batch in loader:
+        batches.append(batch.view(-1).tolist())
+        served.add(id(loader.loader))
+    epochs.append(batches)
+    assert served == {id(online.plain)}, "the decision serves: one DataLoader for the whole epoch"
+    plain = DataLoader(Indexed(1200), 10, shuffle=True, generator=torch.Generator().manual_seed(3))
+    assert epochs == _epochs(plain, len(epochs))
+    del loader, online, candidates, in_force
+
+
+def test_a_decision_reaches_the_cache_once_as_autotune_show_lists_it(cache_dir, monkeypatch):
+    puts, put = [], TuneCache.put
+
+    def counted(self, key, result, **kwargs):
+        puts.append(key)
+        return put(self, key, result, **kwargs)
+
+    monkeypatch.setattr(TuneCache, "put", counted)
+    loader = make_loader(Indexed(1200, latency_s=0.001), 16, shuffle=True, tuning="online", retune=False,
+                         max_workers=2)
+    assert not puts and not TuneCache(cache_dir).entries(), "nothing decided yet, nothing cached"
+    _until_decided(loader)
+    _epochs(loader, 2)
+    assert puts == [loader.cache_key], "one decision, stored once"
+    [entry] = TuneCache(cache_dir).entries()
+    assert entry.key == loader.cache_key and entry.error is None and entry.meta["dataset"] == "Indexed"
+    assert entry.result.source == "online" and entry.result.config == loader.tuning.config
+    assert entry.result.samples_per_s == loader.decisions[0].samples_per_s
+    del loader

@@ -1,0 +1,328 @@
+"""Epoch slices (autoloader/tuning/slices.py): a sequence of candidate DataLoaders yields exactly a plain DataLoader's
+epochs.
+
+Every test compares against a plain ``DataLoader`` built with the same arguments and seeds, over 3 epochs, and checks
+the user's generator and the global RNG end each epoch in the same state. ``EpochSlicer`` takes the plain DataLoader
+whose epochs it serves; each candidate is built as slices.py says (``part.expect``, ``**part.sampling()``,
+``part.private_generator()``, ``in_order=True``): by ``Recipe`` here, by ``Request.data_loader`` in the library
+(``ThroughRequest``).
+"""
+from __future__ import annotations
+
+import gc
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import pytest
+import torch
+from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, SequentialSampler, SubsetRandomSampler,
+                              WeightedRandomSampler)
+
+from autoloader.config import LoaderConfig
+from autoloader.request import Request
+from autoloader.tuning.slices import BatchSlice, EpochSlicer, EpochSource
+from slice_data import CountingSampler, DieInWorker, EagerChunks, Indices, Stream
+
+EPOCHS = 3
+GLOBAL_SEED = 1234
+Step = Tuple[Optional[int], int, Optional[int]]  # (slice limit, num_workers, stop after this many batches)
+SERIAL: Sequence[Step] = ((3, 0, None), (5, 0, 2), (0, 0, None), (1, 0, None), (None, 0, None))
+# 2 workers x prefetch 2 pull 4 batches at iter() and one more per batch yielded: stopped after 1, the candidate
+# re-issues 4; the next one pulls 2 of those and is stopped before its first batch (as when its workers die at
+# start): they go back in front of the other two.
+MIXED: Sequence[Step] = ((2, 0, None), (6, 2, 1), (2, 2, 0), (4, 0, None), (None, 2, None))
+SAMPLING = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last", "generator")
+"""The DataLoader arguments that decide an epoch's batches: the plain loader's; a candidate takes its slice's."""
+
+
+def as_list(batch: Any) -> Any:
+    return batch.tolist() if isinstance(batch, torch.Tensor) else batch
+
+
+def rng_state(generator: Optional[torch.Generator]) -> List[torch.Tensor]:
+    return [torch.get_rng_state()] + ([generator.get_state()] if generator is not None else [])
+
+
+class Recipe:
+    """The user's DataLoader arguments: ``plain``, the DataLoader an ``EpochSlicer`` serves the epochs of, and each
+    slice's candidate DataLoader, built by hand as slices.py's docstring says."""
+
+    def __init__(self, dataset: Any, kwargs: Dict[str, Any]) -> None:
+        self.dataset = dataset
+        self.plain = DataLoader(dataset, **{k: v for k, v in kwargs.items() if k in SAMPLING})
+        self.other = {k: v for k, v in kwargs.items() if k not in SAMPLING}
+
+    def candidate(self, part: BatchSlice, num_workers: int, prefetch_factor: Optional[int] = None,
+                  **extra: Any) -> DataLoader:
+        prefetch = (prefetch_factor or 2) if num_workers else None
+        part.expect(num_workers, prefetch)
+        return DataLoader(self.dataset, num_workers=num_workers, prefetch_factor=prefetch, **self.other, **extra,
+                          **part.sampling(), generator=part.private_generator(), in_order=True)
+
+
+class ThroughRequest:
+    """The same, built as the library builds them (``OnlineLoader``): ``Request.data_loader`` for the plain loader of
+    a configuration, and with ``sampling=part.sampling()`` for a candidate."""
+
+    def __init__(self, dataset: Any, kwargs: Dict[str, Any]) -> None:
+        kwargs = dict(kwargs)
+        batch_size, shuffle = kwargs.pop("batch_size", 1), kwargs.pop("shuffle", False)
+        self.request = Request.checked(dataset, batch_size, shuffle=shuffle, dataloader_kwargs=kwargs)
+        self.plain = self.request.data_loader(LoaderConfig(0))
+
+    def candidate(self, part: BatchSlice, num_workers: int, prefetch_factor: Optional[int] = None) -> DataLoader:
+        config = LoaderConfig(num_workers, (prefetch_factor or 2) if num_workers else None)
+        part.expect(config.num_workers, config.prefetch_factor)
+        return self.request.data_loader(config, sampling=part.sampling(), generator=part.private_generator(),
+                                        in_order=True, persistent_workers=False)
+
+
+def plain_epochs(dataset, kwargs: Dict[str, Any], on_epoch: Callable[[int], None] = lambda e: None):
+    torch.manual_seed(GLOBAL_SEED)
+    loader = DataLoader(dataset, **kwargs)
+    epochs, states = [], []
+    for e in range(EPOCHS):
+        on_epoch(e)
+        epochs.append([as_list(b) for b in loader])
+        states.append(rng_state(kwargs.get("generator")))
+    return epochs, states
+
+
+def run_slices(slicer: EpochSlicer, build: Any, plan: Sequence[Step]) -> Tuple[List[Any], EpochSource]:
+    """One epoch served by the plan's candidates (``build.candidate``), the last one to the epoch's end."""
+    source, out = slicer.epoch(), []
+    for limit, workers, stop in plan:
+        part = source.take(limit)
+        loader = build.candidate(part, workers, 2 if workers else None)
+        it, got = iter(loader), 0
+        try:
+            while stop is None or got < stop:
+                out.append(as_list(next(it)))
+                got += 1
+        except StopIteration:
+            pass
+        del it, loader  # shuts its workers down
+        part.delivered(got)
+    assert source.done
+    return out, source
+
+
+def sliced_epochs(dataset, kwargs: Dict[str, Any], plan: Sequence[Step],
+                  on_epoch: Callable[[int], None] = lambda e: None, *, builder: Callable[..., Any] = Recipe):
+    torch.manual_seed(GLOBAL_SEED)
+    build = builder(dataset, kwargs)
+    slicer = EpochSlicer(build.plain)
+    assert len(slicer) == len(build.plain)
+    epochs, states, reissued = [], [], []
+    for e in range(EPOCHS):
+        on_epoch(e)
+        out, source = run_slices(slicer, build, plan)
+        assert source.position == len(out) and [r.number for r in source.slices] == list(range(len(plan)))
+        epochs.append(out)
+        states.append(rng_state(kwargs.get("generator")))
+        reissued.append([r.reissued for r in source.slices])
+    return epochs, states, reissued
+
+
+def assert_same_run(plain, sliced) -> None:
+    (p_epochs, p_states), (s_epochs, s_states) = plain, sliced[:2]
+    for e in range(EPOCHS):
+        assert s_epochs[e] == p_epochs[e], f"epoch {e} differs"
+        for p, s in zip(p_states[e], s_states[e]):
+            assert torch.equal(p, s), f"RNG state after epoch {e} differs"
+    assert p_epochs[0] != p_epochs[1] or not any(isinstance(x, list) for x in p_epochs[0])
+
+
+def check(make_kwargs: Callable[[], Dict[str, Any]], plan: Sequence[Step] = SERIAL, n: int = 103, *,
+          builder: Callable[..., Any] = Recipe, **worker_args: Any) -> List[List[int]]:
+    """Returns each epoch's re-issued count per slice. ``worker_args``: the user's arguments that a plain loader
+    without workers rejects; only the sliced run gets them."""
+    dataset = Indices(n)
+    plain = plain_epochs(dataset, make_kwargs())
+    sliced = sliced_epochs(dataset, dict(make_kwargs(), **worker_args), plan, builder=builder)
+    assert_same_run(plain, sliced)
+    return sliced[2]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_shuffle_with_generator_ragged_last_batch(drop_last):
+    check(lambda: dict(batch_size=4, shuffle=True, drop_last=drop_last, generator=torch.Generator().manual_seed(7)))
+
+
+def test_shuffle_global_rng_with_workers_pulling_ahead():
+    # 2 workers x prefetch 2 pull 4 batches at iter(); the candidate stopped after 1 re-issues 4 (see MIXED).
+    reissued = check(lambda: dict(batch_size=4, shuffle=True), plan=MIXED)
+    assert reissued == [[0, 4, 2, 0, 0]] * EPOCHS
+
+
+def test_candidates_the_library_builds_drop_worker_only_arguments_and_keep_order():
+    # As OnlineLoader builds them (Request.data_loader): the user's worker-only arguments (timeout) are dropped for
+    # 0-worker candidates, and their in_order=False is overridden (the plain loader keeps it; the slicer logs it).
+    reissued = check(lambda: dict(batch_size=4, shuffle=True, in_order=False), plan=MIXED, builder=ThroughRequest,
+                     timeout=30)
+    assert reissued == [[0, 4, 2, 0, 0]] * EPOCHS
+
+
+@pytest.mark.parametrize("make_sampler", [
+    lambda n: WeightedRandomSampler(torch.rand(n, generator=torch.Generator().manual_seed(3)), 60, replacement=True),
+    lambda n: SubsetRandomSampler(list(range(0, n, 2)), generator=torch.Generator().manual_seed(5)),
+], ids=["weighted-global-rng", "subset-own-generator"])
+def test_user_sampler(make_sampler):
+    check(lambda: dict(batch_size=5, sampler=make_sampler(103)))
+
+
+def test_user_batch_sampler_drawing_eagerly_in_iter():
+    # EagerChunks draws at iter(), which torch does before the base seed: the order of the two draws is tested here.
+    check(lambda: dict(batch_sampler=EagerChunks(103)))
+
+
+def test_unbatched():
+    check(lambda: dict(batch_size=None, shuffle=True, generator=torch.Generator().manual_seed(9)), n=17)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_distributed_sampler_set_epoch(rank):
+    dataset = Indices(103)
+
+    def run(runner, *args):
+        sampler = DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=True, seed=11)
+        return runner(dataset, dict(batch_size=4, sampler=sampler), *args, on_epoch=sampler.set_epoch)
+
+    assert_same_run(run(plain_epochs), run(sliced_epochs, SERIAL))
+
+
+def test_base_seed_draw_order_matches_torch():
+    """A torch change to what iter(DataLoader) draws, or when, fails here first."""
+    for gen in (None, torch.Generator()):
+        def kwargs():
+            if gen is not None:
+                gen.manual_seed(21)
+            torch.manual_seed(GLOBAL_SEED)
+            return dict(batch_size=4, shuffle=True, generator=gen)
+
+        it = iter(DataLoader(Indices(30), **kwargs()))
+        after_iter = rng_state(gen)
+        first = as_list(next(it))
+        after_first = rng_state(gen)
+        build = Recipe(Indices(30), kwargs())
+        source = EpochSlicer(build.plain).epoch()
+        assert all(torch.equal(a, b) for a, b in zip(after_iter, rng_state(gen)))
+        part = source.take(2)
+        loader = build.candidate(part, num_workers=0)
+        assert loader.generator is not gen and loader.generator is not None
+        assert as_list(next(iter(loader))) == first
+        assert all(torch.equal(a, b) for a, b in zip(after_first, rng_state(gen)))
+        part.delivered(1)
+
+
+def test_worker_death_reissues_undelivered_batches():
+    dataset, kwargs = DieInWorker(40, at=13), dict(batch_size=4)  # index 13 is in batch 3
+    expected = [as_list(b) for b in DataLoader(Indices(40), **kwargs)]
+    build = Recipe(dataset, kwargs)
+    source, out = EpochSlicer(build.plain).epoch(), []
+    part = source.take(None)
+    it = iter(build.candidate(part, num_workers=2, prefetch_factor=2))
+    with pytest.raises(RuntimeError, match="exited unexpectedly"):
+        for batch in it:
+            out.append(as_list(batch))
+    del it
+    record = part.delivered(len(out))
+    assert record.reissued >= 1 and record.start == 0
+    rest = source.take(None)
+    out += [as_list(b) for b in build.candidate(rest, num_workers=0)]
+    rest.delivered(len(out) - record.delivered)
+    assert out == expected and source.done
+    assert [r.delivered for r in source.slices] == [record.delivered, len(expected) - record.delivered]
+
+
+def test_persistent_workers_reuse_one_slice_across_slices_and_epochs():
+    g = torch.Generator()
+    make = lambda: dict(batch_size=4, shuffle=True, generator=g.manual_seed(3))  # noqa: E731
+    dataset = Indices(50)
+    plain = plain_epochs(dataset, make())
+    torch.manual_seed(GLOBAL_SEED)
+    assert_same_run(plain, persistent_epochs(Recipe(dataset, make()), g))
+
+
+def persistent_epochs(build: Recipe, g: torch.Generator):
+    """Slices 0 and 2 of every epoch share one persistent-worker DataLoader, and one BatchSlice rebound each time."""
+    fast: Optional[BatchSlice] = None
+    fast_loader = loader = None
+    epochs, states = [], []
+    slicer = EpochSlicer(build.plain)
+    try:
+        for _ in range(EPOCHS):
+            source, out = slicer.epoch(), []
+            for limit, use_fast, stop in ((5, True, 2), (3, False, None), (None, True, None)):
+                if use_fast:
+                    fast = source.take(limit, reuse=fast)
+                    if fast_loader is None:
+                        fast_loader = build.candidate(fast, 2, 2, persistent_workers=True)
+                    part, loader = fast, fast_loader
+                else:
+                    part = source.take(limit)
+                    loader = build.candidate(part, num_workers=0)
+                got = 0
+                for batch in loader:  # the persistent iterator lives on after a break; the next iter() resets it
+                    out.append(as_list(batch))
+                    got += 1
+                    if got == stop:
+                        break
+                part.delivered(got)
+            assert source.done and source.slices[0].reissued == 3
+            epochs.append(out)
+            states.append(rng_state(g))
+    finally:
+        fast_loader = loader = None  # its persistent workers go with it, even when the test fails
+        gc.collect()
+    return epochs, states
+
+
+def test_lazy_and_lengths():
+    sampler = CountingSampler(1000)
+    build = Recipe(Indices(1000), dict(batch_size=10, sampler=sampler, drop_last=True))
+    slicer = EpochSlicer(build.plain)
+    assert slicer.reference is build.plain and slicer.index_sampler is build.plain.batch_sampler
+    assert len(slicer) == len(DataLoader(Indices(1000), batch_size=10, drop_last=True)) == 100
+    source = slicer.epoch()
+    assert len(source) == 100 and source.remaining == 100 and sampler.pulled == 0
+    part = source.take(3)
+    loader = build.candidate(part, num_workers=0)
+    assert len(part) == len(loader) == 3
+    assert [as_list(b)[0] for b in loader] == [0, 10, 20] and sampler.pulled == 30
+    part.delivered(2)  # the loop got 2: batch [20..29] is re-issued first
+    rest = source.take(500)
+    assert len(rest) == 98 and source.remaining == 98
+    assert as_list(next(iter(build.candidate(rest, num_workers=0))))[0] == 20 and sampler.pulled == 30
+    rest.delivered(1)
+    assert not source.done and source.position == 3
+
+
+def test_misuse_says_the_fix():
+    with pytest.raises(ValueError, match="IterableDataset cannot be sliced"):
+        EpochSlicer(DataLoader(Stream()))
+    build = Recipe(Indices(8), dict(batch_size=2))
+    slicer = EpochSlicer(build.plain)
+    source = slicer.epoch()
+    with pytest.raises(ValueError, match="limit must be >= 0"):
+        source.take(-1)
+    part = source.take(2)
+    with pytest.raises(RuntimeError, match="still open"):
+        source.take(1)
+    with pytest.raises(ValueError, match="num_workers must be >= 0"):
+        part.expect(-1, None)
+    it = iter(build.candidate(part, num_workers=0))
+    next(it)
+    with pytest.raises(RuntimeError, match="call expect"):
+        part.expect(2, 2)
+    with pytest.raises(ValueError, match="handed out only 1"):
+        part.delivered(2)
+    part.delivered(1)
+    with pytest.raises(RuntimeError, match="already closed"):
+        part.delivered(1)
+    with pytest.raises(RuntimeError, match="closed by delivered"):
+        next(it)
+    for unbound in (BatchSlice().sampling, BatchSlice().private_generator):
+        with pytest.raises(RuntimeError, match="not bound"):
+            unbound()
+    assert list(BatchSampler(SequentialSampler(range(8)), 2, False))[1] == as_list(
+        next(iter(build.candidate(source.take(None), num_workers=0))))
