@@ -57,7 +57,7 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("threads", 1, tuned=True, loader_arg=False, label=lambda t: f"threads={t}"),
     Knob("pin_memory", False, tuned=True, label=lambda _: "pin"),
     Knob("persistent_workers", False, worker_only=True, tuned=True, off=False),
-    Knob("multiprocessing_context", None, worker_only=True, recorded=False, normalize=_start_method_name),
+    Knob("multiprocessing_context", None, worker_only=True, normalize=_start_method_name, label=lambda m: f"start={m}"),
     Knob("timeout", 0, worker_only=True, recorded=False),  # the single-process iterator asserts timeout == 0
 )
 BY_NAME: Dict[str, Knob] = {k.name: k for k in KNOBS}
@@ -84,6 +84,8 @@ class LoaderConfig:
     persistent_workers: bool = False
     threads: int = 1
     """Threads fetching a batch's samples inside each process (see ``autoloader.loader.threads``); 1: none."""
+    multiprocessing_context: Optional[str] = None
+    """How the workers start ('fork', 'spawn', 'forkserver'), when the user chose; None: the platform's default."""
 
     def __post_init__(self) -> None:
         if self.num_workers == 0 and (self.prefetch_factor is not None or self.persistent_workers):

@@ -87,3 +87,20 @@ def test_one_builder_makes_every_loader_from_request_and_config():
     assert parallel.num_workers == 2 and parallel.prefetch_factor == 3  # the user's fixed value
     forced = request.data_loader(make_config(0, fixed={}), sampling={"batch_size": 5}, in_order=True)
     assert forced.batch_size == 5 and forced.drop_last is False  # sampling replaces the user's sampling arguments
+
+
+def test_the_start_method_is_a_knob_passed_through_recorded_and_cached(tmp_path):
+    """The knob added as one row of the table (issue 20): the user's start method, as a name or a context object,
+    reaches every DataLoader, is recorded in the decision and its label, and keys the cache."""
+    from autoloader import make_loader
+    data = TensorDataset(torch.arange(64.0))
+    kwargs = dict(tuning="trials", budget=2, num_workers=1, cache=str(tmp_path))  # workers: the knob applies
+    by_object = make_loader(data, 8, multiprocessing_context=torch.multiprocessing.get_context("fork"), **kwargs)
+    by_name = make_loader(data, 8, multiprocessing_context="fork", **kwargs)
+    unset = make_loader(data, 8, **kwargs)
+    assert by_name.tuning.source == "cache" and by_object.cache_key == by_name.cache_key != unset.cache_key
+    stored = json.loads((tmp_path / f"{by_object.cache_key}.json").read_text())["result"]["config"]
+    assert by_name.tuning.config.multiprocessing_context == stored["multiprocessing_context"] == "fork"
+    assert "start=fork" in by_name.tuning.config.label()
+    assert by_name.loader.multiprocessing_context.get_start_method() == "fork"
+    assert unset.tuning.config.multiprocessing_context is None and "start=" not in unset.tuning.config.label()

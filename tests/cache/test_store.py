@@ -169,8 +169,8 @@ def schema_2_payload(key=KEY):
     """An entry as autoloader wrote it in schema 2: the chosen knobs flat at the top of ``result`` (no ``config``);
     its trials already held a nested ``config``."""
     result = make_result().to_dict()
-    flat = result.pop("config")
-    assert set(flat) == {"num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "threads"}
+    config = result.pop("config")
+    flat = {k: config[k] for k in ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "threads")}
     return {"schema": 2, "key": key, "created": 1700000000.0, "meta": {"batch_size": 32}, "result": {**flat, **result}}
 
 
