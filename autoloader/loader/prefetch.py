@@ -13,11 +13,13 @@ It also answers what training frameworks read from a DataLoader (``sampler``, ``
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import copy
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Deque, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -26,6 +28,8 @@ from ..errors import quiet_worker_count_warning
 from ..results import TuneResult
 from .batch import iter_tensors, map_tensors
 from .device import resolve_device, side_stream
+from .resume import resumed_epoch, stream_rule
+from .state import FORMAT, capture, check, epoch_length, epochs_of, gather, own_rank, ranks, restore
 from .transform import InputTransform
 
 logger = logging.getLogger("autoloader.prefetch")
@@ -52,10 +56,11 @@ class EpochStats:
 
 
 class _EpochClock:
-    __slots__ = ("epoch", "batches", "start", "end", "wait")
+    __slots__ = ("epoch", "batches", "start", "end", "wait", "done")
 
     def __init__(self, epoch: int, start: float) -> None:
         self.epoch, self.batches, self.start, self.end, self.wait = epoch, 0, start, start, 0.0
+        self.done = False
 
     def snapshot(self) -> EpochStats:
         return EpochStats(self.epoch, self.batches, self.end - self.start, self.wait)
@@ -100,6 +105,10 @@ class PrefetchLoader:
         self._epoch_set = False
         self._sampler_epochs: Optional[List[Any]] = None
         self._clocks: List[_EpochClock] = []
+        self._start: Optional[Dict[str, Any]] = None  # the epoch's RNG at its start (NOTE [ Exact resume ])
+        self._skipped = 0  # batches of this epoch yielded before a resume
+        self._pending: Optional[Dict[str, Any]] = None  # a loaded state, applied at the next iter()
+        self._stream_states: Deque[Tuple[int, Any]] = collections.deque(maxlen=3)
 
     @property
     def loader(self) -> Any:
@@ -220,6 +229,65 @@ class PrefetchLoader:
         self._sampler_epochs = [s.epoch for s in samplers]
         self._epoch_set = False
 
+    # -- checkpoint and resume (NOTE [ Exact resume ] in state.py) ----------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the loop is (epoch, batches yielded) and the RNG states that redraw the epoch's order: a small dict
+        of ints, lists and strings, safe for ``torch.save`` and JSON (torchdata's ``StatefulDataLoader`` protocol,
+        which Lightning 2.x checkpoints). ``load_state_dict`` on a new loader resumes exactly after that batch.
+
+        Under a torch.distributed group of several processes it is a collective (call it on every rank, as Lightning
+        and Accelerate do): it holds every rank's state, so the one file rank 0 writes resumes each rank."""
+        return gather(self._own_state())
+
+    def _own_state(self) -> Dict[str, Any]:
+        dataset, why = stream_rule(self._frame)
+        if why:
+            raise ValueError(f"state_dict(): this loader cannot be resumed exactly: {why}")
+        clock, length = (self._clocks[-1] if self._clocks else None), epoch_length(self._frame)
+        batches = self._skipped + clock.batches if clock is not None and not clock.done else 0
+        in_epoch = clock is not None and not clock.done and (length is None or batches < length)
+        batches = batches if in_epoch else 0  # after an epoch's last batch: the next epoch's start
+        tuning = self.tuning
+        return {"format": FORMAT, "epoch": clock.epoch if in_epoch and clock is not None else self._next_epoch,
+                "batches": batches, "in_epoch": in_epoch, "length": length,
+                "ranks": ranks(self._frame), "sampler_epochs": epochs_of(_samplers(self._frame)),
+                "sampler_record": self._sampler_epochs, "epoch_set": self._epoch_set,
+                "start": self._start if in_epoch and dataset is None else None,
+                "now": capture(self._frame, samplers=False),
+                "stream": next((st for n, st in self._stream_states if n == batches), None) if in_epoch else None,
+                "decision": tuning.config.label() if tuning is not None else None}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Resume from ``state_dict()``'s dict at the next ``iter()``: exactly the batches the saved run would have
+        yielded next, this epoch and the following ones, whatever this loader's workers, threads or decision."""
+        state = own_rank(state)
+        check(state, self._frame)
+        if state["in_epoch"] and state["start"] is None and state["stream"] is None:
+            raise ValueError("load_state_dict(state): the state has neither the epoch's RNG nor its stream position")
+        samplers = [s for s in _samplers(self._frame) if isinstance(getattr(s, "epoch", None), int)]
+        for sampler, epoch in zip(samplers, state["sampler_epochs"]):
+            sampler.set_epoch(epoch)
+        if callable(getattr(self._frame, "set_epoch", None)):
+            self._frame.set_epoch(state["epoch"])
+        self._next_epoch, self._epoch_set = state["epoch"], state["epoch_set"]
+        self._sampler_epochs = state["sampler_record"]
+        self._pending = state
+
+    def _begin(self, pending: Optional[Dict[str, Any]]) -> Iterator[Any]:
+        """The epoch's batches: the rest of a loaded epoch, or a fresh one (its starting RNG kept)."""
+        self._skipped, self._stream_states = 0, collections.deque(maxlen=3)
+        if pending is not None and pending["in_epoch"] and pending["stream"] is None:
+            self._skipped, self._start = pending["batches"], pending["start"]
+            return resumed_epoch(self._frame, pending)
+        if pending is not None:
+            restore(self._frame, pending["now"])
+        if pending is not None and pending["stream"] is not None:
+            self._skipped, self._start = pending["batches"], None
+            stream_rule(self._frame)[0].load_state_dict(pending["stream"])
+            return iter(self._loader)
+        self._start = capture(self._frame, samplers=True) if not stream_rule(self._frame)[0] else None
+        return iter(self._loader)
+
     def _check_single_process(self) -> None:
         if not self._single_process or not (dist.is_available() and dist.is_initialized()):
             return
@@ -254,15 +322,20 @@ class PrefetchLoader:
 
     def _epoch(self) -> Iterator[Any]:
         self._check_single_process()
-        self._advance_epoch()
+        pending, self._pending = self._pending, None
+        if pending is not None and pending["in_epoch"]:
+            self._sampler_epochs, self._epoch_set = epochs_of(_samplers(self._frame)), False
+        else:
+            self._advance_epoch()
         stream = side_stream(self.device)
         clock = _EpochClock(self._next_epoch, time.perf_counter())
         self._next_epoch += 1
         self._clocks.append(clock)
         entered = clock.start
         with quiet_worker_count_warning(self._tuned_workers()):
-            it = iter(self._loader)
-        batch = self._fetch(it, stream)
+            it = self._begin(pending)
+        dataset = stream_rule(self._frame)[0]
+        batch = self._fetch(it, stream, dataset, clock.batches)
         while batch is not _END:
             if stream is not None:
                 consumer = torch.cuda.current_stream(self.device)
@@ -270,7 +343,7 @@ class PrefetchLoader:
                 for tensor in iter_tensors(batch):
                     if tensor.is_cuda:
                         tensor.record_stream(consumer)
-            following = self._fetch(it, stream)
+            following = self._fetch(it, stream, dataset, clock.batches + 1)
             now = time.perf_counter()
             clock.batches += 1
             clock.wait += now - entered
@@ -280,11 +353,16 @@ class PrefetchLoader:
             batch = following
         clock.end = time.perf_counter()
         clock.wait += clock.end - entered
+        clock.done = True
         logger.debug("epoch %d: %d batches in %.3f s, stall %.1f%%", clock.epoch, clock.batches,
                      clock.end - clock.start, 100.0 * clock.snapshot().stall_fraction)
 
-    def _fetch(self, it: Iterator[Any], stream: Optional[torch.cuda.Stream]) -> Any:
-        """The next batch, copied (see NOTE [ Stream synchronisation ]) and transformed; ``_END`` when exhausted."""
+    def _fetch(self, it: Iterator[Any], stream: Optional[torch.cuda.Stream], dataset: Any = None,
+               number: int = 0) -> Any:
+        """The next batch, copied (see NOTE [ Stream synchronisation ]) and transformed; ``_END`` when exhausted.
+        ``dataset``: an IterableDataset whose state before batch ``number`` is kept for ``state_dict()``."""
+        if dataset is not None:
+            self._stream_states.append((self._skipped + number, copy.deepcopy(dataset.state_dict())))
         try:
             batch = next(it)
         except StopIteration:

@@ -140,10 +140,17 @@ class OnlineLoader:
             return self._steady()
         return self._searching()
 
-    def _searching(self) -> Iterator[Any]:
-        source = self.slicer.epoch()
+    def resume(self, source: EpochSource) -> Iterator[Any]:
+        """The rest of an epoch that ``source`` (``slicer.epoch()``, fast-forwarded by ``skip``) holds: candidates
+        while searching, else the decision (NOTE [ Exact resume ] in loader/state.py)."""
+        self._epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
+        return self._searching(source)
+
+    def _searching(self, source: Optional[EpochSource] = None) -> Iterator[Any]:
+        source = source if source is not None else self.slicer.epoch()
         trace = EpochTrace(self._epoch, time.perf_counter())
-        self.traces.append(trace)
+        if self.searching:
+            self.traces.append(trace)
         while not source.done:
             candidate = self._candidate
             outcome = yield from self._slice(source, candidate, trace)

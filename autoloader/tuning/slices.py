@@ -241,6 +241,23 @@ class EpochSource:
         self._open = part
         return part
 
+    def skip(self, k: int) -> None:
+        """Fast-forward a fresh epoch past its first ``k`` batches, as if delivered, without loading a sample: only
+        the index sampler is iterated (NOTE [ Exact resume ] in loader/state.py). One more batch is drawn and put
+        back, so a sampler that draws its order lazily (``RandomSampler``) has drawn it when this returns."""
+        if self._open is not None or self.position or self._records:
+            raise RuntimeError("skip() fast-forwards a fresh epoch only: call it before the first take()")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"skip(k): k must be an int >= 0 (batches already delivered), got {k!r}")
+        for _ in range(k):
+            if self._pull() is None:
+                raise ValueError(f"skip({k}): this epoch has only {self.position} batches; the saved state does not "
+                                 f"belong to this dataset and sampler")
+            self.position += 1
+        following = self._pull()
+        if following is not None:
+            self._reissue.appendleft(following)
+
     def _pull(self) -> Any:
         if self._reissue:
             return self._reissue.popleft()

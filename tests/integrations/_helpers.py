@@ -141,6 +141,6 @@ def check_epochs(per_rank_epochs: Sequence[Sequence[Sequence[int]]], n: int, *, 
 def check_same_config(tunings: Sequence[Optional[dict]], *, what: str = "") -> None:
     """Every rank returns the same ``loader.tuning`` (its ``to_dict()``)."""
     assert all(t is not None for t in tunings), f"{what}a rank has no tuning: {tunings}"
-    labels = [(t["num_workers"], t["prefetch_factor"], t["pin_memory"], t["persistent_workers"]) for t in tunings]
+    labels = [tuple(sorted(t["config"].items(), key=lambda kv: kv[0])) for t in tunings]
     assert len(set(labels)) == 1, f"{what}ranks chose different configs: {labels}"
     assert all(t == tunings[0] for t in tunings), f"{what}ranks returned different tunings"

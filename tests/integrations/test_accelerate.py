@@ -81,5 +81,5 @@ def test_unsharded_loader_sharded_by_accelerate(reports, world):
     _no_error("prepare(make_loader(..., distributed=False).loader)", parts)
     assert all(p["prepared_type"] == "DataLoaderShard" for p in parts)
     for p in parts:  # Accelerate rebuilt the loader from the tuned one: it kept the tuned worker count
-        assert p["num_workers"] == p["tuning"]["num_workers"], p
+        assert p["num_workers"] == p["tuning"]["config"]["num_workers"], p
     check_epochs([p["epochs"] for p in parts], N, what="prepare(make_loader(..., distributed=False).loader): ")

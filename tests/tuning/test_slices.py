@@ -326,3 +326,22 @@ def test_misuse_says_the_fix():
             unbound()
     assert list(BatchSampler(SequentialSampler(range(8)), 2, False))[1] == as_list(
         next(iter(build.candidate(source.take(None), num_workers=0))))
+
+
+def test_skip_fast_forwards_a_fresh_epoch_by_index_only():
+    plain = DataLoader(range(23), batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(1))
+    whole = [b.tolist() for b in DataLoader(range(23), batch_size=5, shuffle=True,
+                                            generator=torch.Generator().manual_seed(1))]
+    source = EpochSlicer(plain).epoch()
+    source.skip(2)
+    assert source.position == 2 and source.remaining == 3
+    part = source.take(None)
+    assert [b.tolist() for b in DataLoader(range(23), **part.sampling())] == whole[2:]
+    part.delivered(3)
+    assert source.done
+    with pytest.raises(RuntimeError, match="fresh epoch"):
+        source.skip(1)
+    with pytest.raises(ValueError, match="has only 5 batches"):
+        EpochSlicer(plain).epoch().skip(6)
+    with pytest.raises(ValueError, match="int >= 0"):
+        EpochSlicer(plain).epoch().skip(-1)
