@@ -1,23 +1,37 @@
-"""torch.distributed awareness: shard the data with DistributedSampler, split the node's CPUs and memory among its
-ranks, and make every rank reach the same decision.
+"""torch.distributed awareness: shard the data with DistributedSampler across every rank, and let the ranks of each
+node measure together, share that node's CPUs and memory, and reach that node's decision.
 
 # NOTE [ One decision across ranks ]
-# Trials run on all local ranks at once, so they measure the contention training will see. The search must take the
-# same path everywhere, or one rank would wait forever on a collective that another skips. So every figure a
-# decision reads (rates, costs, elapsed time against the budget) goes through ``reduce_min`` (costs are negated to
-# take their maximum) before it is used: the slowest rank's rate and the largest cost. The machine profile is rank
-# 0's, broadcast. Rank 0 alone reads and writes the cache; the hit (or miss) is broadcast so that all ranks skip or
-# run trials together, and the final result is rank 0's, broadcast, so every rank returns the same object.
-# Every method here that talks to other ranks is called by all ranks, unconditionally, in the same order. Values
-# travel through torch's object collectives (``broadcast_object_list``, ``all_gather_object``), which pick the
-# backend's device themselves: the CPU for gloo (or a "cpu:gloo,cuda:nccl" group), the current CUDA device for NCCL
-# (so NCCL users must call ``torch.cuda.set_device(local_rank)`` first, as every NCCL program must).
+# What is global, what is per node. A DataLoader configuration changes neither the batches a rank sees nor anything
+# DDP synchronises, and workers compete only for their own node's CPUs, RAM, /dev/shm and disk: so each node decides
+# for itself, and only the facts that make one epoch across ranks are global.
+# - Global (every rank of the job, once per ``make_loader``): the node layout (one ``all_gather_object`` of each
+#   rank's node identity, ``_node_layout``), and in ``shard`` the facts every rank must share (batch size, dataset
+#   length, shuffle, drop_last; a mismatch raises the same ValueError on every rank) and the sampler's seed (rank 0's).
+# - Per node (the node's own process group, ``Group._pg``): the machine profile (the node leader's, split among the
+#   node's ranks), the cache lookup and write (the node leader, lowest global rank of the node, under the node's
+#   hardware key), every figure a search reads (``agreement().reduce_min``: the slowest rank's rate, the largest
+#   cost), online switching in lockstep, and the result (the node leader's, ``broadcast``).
+# Trials run on all ranks of a node at once, so they measure the contention training will see. The search must take
+# the same path on every rank of the node, or one would wait forever on a collective another skips: every method here
+# that talks to other ranks is called by all ranks of its scope, unconditionally, in the same order.
+# Why no cross-node wait: after the layout and ``shard`` (both before any tuning), no autoloader collective spans two
+# nodes; a node's trials, online candidates and decision use only its own group (a separate communicator, so they
+# never interleave with DDP's collectives on the default group). A fast node returns from ``make_loader`` and runs
+# ahead until DDP's first collective, which would wait for the slow node anyway. ``node_decisions`` is the one
+# global call after that, made by the user at a point where all ranks meet (an epoch's end).
+# A node is what the launcher says (torchrun's GROUP_RANK, Slurm's SLURM_NODEID) when every rank has it, else the
+# hostname; so two launches on one host are two nodes, and a cluster without those variables still works.
+# Values travel through torch's object collectives, which pick the backend's device themselves: the CPU for gloo
+# (or a "cpu:gloo,cuda:nccl" group), the current CUDA device for NCCL (so NCCL users must call
+# ``torch.cuda.set_device(local_rank)`` first, as every NCCL program must).
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import os
+import re
 import socket
 import sys
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple
@@ -30,10 +44,18 @@ from .results import TuneResult
 
 log = logging.getLogger("autoloader.distributed")
 
+NODE_VARIABLES = ("GROUP_RANK", "SLURM_NODEID")
+"""What names a rank's node, in this order (torchrun's node rank, Slurm's node index); the hostname when a rank has
+none of them."""
+
+_SUBGROUPS: Dict[Any, Any] = {}
+"""The per-node process groups made for a layout, kept with the default group they belong to (reused while it
+lives: ``make_loader`` may be called many times)."""
+
 
 class Agreement(Protocol):
     """How several processes agree on one decision: every figure through ``reduce_min`` (see NOTE [ One decision
-    across ranks ]); one process agrees with itself (``Alone``)."""
+    per node ]); one process agrees with itself (``Alone``)."""
 
     def reduce_min(self, values: Sequence[float]) -> List[float]:
         ...
@@ -53,20 +75,65 @@ def _local_world_size_from_env() -> Optional[int]:
     return None
 
 
+def _node_from_env() -> Optional[str]:
+    for name in NODE_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value:
+            return f"{name}={value}"
+    return None
+
+
+def _node_layout(identities: Sequence[Tuple[Optional[str], str]]) -> List[Tuple[int, ...]]:
+    """The global ranks of each node, nodes ordered by their lowest rank, from every rank's (launcher's node, host):
+    the launcher's when every rank has one, else the hostname (see NOTE [ One decision across ranks ])."""
+    by_env = all(env is not None for env, _ in identities)
+    nodes: Dict[str, List[int]] = {}
+    for rank, (env, host) in enumerate(identities):
+        nodes.setdefault(str(env) if by_env else host, []).append(rank)
+    return [tuple(ranks) for ranks in nodes.values()]
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """This rank's node: ``index`` of ``count`` (ordered by lowest global rank), its global ``ranks`` (the first is
+    the node leader) and the leader's ``host``."""
+
+    index: int
+    count: int
+    ranks: Tuple[int, ...]
+    host: str
+
+    @property
+    def label(self) -> str:
+        return f"node {self.index} of {self.count} (host {self.host}, ranks {','.join(map(str, self.ranks))})"
+
+
+_LABEL = re.compile(r"^node \d+ of \d+ \(host [^)]*\): ")
+
+
 class Group:
-    """The default process group, seen from this rank. Build it with ``Group.current`` on every rank."""
+    """The default process group seen from this rank, with this rank's node and the node's own process group. Build
+    it with ``Group.current`` on every rank (it gathers every rank's node identity).
+
+    ``rank`` and ``world_size`` are global (sharding); ``is_leader``, ``broadcast_object``, ``broadcast`` and
+    ``agreement`` are the node's (see NOTE [ One decision across ranks ])."""
 
     def __init__(self) -> None:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.backend = str(dist.get_backend())
-        local = _local_world_size_from_env()
-        if local is None:
-            hosts: List[Any] = [None] * self.world_size
-            dist.all_gather_object(hosts, socket.gethostname())
-            local = max(1, sum(1 for h in hosts if h == socket.gethostname()))
-        self.local_world_size = local
-        log.debug("rank %d of %d (%d on this node), backend %s", self.rank, self.world_size, local, self.backend)
+        identities: List[Any] = [None] * self.world_size
+        dist.all_gather_object(identities, (_node_from_env(), socket.gethostname()))
+        self.nodes = _node_layout(identities)
+        index = next(i for i, ranks in enumerate(self.nodes) if self.rank in ranks)
+        ranks = self.nodes[index]
+        self.node = Node(index, len(self.nodes), ranks, identities[ranks[0]][1])
+        self.local_world_size = _local_world_size_from_env() or len(ranks)
+        self.node_cpus: Optional[int] = None
+        """The node's usable CPUs before they are split among its ranks (``share_profile``; part of the cache key)."""
+        self._pg = _node_group(self.nodes, index)
+        log.debug("rank %d of %d, %s (%d ranks share its resources), backend %s", self.rank, self.world_size,
+                  self.node.label, self.local_world_size, self.backend)
 
     @classmethod
     def current(cls, distributed: Optional[bool]) -> Optional["Group"]:
@@ -87,56 +154,134 @@ class Group:
 
     @property
     def is_leader(self) -> bool:
-        return self.rank == 0
+        """The node leader (its lowest global rank): reads and writes the node's cache entry."""
+        return self.rank == self.node.ranks[0]
 
-    def shard(self, dataset: Any, *, shuffle: bool, drop_last: bool,
+    @property
+    def node_size(self) -> int:
+        return len(self.node.ranks)
+
+    def shard(self, dataset: Any, *, batch_size: int, shuffle: bool, drop_last: bool,
               loader_kwargs: Mapping[str, Any]) -> Tuple[Dict[str, Any], bool]:
         """Give each rank its own part of the data with ``DistributedSampler``, unless the user chose a sampler
-        (or the dataset is an ``IterableDataset``, which shards itself).
+        (or the dataset is an ``IterableDataset``, which shards itself). Global: every rank of the job calls it.
 
-        The sampler's seed is the ``generator``'s initial seed (else 0), rank 0's, since a ``DistributedSampler``
-        only partitions the data when every rank shuffles with the same seed. Returns the DataLoader keywords and
-        the ``shuffle`` to pass on (the sampler shuffles, the loader must not).
+        When autoloader shards, every rank must pass the same batch size, dataset length, shuffle and drop_last (a
+        ValueError on every rank names the difference). The sampler's seed is the ``generator``'s initial seed (else 0), rank 0's, since a
+        ``DistributedSampler`` only partitions the data when every rank shuffles with the same seed. Returns the
+        DataLoader keywords and the ``shuffle`` to pass on (the sampler shuffles, the loader must not).
         """
         kwargs = dict(loader_kwargs)
         generator = kwargs.get("generator")
-        seed = self.broadcast_object(int(generator.initial_seed()) if generator is not None else 0)
-        if isinstance(dataset, IterableDataset) or kwargs.get("sampler") is not None \
-                or kwargs.get("batch_sampler") is not None:
+        theirs = isinstance(dataset, IterableDataset) or kwargs.get("sampler") is not None \
+            or kwargs.get("batch_sampler") is not None
+        facts: Dict[str, Any] = {"sampler": "yours" if theirs else "autoloader's DistributedSampler"}
+        if not theirs:  # a sharding of the user's (pre-sharded data, a sampler of theirs) may differ by rank
+            facts.update({"batch_size": batch_size, "len(dataset)": len(dataset), "shuffle": shuffle,
+                          "drop_last": drop_last})
+        gathered: List[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, (facts, int(generator.initial_seed()) if generator is not None else 0))
+        _check_same([f for f, _ in gathered], self.nodes)
+        if theirs:
             return kwargs, shuffle
+        seed = gathered[0][1]
         kwargs["sampler"] = ShardingSampler(dataset, num_replicas=self.world_size, rank=self.rank,
                                             shuffle=shuffle, seed=seed, drop_last=drop_last)
         return kwargs, False
 
     def share_profile(self, profile: Any) -> Any:
-        """Rank 0's machine profile, with CPUs, memory and /dev/shm divided among the ranks of a node.
+        """The node leader's machine profile, with CPUs, memory and /dev/shm divided among the node's ranks.
 
         When the usable CPUs are unknown, the logical count is divided instead (what the tuner would use).
         """
         profile = self.broadcast_object(profile)
+        cpus = profile.cpu.usable if profile.cpu.usable is not None else profile.cpu.logical
+        self.node_cpus = cpus
         n = self.local_world_size
         if n <= 1:
             return profile
-        cpus = profile.cpu.usable if profile.cpu.usable is not None else profile.cpu.logical
         cpu = dataclasses.replace(profile.cpu, usable=None if cpus is None else max(1, cpus // n))
         memory = dataclasses.replace(profile.memory, budget_bytes=_share(profile.memory.budget_bytes, n))
         shm = dataclasses.replace(profile.shm, free_bytes=_share(profile.shm.free_bytes, n))
         return dataclasses.replace(profile, cpu=cpu, memory=memory, shm=shm)
 
     def broadcast_object(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank (pickled; torch picks the backend's device)."""
+        """The node leader's ``obj`` on every rank of the node (pickled; torch picks the backend's device)."""
+        if self.node_size == 1:
+            return obj
         holder: List[Any] = [obj if self.is_leader else None]
-        dist.broadcast_object_list(holder, src=0)
+        dist.broadcast_object_list(holder, src=self.node.ranks[0], group=self._pg)
         return holder[0]
 
     def broadcast(self, result: Optional[TuneResult]) -> Optional[TuneResult]:
-        """Rank 0's result (or miss) on every rank, sent as its plain JSON form."""
+        """The node leader's result (or miss) on every rank of the node, sent as its plain JSON form; with several
+        nodes its reason starts with the node that decided (``Node.label``)."""
         data = self.broadcast_object(None if result is None else result.to_dict())
-        return None if data is None else TuneResult.from_dict(data)
+        if data is None:
+            return None
+        if self.node.count > 1:
+            data = dict(data, reason=f"{self.node.label}: {_LABEL.sub('', str(data.get('reason') or ''))}")
+        return TuneResult.from_dict(data)
 
     def agreement(self) -> Agreement:
-        """What ``tune(agreement=...)`` needs (see NOTE [ One decision across ranks ])."""
-        return _MinAcrossRanks(self.world_size)
+        """What ``tune(agreement=...)`` needs: the node's ranks agree (see NOTE [ One decision across ranks ])."""
+        return Alone() if self.node_size == 1 else _MinAcrossRanks(self.node_size, self._pg)
+
+
+def node_decisions(loader: Any) -> List[Dict[str, Any]]:
+    """Every node's decision for ``loader`` (a ``make_loader`` result, or anything with ``.tuning``), on every rank;
+    rank 0 logs them, one line per node. A collective over all ranks: call it on every rank at a point where they all
+    meet anyway (after an epoch), never inside one (a node tuning online would wait for the others)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("node_decisions needs torch.distributed.init_process_group() to have run first")
+    tuning = getattr(loader, "tuning", None)
+    mine = None if tuning is None else {
+        "config": tuning.config.label(), "num_workers": tuning.config.num_workers, "source": tuning.source,
+        "samples_per_s": tuning.samples_per_s, "reason": tuning.reason}
+    gathered: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (_node_from_env(), socket.gethostname(), mine))
+    nodes = _node_layout([(env, host) for env, host, _ in gathered])
+    found = [dict(gathered[ranks[0]][2] or {}, node=i, ranks=list(ranks), host=gathered[ranks[0]][1])
+             for i, ranks in enumerate(nodes)]
+    if dist.get_rank() == 0:
+        for entry in found:
+            log.info("node %d (host %s, ranks %s): %s from %s, %s samples/s", entry["node"], entry["host"],
+                     entry["ranks"], entry.get("config", "no decision"), entry.get("source", "-"),
+                     "-" if entry.get("samples_per_s") is None else f"{entry['samples_per_s']:,.0f}")
+    return found
+
+
+def _node_group(nodes: Sequence[Tuple[int, ...]], index: int) -> Any:
+    """This node's process group: None (the default group) for a single node, and for nodes of one rank (which
+    never talk); else a subgroup, made by every rank for every node in the same order, once per default group."""
+    if len(nodes) == 1 or all(len(ranks) == 1 for ranks in nodes):
+        return None
+    world = dist.group.WORLD
+    key = (id(world), tuple(nodes))
+    held = _SUBGROUPS.get(key)
+    if held is None or held[0] is not world:
+        _SUBGROUPS.clear()  # another default group: its subgroups went with it
+        held = (world, dist.new_subgroups_by_enumeration([list(ranks) for ranks in nodes])[1])
+        _SUBGROUPS[key] = held
+    return held[1][index]
+
+
+def _check_same(facts: Sequence[Mapping[str, Any]], nodes: Sequence[Tuple[int, ...]]) -> None:
+    """A ValueError (the same on every rank) naming the first fact the ranks disagree on, who has which value, and
+    the fix."""
+    for name in facts[0]:
+        values: Dict[Any, List[int]] = {}
+        for rank, fact in enumerate(facts):  # "sampler" comes first: past it, every rank has the same names
+            values.setdefault(fact.get(name), []).append(rank)
+        if len(values) == 1:
+            continue
+        node_of = {rank: i for i, ranks in enumerate(nodes) for rank in ranks}
+        where = "; ".join(f"{value!r} on ranks {ranks} (nodes {sorted({node_of[r] for r in ranks})})"
+                          for value, ranks in values.items())
+        raise ValueError(
+            f"make_loader: the ranks disagree on {name}: {where}. Every rank of the job must pass the same "
+            f"{name}, since one DistributedSampler epoch is split across all of them; give every node the same "
+            f"dataset and arguments (per-node choices such as num_workers are autoloader's to make)")
 
 
 class ShardingSampler(DistributedSampler):
@@ -178,18 +323,19 @@ def _share(value: Optional[int], n: int) -> Optional[int]:
 
 
 class _MinAcrossRanks:
-    """``reduce_min`` over all ranks (see NOTE [ One decision across ranks ])."""
+    """``reduce_min`` over the ranks of one node (see NOTE [ One decision across ranks ]); ``group`` None: the default
+    group (a single node)."""
 
-    def __init__(self, world_size: int) -> None:
-        self.world_size = world_size
+    def __init__(self, size: int, group: Any = None) -> None:
+        self.size, self.group = size, group
 
     def reduce_min(self, values: Sequence[float]) -> List[float]:
         mine = [float(v) for v in values]
-        gathered: List[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, mine)
+        gathered: List[Any] = [None] * self.size
+        dist.all_gather_object(gathered, mine, group=self.group)
         if any(not isinstance(g, list) or len(g) != len(mine) for g in gathered):
             raise RuntimeError(
-                f"autoloader ranks diverged: this rank agreed on {len(mine)} values, others sent "
+                f"autoloader ranks diverged: this rank agreed on {len(mine)} values, others of its node sent "
                 f"{[None if not isinstance(g, list) else len(g) for g in gathered]}; see NOTE [ One decision "
-                f"across ranks ] in autoloader/distributed.py")
+                f"per node ] in autoloader/distributed.py")
         return [min(column) for column in zip(*gathered)]

@@ -100,14 +100,16 @@ def make_loader(
     loader = PrefetchLoader(source, device=request.device, tuning=result, cache_key=cache_key,
                             single_process=request.unsharded, **request.transform)
     result = loader.tuning
-    log.info("autoloader: %s, %s samples/s, bottleneck %s, from %s, %.2f s", result.config.label(),
+    node = request.group.node if request.group is not None else None
+    log.info("autoloader%s: %s, %s samples/s, bottleneck %s, from %s, %.2f s",
+             f" ({node.label})" if node is not None and node.count > 1 else "", result.config.label(),
              "unknown" if result.samples_per_s is None else f"{result.samples_per_s:,.0f}",
              result.bottleneck or "unknown", result.source, time.perf_counter() - started)
     return loader
 
 
 def _tune(request: Request, profile: MachineProfile) -> TuneResult:
-    """Run the trials (on every rank together); a failure of autoloader's own falls back with a warning."""
+    """Run the trials (on every rank of the node together); a failure of autoloader's own falls back with a warning."""
     group = request.group
     try:
         result = tune_with(request, profile)

@@ -74,8 +74,8 @@ class Request:
         fixed = {k: BY_NAME[k].recorded_value(kwargs.pop(k)) for k in USER_KNOBS if k in kwargs}
         group = _distributed.Group.current(distributed)
         if group is not None:
-            kwargs, shuffle = group.shard(dataset, shuffle=shuffle, drop_last=kwargs.get("drop_last", False),
-                                          loader_kwargs=kwargs)
+            kwargs, shuffle = group.shard(dataset, batch_size=batch_size, shuffle=shuffle,
+                                          drop_last=kwargs.get("drop_last", False), loader_kwargs=kwargs)
         if fixed.get("num_workers", 1) > 0 and (max_workers is None or max_workers > 0):
             context = fixed.get("multiprocessing_context", kwargs.get("multiprocessing_context"))
             check_picklable(start_method=start_method(context) or "fork",

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from autoloader import make_loader
 from autoloader.config import LoaderConfig
-from autoloader.distributed import Alone, Group
+from autoloader.distributed import Alone, Group, Node, node_decisions
 from autoloader.probe import probe_machine
 from autoloader.results import TrialResult, TuneResult
 
@@ -94,6 +95,16 @@ def test_current_with_a_group(one_rank, monkeypatch):
     assert (group.rank, group.world_size, group.local_world_size, group.is_leader) == (0, 1, 1, True)
     assert "gloo" in group.backend
     assert Group.current(False) is None
+    assert (group.node.index, group.node.count, group.node.ranks) == (0, 1, (0,))
+    assert isinstance(group.agreement(), Alone), "a node of one rank agrees with itself, without a collective"
+
+
+def test_node_from_the_launcher_else_the_host(one_rank, monkeypatch):
+    monkeypatch.setenv("GROUP_RANK", "3")
+    assert Group.current(None).node.ranks == (0,)
+    monkeypatch.delenv("GROUP_RANK")
+    monkeypatch.delenv("SLURM_NODEID", raising=False)
+    assert Group.current(None).node.host == socket.gethostname()
 
 
 def _profile(usable, logical, budget, shm):
@@ -148,7 +159,8 @@ def test_shard_uses_distributed_sampler(one_rank, shuffle, drop_last):
     dataset = _dataset()
     generator = torch.Generator().manual_seed(1234)
     kwargs, loader_shuffle = Group.current(None).shard(
-        dataset, shuffle=shuffle, drop_last=drop_last, loader_kwargs={"generator": generator, "drop_last": drop_last})
+        dataset, batch_size=4, shuffle=shuffle, drop_last=drop_last,
+        loader_kwargs={"generator": generator, "drop_last": drop_last})
     sampler = kwargs["sampler"]
     assert isinstance(sampler, DistributedSampler)
     assert (sampler.shuffle, sampler.drop_last, sampler.seed) == (shuffle, drop_last, 1234)
@@ -158,7 +170,7 @@ def test_shard_uses_distributed_sampler(one_rank, shuffle, drop_last):
 
 
 def test_shard_seed_defaults_to_zero(one_rank):
-    kwargs, _ = Group.current(None).shard(_dataset(), shuffle=True, drop_last=False, loader_kwargs={})
+    kwargs, _ = Group.current(None).shard(_dataset(), batch_size=4, shuffle=True, drop_last=False, loader_kwargs={})
     assert kwargs["sampler"].seed == 0
 
 
@@ -170,7 +182,8 @@ def test_shard_leaves_the_users_choice_alone(one_rank, given):
         loader_kwargs["sampler"] = SequentialSampler(dataset)
     elif given == "batch_sampler":
         loader_kwargs["batch_sampler"] = BatchSampler(RandomSampler(dataset), 4, False)
-    kwargs, shuffle = Group.current(None).shard(dataset, shuffle=False, drop_last=False, loader_kwargs=loader_kwargs)
+    kwargs, shuffle = Group.current(None).shard(dataset, batch_size=4, shuffle=False, drop_last=False,
+                                                loader_kwargs=loader_kwargs)
     assert kwargs == loader_kwargs and shuffle is False
     assert all(kwargs[k] is v for k, v in loader_kwargs.items())
 
@@ -185,6 +198,32 @@ def test_broadcast_and_agreement_with_one_rank(one_rank):
     assert group.broadcast(None) is None
     assert group.agreement().reduce_min([3.0, -1.5, float("inf")]) == [3.0, -1.5, float("inf")]
     assert Alone().reduce_min([3.0, -1.5]) == [3.0, -1.5], "one process agrees with itself"
+
+
+def test_broadcast_says_which_node_decided(one_rank):
+    group = Group.current(None)
+    result = TuneResult(LoaderConfig(2, 2), 100.0, "cpu", "tuned", reason="fewest workers")
+    assert group.broadcast(result).reason == "fewest workers", "a single node's reason is left alone"
+    group.node = Node(1, 2, (0,), "gpu-07")
+    labelled = group.broadcast(result)
+    assert labelled.reason == "node 1 of 2 (host gpu-07, ranks 0): fewest workers"
+    assert dataclasses.replace(labelled, reason=result.reason) == result
+    group.node = Node(0, 2, (0,), "gpu-01")
+    assert group.broadcast(labelled).reason == "node 0 of 2 (host gpu-01, ranks 0): fewest workers", \
+        "a cached decision another node made is labelled with the node using it, once"
+
+
+def test_node_decisions_with_one_rank(one_rank, caplog):
+    loader = SimpleNamespace(tuning=TuneResult(LoaderConfig(3, 2), 50.0, "cpu", "online", reason="r"))
+    with caplog.at_level("INFO", logger="autoloader.distributed"):
+        found = node_decisions(loader)
+    assert [(d["node"], d["ranks"], d["num_workers"], d["source"]) for d in found] == [(0, [0], 3, "online")]
+    assert "workers=3" in caplog.text and "node 0" in caplog.text
+
+
+def test_node_decisions_needs_a_group():
+    with pytest.raises(ValueError, match="init_process_group"):
+        node_decisions(SimpleNamespace(tuning=None))
 
 
 def test_make_loader_in_a_group_shards_and_forwards_set_epoch(one_rank, monkeypatch):

@@ -1,5 +1,6 @@
-"""Where one request's tuning lives in the cache (rank 0's store only), and whether it is there and still fits this
-machine today. Decisions flow into it (``store``); it calls nothing back."""
+"""Where one request's tuning lives in the cache (each node leader's store only, under the node's hardware key: see
+NOTE [ One decision across ranks ] in distributed.py), and whether it is there and still fits this machine today.
+Decisions flow into it (``store``); it calls nothing back."""
 from __future__ import annotations
 
 import logging
@@ -52,12 +53,13 @@ class Slot:
             extra={"fixed": _jsonable(request.fixed), "normalize": _jsonable(transform["normalize"]),
                    "dtype": _jsonable(transform["dtype"]), "input_key": _jsonable(transform["input_key"]),
                    "shuffle": request.shuffle, "max_workers": request.max_workers,
-                   "world": None if request.group is None else request.group.local_world_size,
+                   **_node_facts(request.group),
                    **({"threads": request.threads} if request.threads is not False else {})})
         return cls(request, profile, store, key)
 
     def look_up(self) -> Optional[TuneResult]:
-        """The cached result when there is one and its workers fit in today's memory and /dev/shm; on every rank."""
+        """The cached result when there is one and its workers fit in today's memory and /dev/shm; on every rank of
+        the node (the node leader's lookup)."""
         result = None
         if self.cache is not None and self.key is not None:
             bounds = worker_bounds(self.profile, max_workers=self.request.max_workers, dataset=None)
@@ -73,7 +75,7 @@ class Slot:
 
     def store(self, result: TuneResult) -> bool:
         """Cache ``result`` when it is worth keeping; True when the entry under ``key`` now holds it (on ranks other
-        than 0, which write nothing: when rank 0 was asked to write it)."""
+        than the node leader, which write nothing: when the leader was asked to write it)."""
         if self.key is None or not _worth_keeping(result):
             return False
         if self.cache is None:
@@ -83,6 +85,17 @@ class Slot:
             "dataset": type(request.dataset).__qualname__, "len": dataset_length(request.dataset),
             "key": request.key, "batch_size": request.batch_size, "step": step_descriptor(request.step),
             "device": request.device.type, "shuffle": request.shuffle}) is not None
+
+
+def _node_facts(group: Any) -> dict:
+    """What a node adds to the key: the ranks sharing it (``world``) and, with several ranks, its usable CPUs before
+    they were split (two nodes whose ranks each get one CPU, out of 2 or of 1, are not alike). Identical nodes get
+    identical facts (never the hostname or node index), so they share an entry."""
+    if group is None:
+        return {"world": None}
+    if group.local_world_size <= 1:
+        return {"world": group.local_world_size}
+    return {"world": group.local_world_size, "node_cpus": group.node_cpus}
 
 
 def _fingerprint_in_time(dataset: Any, *, key: Optional[str], budget: Optional[float]) -> dict:
