@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, Optional, Sequence
 
-from .threads_policy import least_memory
+from .threads_policy import fewest_near, least_memory
 from ..report import mib
 from ..results import Bottleneck, TrialResult, TuneResult
 
@@ -17,7 +17,7 @@ __all__ = [
     "DEFAULT_TOLERANCE", "FIRST_STEP_WORKERS", "HEADROOM", "RETUNE_RATE_CHANGE", "RETUNE_STALL", "SHM_MARGIN",
     "bottleneck", "cpu_saturated", "disk_ceiling", "keep_workers_alive", "memory_guard", "next_count_near",
     "next_worker_count", "no_longer_fits", "per_worker_bytes", "predict_from_serial", "predict_from_workers",
-    "retune_reason", "select", "shm_guard", "shm_need_bytes", "worth_more_prefetch"]
+    "retune_reason", "select", "shm_guard", "shm_need_bytes", "workers_needed", "worth_more_prefetch"]
 
 DEFAULT_TOLERANCE = 0.05
 HEADROOM = 1.2
@@ -35,13 +35,9 @@ def select(trials: Sequence[TrialResult], *, tolerance: float = DEFAULT_TOLERANC
 
     Ties beyond that keep the faster one. None when no trial measured a rate.
     """
-    ok = [t for t in trials if t.ok]
-    if not ok:
+    near = least_memory(fewest_near(trials, tolerance=tolerance))
+    if not near:
         return None
-    best = max(t.samples_per_s for t in ok)
-    near = [t for t in ok if t.samples_per_s >= (1.0 - tolerance) * best]
-    fewest = min((t.config.num_workers, t.config.threads) for t in near)
-    near = least_memory([t for t in near if (t.config.num_workers, t.config.threads) == fewest])
     return min(near, key=lambda t: (t.config.prefetch_factor or 0, -t.samples_per_s))
 
 
@@ -56,11 +52,21 @@ def predict_from_serial(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float
     """
     if fetch_s <= 0:
         return 1
+    needed = workers_needed(fetch_s=fetch_s, fetch_cpu_s=fetch_cpu_s, consumer_s=consumer_s, usable_cpus=usable_cpus)
+    first_step = max(FIRST_STEP_WORKERS, 2 * usable_cpus)
+    return _clamp(math.ceil(min(needed, first_step) - 1e-9), cap)
+
+
+def workers_needed(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float, usable_cpus: int) -> float:
+    """Single-threaded workers (batches in flight) that meet the consumer with ``HEADROOM`` or fill the usable CPUs,
+    whichever is fewer, from the serial trial (``predict_from_serial``; threads-first sizes its first candidate by
+    it too); 1 when nothing was measured."""
+    if fetch_s <= 0:
+        return 1.0
     cpu_fraction = min(1.0, max(0.01, fetch_cpu_s / fetch_s))
     by_cpu = usable_cpus / cpu_fraction
     by_consumer = HEADROOM * fetch_s / consumer_s if consumer_s > 0 else math.inf
-    first_step = max(FIRST_STEP_WORKERS, 2 * usable_cpus)
-    return _clamp(math.ceil(min(by_cpu, by_consumer, first_step) - 1e-9), cap)
+    return min(by_cpu, by_consumer)
 
 
 def predict_from_workers(trial: TrialResult, *, batch_size: int, consumer_s: float, usable_cpus: int,

@@ -3,10 +3,11 @@
 The search is model-guided (see ``policy.py`` for each decision): one serial candidate (``num_workers=0``) measures
 what a batch costs to load (wall and CPU time) and what the consumer costs; a first worker candidate measures what one
 worker delivers and how busy it keeps a CPU; from these the worker count that meets the consumer or fills the CPUs is
-predicted and tried, and a few more candidates climb or descend only while it pays. With ``threads=True``, a few
-(processes, threads) candidates follow (``thread_search.py``). An exhaustive sweep is a benchmark baseline, never the
-method. The search measures nothing itself: a driver measures each candidate it yields
-(see ``Search``).
+predicted and tried, and a few more candidates climb or descend only while it pays. With ``threads=True`` and a
+serial candidate that mostly waits, (processes, threads) candidates come first and the process-only climb is their
+fallback; otherwise a few follow the process-only search (``thread_search.py``). An exhaustive sweep is a benchmark
+baseline, never the method. The search measures nothing itself: a driver measures each candidate it yields (see
+``Search``).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import psutil
 
@@ -24,16 +25,16 @@ from ..errors import TuningError, warn_user
 from ..probe import MachineProfile
 from ..request import Request
 from ..results import TrialResult, TuneResult
-from . import policy
+from . import policy, threads_policy
 from .bounds import worker_bounds
 from .candidates import Candidate, Progress, Steps, fallback_result, trial_limit
-from .thread_search import search_threads
+from .thread_search import search_threads, search_threads_first
 
 log = logging.getLogger("autoloader.tuner")
 
 THREADS_SHARE_AT = 0.6
-"""With ``threads=True`` and a finite budget, the process-only search starts no candidate past this share of it: the
-rest is for thread candidates (see ``thread_search.py``)."""
+"""With ``threads=True`` and a finite budget, the first part of the search (threads first, or the process-only
+search) starts no candidate past this share of it: the rest is for the other part (see ``thread_search.py``)."""
 
 # Fields a decision reads that ranks must agree on, each the largest cost (the rate is agreed as the slowest).
 _AGREED_MAX = ("fetch_s_per_batch", "fetch_cpu_s_per_batch", "consumer_s_per_batch", "worker_cpu_util",
@@ -72,7 +73,7 @@ class Search:
         self.pin = bool(self.fixed.get("pin_memory", self.device.type == "cuda"))
         self.prefetch = int(self.fixed.get("prefetch_factor") or 2)
         self.tune_threads = request.threads is True
-        """``threads=True``: (processes, threads) candidates follow the process-only search."""
+        """``threads=True``: (processes, threads) candidates, first or after the process-only search."""
         self.threads = request.fixed_threads
         """Threads per process of every process-only candidate (the user's ``threads=N``, else 1)."""
         self.stop_at = self.budget
@@ -196,24 +197,12 @@ class Search:
             yield from self.run(self.config(proposal))
 
     def steps(self) -> Steps[TuneResult]:
-        fixed_n = self.fixed.get("num_workers")
         if self.tune_threads and math.isfinite(self.budget):
             self.stop_at = THREADS_SHARE_AT * self.budget
-        if self.start is not None and self.start.num_workers > 0 and fixed_n is None:
-            current = yield from self.run(self.config(self.start.num_workers), first=True)
-            consumer_s = (current.consumer_s_per_batch or 0.0) if current is not None else 0.0
-            yield from self.follow(policy.next_count_near)
-        elif fixed_n is not None:
-            serial = yield from self.run(self.config(fixed_n), first=True)
-            consumer_s = serial.consumer_s_per_batch if serial is not None else 0.0
-        else:
-            serial = yield from self.run(self.config(0), first=True)
-            consumer_s = (serial.consumer_s_per_batch or 0.0) if serial is not None else 0.0
-            if self.cap > 0:
-                yield from self.search_workers(serial, consumer_s)
+        consumer_s, threads_tried = yield from self.search_counts()
         consumer_rate = self.batch_size / consumer_s if consumer_s else None
         self.stop_at = self.budget
-        if self.tune_threads:
+        if self.tune_threads and not threads_tried:
             base = [t for t in self.trials if t.ok and t.config.threads == self.threads]
             chosen = policy.select(base, tolerance=self.tolerance)
             if chosen is not None:
@@ -227,6 +216,42 @@ class Search:
             yield from self.run(self.config(chosen.config.num_workers, chosen.config.prefetch_factor,
                                             pin=not self.pin, threads=chosen.config.threads))
         return self.result(policy.select(self.trials, tolerance=self.tolerance), consumer_rate)
+
+    def search_counts(self) -> Steps[Tuple[float, bool]]:
+        """The worker counts (and, threads first, the threads): from the configuration in force (online), the
+        user's ``num_workers``, or the serial candidate. Returns the consumer's seconds per batch and whether the
+        threads-first search ran (NOTE [ Processes x threads ]: the thread part after processes is then skipped)."""
+        fixed_n = self.fixed.get("num_workers")
+        if self.start is not None and self.start.num_workers > 0 and fixed_n is None:
+            threaded = self.tune_threads and self.start.threads > 1
+            current = yield from self.run(self.config(self.start.num_workers,
+                                                      threads=self.start.threads if threaded else None), first=True)
+            consumer_s = (current.consumer_s_per_batch or 0.0) if current is not None else 0.0
+            if threaded and current is not None:
+                self.stop_at = self.budget
+                if (yield from search_threads_first(self, current, consumer_s, workers_needed=1.0)):
+                    return consumer_s, True
+                yield from self.run(self.config(self.start.num_workers))
+            yield from self.follow(policy.next_count_near)
+            return consumer_s, threaded
+        if fixed_n is not None:
+            serial = yield from self.run(self.config(fixed_n), first=True)
+            return (serial.consumer_s_per_batch or 0.0) if serial is not None else 0.0, False
+        serial = yield from self.run(self.config(0), first=True)
+        consumer_s = (serial.consumer_s_per_batch or 0.0) if serial is not None else 0.0
+        if self.cap <= 0:
+            return consumer_s, False
+        first = self.tune_threads and serial is not None and threads_policy.waits(
+            serial, max_threads=threads_policy.max_threads_per_process(serial, batch_size=self.batch_size))
+        needed = policy.workers_needed(fetch_s=serial.fetch_s_per_batch or 0.0, consumer_s=consumer_s,
+                                       fetch_cpu_s=serial.fetch_cpu_s_per_batch or 0.0,
+                                       usable_cpus=self.usable) if first and serial is not None else 1.0
+        if first and (yield from search_threads_first(self, serial, consumer_s, workers_needed=needed)):
+            return consumer_s, True
+        if first:
+            self.stop_at = self.budget  # the fallback: no thread part follows it
+        yield from self.search_workers(serial, consumer_s)
+        return consumer_s, first
 
     def result(self, chosen: Optional[TrialResult], consumer_rate: Optional[float]) -> TuneResult:
         seconds = time.monotonic() - self.started

@@ -1,7 +1,9 @@
-"""The thread part of the search: after the process-only one, a few (processes, threads) candidates, chosen and
-ended by the measurements (NOTE [ Processes x threads ] in ``threads_policy.py``; the decisions are there)."""
+"""The thread part of the search (NOTE [ Processes x threads ] in ``threads_policy.py``; the decisions are there):
+threads first when the serial trial shows loading that waits (``search_threads_first``, the process-only climb only
+its fallback), else a few (processes, threads) candidates after the process-only search (``search_threads``)."""
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Dict, List, Mapping, Optional, Protocol
 
@@ -24,6 +26,7 @@ class Searching(Protocol):
     threads: int
     trial_limit: float
     budget: float
+    stop_at: float
 
     def elapsed(self) -> float:
         ...
@@ -73,3 +76,62 @@ def search_threads(search: Searching, chosen: TrialResult, consumer_rate: Option
         tried.append(trial)
         proposal = policy.next_thread_config(tried, reference=reference, processes=processes,
                                              max_threads=max_threads, tolerance=search.tolerance)
+
+
+def search_threads_first(search: Searching, opening: TrialResult, consumer_s: float, *,
+                         workers_needed: float) -> Steps[bool]:
+    """Processes x threads before any process-only climb (NOTE [ Processes x threads ], threads first), from
+    ``opening``: the serial trial, or (online) the configuration in force when it has threads. At most
+    ``THREADS_FIRST_TRIALS`` candidates, none started past ``search.stop_at`` but the control of the choice, which
+    always runs, then one process-only reference (``process_reference``); ``workers_needed``:
+    ``policy.workers_needed`` from the serial trial, which sizes the first. True when threads won (a choice with
+    threads, faster than its control beside it and within the tolerance of the reference); False: the caller falls
+    back to the process-only search."""
+    max_threads = policy.max_threads_per_process(opening, batch_size=search.batch_size)
+    processes = policy.threads_first_processes(cap=search.cap, usable_cpus=search.usable, max_threads=max_threads)
+    consumer_rate = search.batch_size / consumer_s if consumer_s > 0 else None
+    decide = functools.partial(policy.next_threads_first, processes=processes, max_threads=max_threads,
+                               tolerance=search.tolerance, consumer_samples_per_s=consumer_rate)
+    tried: List[TrialResult] = []
+    if opening.config.threads > 1:
+        tried.append(opening)
+        proposal = decide(tried)
+    else:
+        proposal = policy.first_threads_first(opening, workers_needed=workers_needed, processes=processes,
+                                              max_threads=max_threads, usable_cpus=search.usable)
+        log.info("threads first: the serial trial keeps a CPU %.0f%% busy; trying %s processes x threads",
+                 100 * (policy.busy_fraction(opening) or 0.0), "no" if proposal is None else "%d x %d" % proposal)
+    while proposal is not None and len(tried) < policy.THREADS_FIRST_TRIALS:
+        trial = yield from measure(search, proposal, control=proposal[1] == 1)
+        if trial is None:
+            break
+        tried.append(trial)
+        proposal = decide(tried)
+    chosen = next(iter(policy.fewest_near(tried, tolerance=search.tolerance)), None)
+    if chosen is None or chosen.config.threads == 1:
+        log.info("threads first: threads did not pay (%s); searching processes", "no rate" if chosen is None else
+                 f"{chosen.config.label()} kept up without them")
+        return False
+    control = (chosen.config.num_workers, 1)
+    if not any((t.config.num_workers, t.config.threads) == control for t in tried):
+        trial = yield from measure(search, control, control=True)
+        if trial is not None:
+            tried.append(trial)
+    chosen = next(iter(policy.fewest_near(tried, tolerance=search.tolerance)), chosen)
+    reference = policy.process_reference(chosen, cap=search.cap) if chosen.config.threads > 1 else None
+    if reference is not None:
+        trial = yield from measure(search, (reference, 1), control=False)
+        if trial is not None:
+            tried.append(trial)
+    won = any(t.config.threads > 1 for t in policy.fewest_near(tried, tolerance=search.tolerance))
+    log.info("threads first: %s", "threads kept" if won else "processes were faster; searching processes")
+    return won
+
+
+def measure(search: Searching, proposal: policy.ThreadConfig, *, control: bool) -> Steps[Optional[TrialResult]]:
+    """Have ``proposal`` measured (again, if it was before); a control (one thread) always, past ``stop_at`` too.
+    None when it was not measured (the budget is spent)."""
+    config = search.config(proposal[0], threads=proposal[1])
+    before = len(search.trials)
+    yield from search.run(config, again=True, force=control)
+    return search.by_config.get(config) if len(search.trials) > before else None

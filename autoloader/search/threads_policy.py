@@ -2,7 +2,25 @@
 trials measured; ``thread_search.py`` drives them (``policy.select`` borrows ``least_memory``).
 
 # NOTE [ Processes x threads ]
-# After the process-only search, a loading process that keeps its CPU busy less than ``WAITING_BUSY`` of the time
+# Threads first (issue 23). With ``threads=True``, when the serial trial shows loading that mostly waits (its CPU
+# share below ``WAITING_BUSY``), the search tries processes x threads before any process-only climb
+# (``first_threads_first``, ``next_threads_first``): few processes (up to the usable CPUs), each with the threads
+# that cover its wait (up to a batch's samples), as many samples in flight as the serial trial says fill the CPUs or
+# feed the consumer. Then it climbs while the most samples in flight measure the best rate and gain over fewer:
+# short with a saturated process (collate, hand-over, GIL) -> twice the processes at the same threads; short with
+# an idle one -> twice the threads, and twice the processes once threads reach the batch's size or stop gaining (a
+# process short of CPU on a shared machine never looks saturated), up to ``threads_first_processes``. When the climb
+# stops, the descent below runs on the climb's own rates, the control first, then fewer processes with the same
+# samples in flight, never fewer threads: an idle thread costs a stack, not a process's memory, and on a busy machine
+# a thread count measured within the tolerance once may be well short of it the next time (issue 23's first
+# benchmark: 4 x 16 chosen at 0.98x of 4 x 32, 0.77x side by side). Last, one process-only candidate with the same
+# samples in flight (``process_reference``): a thread costs CPU per sample that a waiting process does not, so at
+# short waits processes can be faster (1 ms waits, 1 KB samples: 2 x 50 threads ran at 0.37x of 64 processes).
+# The process-only climb is the fallback: it runs only when the control keeps up (threads do not pay), that
+# reference is faster beyond the tolerance, or a thread candidate fails (a dataset that is not thread-safe).
+#
+# Threads after processes (a serial trial that does not wait, workers that do). After the process-only search, a
+# loading process that keeps its CPU busy less than ``WAITING_BUSY`` of the time
 # mostly waits (on storage, the network, a decoder that releases the GIL): threads can do that waiting inside fewer
 # processes, with one copy of the dataset, one start-up and one batch hand-over per process instead of per worker.
 # - The first candidate keeps the chosen configuration's samples in flight (n single-threaded workers: n) in at most
@@ -57,6 +75,13 @@ MAX_THREADS = 64
 """The most threads per process the search tries (also capped at the batch size)."""
 MAX_THREAD_TRIALS = 4
 """Thread candidates after the process-only search, at most."""
+THREADS_FIRST_PROCESSES_PER_CPU = 4
+"""Threads-first climbs to at most this many processes per usable CPU: a process's own collate and hand-over may
+need company past the core count, and with one runnable thread at a time (the GIL) a process gets one task's share
+of a busy machine's CPUs (issue 23's benchmark, at a load of 10-16 on 2 cores: 4 x 16 threads at 0.70x of 64
+processes). 8 processes on 2 CPUs still hold an eighth of 64's memory."""
+THREADS_FIRST_TRIALS = 8
+"""Candidates of the threads-first search (controls included), at most; its climb and descent end sooner."""
 MEMORY_SLACK = 1.25
 MEMORY_SLACK_BYTES = 64 << 20
 """Worker memory within this factor (or this many bytes) of the least measured counts as equal in ``least_memory``:
@@ -87,6 +112,18 @@ def least_memory(trials: Sequence[TrialResult]) -> List[TrialResult]:
     least = min(known)
     bound = max(least * MEMORY_SLACK, least + MEMORY_SLACK_BYTES)
     return [t for t in trials if (t.worker_memory_bytes or 0) <= bound]
+
+
+def fewest_near(trials: Sequence[TrialResult], *, tolerance: float) -> List[TrialResult]:
+    """The trials within ``tolerance`` of the best measured rate with the fewest processes, then the fewest threads
+    (``policy.select`` picks among them; threads-first asks whether they have threads); [] when none has a rate."""
+    ok = [t for t in trials if t.ok]
+    if not ok:
+        return []
+    best = max(t.samples_per_s for t in ok)
+    near = [t for t in ok if t.samples_per_s >= (1.0 - tolerance) * best]
+    fewest = min((t.config.num_workers, t.config.threads) for t in near)
+    return [t for t in near if (t.config.num_workers, t.config.threads) == fewest]
 
 
 def max_threads_per_process(trial: TrialResult, *, batch_size: int) -> int:
@@ -190,3 +227,93 @@ def next_thread_config(tried: Sequence[TrialResult], *, reference: float, proces
     share = (target - low.samples_per_s) / (chosen.samples_per_s - low.samples_per_s)
     middle = max(low.config.threads + 1, math.ceil(low.config.threads + share * (t - low.config.threads) - 1e-9))
     return fresh((p, middle)) if middle <= 0.75 * t else None
+
+
+def waits(serial: TrialResult, *, max_threads: int) -> bool:
+    """Whether the serial trial shows loading that mostly waits (see NOTE [ Processes x threads ], threads first):
+    its CPU share below ``WAITING_BUSY``, and a batch of at least two samples (two threads to share it)."""
+    busy = busy_fraction(serial)
+    return busy is not None and busy < WAITING_BUSY and max_threads >= 2
+
+
+def threads_first_processes(*, cap: int, usable_cpus: int, max_threads: int) -> Tuple[int, int]:
+    """The processes threads-first candidates may use: 1 to ``THREADS_FIRST_PROCESSES_PER_CPU`` x the usable CPUs,
+    or as many as keep ``cap`` samples in flight at ``max_threads`` a process, never more than ``cap``."""
+    if cap < 1:
+        return 0, 0
+    most = max(THREADS_FIRST_PROCESSES_PER_CPU * usable_cpus, math.ceil(cap / max(1, max_threads)))
+    return 1, max(1, min(cap, most))
+
+
+def first_threads_first(serial: TrialResult, *, workers_needed: float, processes: Tuple[int, int],
+                        max_threads: int, usable_cpus: int) -> Optional[ThreadConfig]:
+    """The first threads-first candidate from the serial trial: the threads that cover a process's wait (at least
+    2, at most ``max_threads`` and no more than ``workers_needed``, the single-threaded workers that fill the CPUs or
+    feed the consumer), in as many processes as ``workers_needed`` takes, at most the usable CPUs. None when the
+    serial trial does not wait (``waits``)."""
+    if not waits(serial, max_threads=max_threads) or processes[1] < 1:
+        return None
+    busy = busy_fraction(serial) or 0.0
+    needed = max(2.0, workers_needed)
+    t = min(max_threads, threads_to_cover_wait(busy, cap=max_threads), math.ceil(needed - 1e-9))
+    t = max(2, t)
+    lo, hi = processes
+    p = max(lo, min(hi, max(1, usable_cpus), math.ceil(needed / t - 1e-9)))
+    return p, t
+
+
+def climb_threads(tried: Sequence[TrialResult], *, most_processes: int, max_threads: int, tolerance: float,
+                  consumer_samples_per_s: Optional[float]) -> Optional[ThreadConfig]:
+    """The threads-first climb (NOTE [ Processes x threads ]): while the most samples in flight (processes x
+    threads) measured the best rate and gained more than half the ``tolerance`` over fewer, the next bigger candidate
+    (more processes when the process is saturated or its threads reach ``max_threads``, else more threads); once more
+    threads stop gaining, more processes at the best's threads (a process short of CPU on a shared machine never
+    looks saturated), once. None when a control (one thread) ran, the consumer is fed, or the climb is over."""
+    ok = [t for t in tried if t.ok]
+    if not ok or len(ok) < len(tried) or any(t.config.threads == 1 for t in tried):
+        return None
+    best = max(ok, key=lambda t: t.samples_per_s)
+    p, t = best.config.num_workers, best.config.threads
+    if consumer_samples_per_s is not None and best.samples_per_s >= consumer_samples_per_s:
+        return None
+    more_processes = (min(most_processes, 2 * p), t) if 0 < p < most_processes else None
+    fewer = [x.samples_per_s for x in ok if x.config.num_workers * x.config.threads < p * t]
+    climbing = p * t >= max(x.config.num_workers * x.config.threads for x in ok) and \
+        (not fewer or best.samples_per_s > (1.0 + tolerance / 2) * max(fewer))
+    if not climbing:
+        proposal = None if any(x.config.num_workers > p for x in ok) else more_processes
+    elif (busy_fraction(best) or 0.0) >= SATURATED_BUSY or t >= max_threads:
+        proposal = more_processes
+    else:
+        proposal = (p, min(max_threads, 2 * t))
+    seen = {(x.config.num_workers, x.config.threads) for x in tried}
+    return None if proposal is None or proposal in seen else proposal
+
+
+def process_reference(chosen: TrialResult, *, cap: int) -> Optional[int]:
+    """The single-threaded workers that keep as many samples in flight as ``chosen`` (processes x threads), at most
+    ``cap``: threads first measures that process-only candidate once before it keeps threads (a thread costs CPU per
+    sample a waiting process does not, so at short waits processes can be faster, issue 23); None when it would be
+    no more processes than ``chosen`` has."""
+    n = min(cap, chosen.config.num_workers * chosen.config.threads)
+    return n if n > chosen.config.num_workers else None
+
+
+def next_threads_first(tried: Sequence[TrialResult], *, processes: Tuple[int, int], max_threads: int,
+                       tolerance: float, consumer_samples_per_s: Optional[float]) -> Optional[ThreadConfig]:
+    """The next threads-first candidate after ``tried`` (in order), or None when done: the climb
+    (``climb_threads``), then the descent of ``next_thread_config`` on the climb's own rates (its control first),
+    short of its fewer threads in flight. A failed candidate ends the search (the caller falls back to processes)."""
+    if not tried or not tried[-1].ok:
+        return None
+    climb = climb_threads(tried, most_processes=processes[1], max_threads=max_threads, tolerance=tolerance,
+                          consumer_samples_per_s=consumer_samples_per_s)
+    if climb is not None:
+        return climb
+    proposal = next_thread_config(tried, reference=0.0, processes=processes, max_threads=max_threads,
+                                  tolerance=tolerance)
+    chosen = fewest_near(tried, tolerance=tolerance)[0]
+    if proposal is not None and proposal[1] > 1 and \
+            proposal[0] * proposal[1] < chosen.config.num_workers * chosen.config.threads:
+        return None  # fewer threads in flight: they save no memory worth the risk to the rate
+    return proposal

@@ -348,6 +348,141 @@ def test_thread_search_ends_within_its_trials_on_any_table():
                                                          max_threads=cap, tolerance=0.05)
 
 
+# -- threads first (issue 23) ---------------------------------------------------------------------------------
+
+SERIAL_WAITS = tt(0, 1, 240, fetch=0.128, cpu=0.002)   # batch 32 x 4 ms of sleep: 2 % of a CPU
+SERIAL_BUSY = tt(0, 1, 900, fetch=0.016, cpu=0.0155)   # GIL-bound Python: the CPU all the time
+
+
+@pytest.mark.parametrize("serial, max_threads, expected", [
+    (SERIAL_WAITS, 32, True),
+    (SERIAL_BUSY, 16, False),
+    (tt(0, 1, 240, fetch=0.1, cpu=0.05), 32, False),    # exactly WAITING_BUSY: not "mostly waits"
+    (SERIAL_WAITS, 1, False),                           # batches of one sample: nothing for a second thread
+    (tt(0, 1, 240), 32, False),                         # no CPU figures: nothing to go on
+    (tt(0, 1, None, status="failed"), 32, False),
+])
+def test_waits(serial, max_threads, expected):
+    assert threads_policy.waits(serial, max_threads=max_threads) is expected
+
+
+@pytest.mark.parametrize("cap, usable, max_threads, expected", [
+    (64, 2, 32, (1, 8)),       # 4 x the usable CPUs
+    (64, 2, 4, (1, 16)),       # batch 4: 16 processes keep cap=64 samples in flight
+    (3, 2, 32, (1, 3)),        # never more than the cap
+    (1, 8, 32, (1, 1)),
+    (0, 2, 32, (0, 0)),        # max_workers=0: no threads-first search
+])
+def test_threads_first_processes(cap, usable, max_threads, expected):
+    assert threads_policy.threads_first_processes(cap=cap, usable_cpus=usable, max_threads=max_threads) == expected
+
+
+def test_workers_needed_is_what_predict_from_serial_caps():
+    # 2 % of a CPU per batch in flight: 100 fill 2 CPUs; the consumer (10 ms a batch, 128 ms to load) needs 15.36
+    assert policy.workers_needed(fetch_s=0.128, fetch_cpu_s=0.00256, consumer_s=0.0, usable_cpus=2) == \
+        pytest.approx(100)
+    assert policy.workers_needed(fetch_s=0.128, fetch_cpu_s=0.00256, consumer_s=0.01, usable_cpus=2) == \
+        pytest.approx(15.36)
+    assert policy.workers_needed(fetch_s=0.0, fetch_cpu_s=0.0, consumer_s=0.0, usable_cpus=2) == 1.0
+    assert policy.predict_from_serial(fetch_s=0.128, fetch_cpu_s=0.00256, consumer_s=0.0, usable_cpus=2,
+                                      cap=64) == 8
+
+
+@pytest.mark.parametrize("serial, needed, processes, max_threads, usable, expected", [
+    # issue 23's row (4 ms, batch 32): 100 workers' worth in flight -> the batch's 32 threads in the usable 2 CPUs
+    (SERIAL_WAITS, 100.0, (1, 4), 32, 2, (2, 32)),
+    # batch 16: threads capped at 16, still 2 processes to start (the climb adds more)
+    (SERIAL_WAITS, 100.0, (1, 4), 16, 2, (2, 16)),
+    # a slow consumer needs 3.8 workers' worth: one process with 4 threads
+    (SERIAL_WAITS, 3.84, (1, 4), 32, 2, (1, 4)),
+    # a quarter of a CPU per sample: 4 threads cover the wait; 8 workers' worth -> 2 x 4
+    (tt(0, 1, 240, fetch=0.1, cpu=0.025), 8.0, (1, 4), 64, 2, (2, 4)),
+    # never fewer than 2 threads
+    (SERIAL_WAITS, 1.0, (1, 4), 32, 2, (1, 2)),
+    # loading that does not wait, or no process allowed: no threads-first candidate
+    (SERIAL_BUSY, 100.0, (1, 4), 16, 2, None),
+    (SERIAL_WAITS, 100.0, (0, 0), 32, 2, None),
+])
+def test_first_threads_first(serial, needed, processes, max_threads, usable, expected):
+    assert threads_policy.first_threads_first(serial, workers_needed=needed, processes=processes,
+                                              max_threads=max_threads, usable_cpus=usable) == expected
+
+
+@pytest.mark.parametrize("tried, processes, max_threads, consumer, expected", [
+    # issue 23's row, measured: 2 x 32 (threads at the batch's size) -> more processes; 4 x 32 gained 14 % but the
+    # bound is reached -> its control (4 x 1); 2 x 64 would exceed the batch, and fewer threads are never tried: done
+    ([tt(2, 32, 10801, util=0.36)], (1, 4), 32, None, (4, 32)),
+    ([tt(2, 32, 10801, util=0.36), tt(4, 32, 12334, util=0.2)], (1, 4), 32, None, (4, 1)),
+    ([tt(2, 32, 10801, util=0.36), tt(4, 32, 12334, util=0.2), tt(4, 1, 744, util=0.02)], (1, 4), 32, None, None),
+    # ... at batch 128 the same samples in flight fit in fewer processes: 2 x 64, then its control
+    ([tt(2, 32, 10801, util=0.36), tt(4, 32, 12334, util=0.2), tt(4, 1, 744, util=0.02)], (1, 4), 64, None,
+     (2, 64)),
+    ([tt(4, 32, 12334, util=0.2), tt(4, 1, 744, util=0.02), tt(2, 64, 12200, util=0.4)], (1, 4), 64, None,
+     (2, 1)),
+    # short with an idle CPU and threads below the batch: more threads
+    ([tt(2, 8, 4000, util=0.2)], (1, 4), 32, None, (2, 16)),
+    # short with a saturated process (collate, hand-over, GIL): more processes at the same threads
+    ([tt(2, 8, 4000, util=0.9)], (1, 4), 32, None, (4, 8)),
+    ([tt(2, 8, 4000, util=0.9), tt(4, 8, 4100, util=0.9)], (1, 4), 32, None, (2, 1)),   # no gain: control of 2 x 8
+    # the climb stops when more in flight gains no more than half the tolerance: the fewest within it is checked
+    ([tt(2, 16, 8000, util=0.3), tt(4, 16, 8150, util=0.2)], (1, 4), 16, None, (2, 1)),
+    # the consumer is fed: no climb, the control next
+    ([tt(1, 4, 800, util=0.1)], (1, 4), 32, 780.0, (1, 1)),
+    # the control keeps up: threads do not pay (the caller falls back to the process-only search)
+    ([tt(2, 32, 1000, util=0.1), tt(4, 32, 1000, util=0.1), tt(2, 1, 990, util=0.5)], (1, 4), 32, None, None),
+    # a thread candidate failed (not thread-safe): done, the caller falls back
+    ([tt(2, 32, None, status="failed")], (1, 4), 32, None, None),
+    # more threads stopped gaining and no process is saturated (a shared machine: issue 23's 1 ms / 1 KB row):
+    # more processes at the best's threads, once
+    ([tt(2, 25, 18293, util=0.5), tt(2, 50, 19574, util=0.6), tt(2, 64, 19059, util=0.6)], (1, 4), 64, None,
+     (4, 50)),
+    ([tt(2, 25, 18293, util=0.5), tt(2, 50, 19574, util=0.6), tt(2, 64, 19059, util=0.6), tt(4, 50, 19600, util=0.4)],
+     (1, 4), 64, None, (2, 1)),
+    # online, from the configuration in force (2 x 16): climb from there
+    ([tt(2, 16, 5000, util=0.2)], (1, 4), 32, None, (2, 32)),
+])
+def test_next_threads_first(tried, processes, max_threads, consumer, expected):
+    assert threads_policy.next_threads_first(tried, processes=processes, max_threads=max_threads, tolerance=0.05,
+                                             consumer_samples_per_s=consumer) == expected
+
+
+def test_threads_first_ends_within_its_trials_on_any_table():
+    """Whatever the rates and CPU shares, proposals never repeat a candidate, stay in bounds, and end."""
+    for seed, hi, cap in itertools.product(range(40), [1, 4, 8], [2, 16, 32]):
+        first = threads_policy.first_threads_first(SERIAL_WAITS, workers_needed=100.0, processes=(1, hi),
+                                                   max_threads=cap, usable_cpus=2)
+        tried, proposal = [], first
+        for _ in range(30):
+            if proposal is None:
+                break
+            p, t = proposal
+            assert 1 <= p <= hi and 1 <= t <= cap and proposal not in [(x.config.num_workers, x.config.threads)
+                                                                       for x in tried]
+            rate = 100.0 * (1 + (hash((seed, p, t)) % 17) / 8) * (p * t) ** 0.5
+            tried.append(tt(p, t, rate, util=((seed * 7 + t) % 10) / 10))
+            proposal = threads_policy.next_threads_first(tried, processes=(1, hi), max_threads=cap, tolerance=0.05,
+                                                         consumer_samples_per_s=None)
+        assert proposal is None, tried
+
+
+@pytest.mark.parametrize("chosen, cap, expected", [
+    (tt(2, 32, 12000), 64, 64),      # the same samples in flight in single-threaded workers
+    (tt(4, 32, 12000), 64, 64),      # ... at most the cap
+    (tt(1, 4, 900), 64, 4),
+    (tt(2, 32, 12000), 2, None),     # no more processes than the choice: nothing to compare
+])
+def test_process_reference(chosen, cap, expected):
+    assert threads_policy.process_reference(chosen, cap=cap) == expected
+
+
+def test_fewest_near_is_what_select_chooses_among():
+    trials = [tt(4, 32, 12334), tt(4, 1, 744), tt(2, 32, 11800), tt(2, 32, 11790, prefetch=4), tt(8, 1, None,
+                                                                                                  status="failed")]
+    assert threads_policy.fewest_near(trials, tolerance=0.05) == trials[2:4]
+    assert policy.select(trials) is trials[2]
+    assert threads_policy.fewest_near([tt(2, 1, None, status="failed")], tolerance=0.05) == []
+
+
 def test_max_threads_per_process_is_a_batch_measured():
     measured = TrialResult(config=LoaderConfig(4, 2), samples_per_s=1000.0, batches=50, window_s=1.6)  # 32 a batch
     assert threads_policy.max_threads_per_process(measured, batch_size=1) == 32  # a batch_sampler decided the batches
@@ -365,7 +500,9 @@ def test_disk_ceiling():
 def test_policy_holds_the_process_decisions_and_threads_policy_the_thread_ones():
     # thread_search reads threads_policy directly; policy only borrows least_memory for select
     thread_only = ("busy_fraction", "thread_processes", "first_thread_config", "next_thread_config",
-                   "max_threads_per_process", "threads_to_cover_wait", "MAX_THREADS", "MAX_THREAD_TRIALS")
+                   "max_threads_per_process", "threads_to_cover_wait", "MAX_THREADS", "MAX_THREAD_TRIALS", "waits",
+                   "threads_first_processes", "first_threads_first", "climb_threads", "next_threads_first",
+                   "fewest_near", "process_reference", "THREADS_FIRST_TRIALS")
     assert all(callable(getattr(threads_policy, n)) or isinstance(getattr(threads_policy, n), int)
                for n in thread_only)
     assert not set(thread_only) & set(policy.__all__)

@@ -17,6 +17,8 @@ from autoloader.report import format_tune_result
 from autoloader.config import LoaderConfig
 from autoloader.results import TrialResult, TuneResult
 from autoloader.loader.threads import ThreadedDataset, threads_of, unwrap
+from autoloader.search.threads_policy import (THREADS_FIRST_PROCESSES_PER_CPU, THREADS_FIRST_TRIALS, WAITING_BUSY,
+                                              busy_fraction)
 from online_data import Indexed
 from thread_data import Stream
 from workloads import GilBound, LatencyBound
@@ -30,29 +32,51 @@ def process_only(result):
     return [t for t in result.trials if t.ok and t.config.threads == 1]
 
 
-def test_waiting_samples_get_threads_in_few_processes_at_the_process_only_rate():
-    # 4 ms of waiting per sample, no CPU: the process-only search climbs to many workers, each mostly asleep
-    result = tune(LatencyBound(latency_s=0.004), 32, budget=16, max_workers=16, threads=True)
-    processes = process_only(result)
-    best = max(processes, key=lambda t: t.samples_per_s)
+def test_waiting_samples_get_threads_first_in_few_processes_at_the_process_only_rate():
+    # 4 ms of waiting per sample, no CPU: threads first (issue 23), right after the serial trial; a process-only
+    # search on the same data climbs to many workers, each mostly asleep
+    data = LatencyBound(latency_s=0.004)
+    result = tune(data, 32, budget=16, max_workers=16, threads=True)
+    first_threads = next(i for i, t in enumerate(result.trials) if t.config.threads > 1)
+    assert [t.config.num_workers for t in result.trials[:first_threads]] == [0], "no process-only climb first"
+    assert result.threads > 1 and 1 <= result.num_workers <= THREADS_FIRST_PROCESSES_PER_CPU * USABLE, result
+    threaded = [t for t in result.trials if t.config.threads > 1]
+    assert 1 <= len(threaded) <= THREADS_FIRST_TRIALS, "a few thread candidates, not a sweep"
+    controls = [t for t in result.trials if t.ok and t.config.threads == 1 and t.config.num_workers ==
+                result.num_workers]
+    assert controls and result.samples_per_s > max(t.samples_per_s for t in controls), "checked beside its control"
+    processes = tune(data, 32, budget=16, max_workers=16)
+    best = max(process_only(processes), key=lambda t: t.samples_per_s)
     assert best.config.num_workers >= 8, "the process-only search needs many waiting workers"
-    assert result.threads > 1 and 1 <= result.num_workers <= USABLE, result
-    assert result.samples_per_s >= 0.8 * best.samples_per_s, result
+    assert result.samples_per_s >= 0.8 * best.samples_per_s, (result, processes)
     chosen = next(t for t in result.trials if t.ok and (t.config.num_workers, t.config.threads) ==
                   (result.num_workers, result.threads) and t.config.prefetch_factor == result.prefetch_factor)
     if chosen.worker_memory_bytes is not None and best.worker_memory_bytes is not None:
         assert chosen.worker_memory_bytes < best.worker_memory_bytes, "fewer processes hold less memory"
-    threaded = [t for t in result.trials if t.config.threads > 1]
-    assert 1 <= len(threaded) <= 4, "a few thread candidates, not a sweep"
     assert "threads" in str(result) and "worker MiB" in str(result)
 
 
 def test_a_gil_bound_transform_keeps_one_thread():
     # a Python loop per sample holds the GIL: threads of one process cannot run it in parallel
     result = tune(GilBound(cost_s=0.001), 16, budget=8, max_workers=4, threads=True)
-    assert result.threads == 1, result
-    assert all(not t.ok or t.config.threads == 1 or t.samples_per_s < result.samples_per_s * 1.06
-               for t in result.trials)
+    serial = result.trials[0]
+    assert serial.config.num_workers == 0 and serial.ok, result
+    busy = busy_fraction(serial)
+    if busy is not None and busy >= WAITING_BUSY:
+        # the serial trial got its CPU: the process-only search, and threads rejected by measurement
+        assert result.threads == 1, result
+        assert all(not t.ok or t.config.threads == 1 or t.samples_per_s < result.samples_per_s * 1.06
+                   for t in result.trials)
+        return
+    # a machine so busy that the serial trial waited for a CPU most of the time (it cannot tell that from waiting
+    # for data): threads first ran, and threads are kept only as measured, faster than their control beside them
+    # and within the tolerance of the process-only reference (issue 23's benchmark: 2 x 4 at 2.1x of 2 x 1 there)
+    assert result.trials[1].config.threads > 1, "threads first"
+    if result.threads > 1:
+        controls = [t for t in result.trials if t.ok and t.config.threads == 1 and t.config.num_workers > 0]
+        same = [t for t in controls if t.config.num_workers == result.num_workers]
+        assert same and result.samples_per_s > max(t.samples_per_s for t in same), result
+        assert result.samples_per_s >= 0.95 * max(t.samples_per_s for t in controls), result
 
 
 def test_fixed_threads_are_used_by_every_trial_and_the_loader():

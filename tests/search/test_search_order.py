@@ -1,0 +1,119 @@
+"""The order in which ``Search`` asks for candidates with ``threads=True`` (issue 23), driven with fake measurements
+from a model of the data: no trial runs, no clock matters (the budget is never reached)."""
+import math
+from typing import Callable, List
+
+import pytest
+
+from autoloader.config import LoaderConfig
+from autoloader.probe import probe_machine
+from autoloader.request import Request
+from autoloader.results import TrialResult
+from autoloader.search import threads_policy
+from autoloader.search.search import Search
+from workloads import LatencyBound
+
+BATCH = 32
+
+
+def waiting(config: LoaderConfig) -> TrialResult:
+    """4 ms of sleep per sample, no CPU: a batch in flight per thread, up to 12,000 samples/s (the hand-over)."""
+    in_flight = max(1, config.num_workers) * config.threads
+    rate = min(12000.0, in_flight * 250.0)
+    return fake(config, rate, util=min(1.0, 0.01 * config.threads))
+
+
+def gil_bound(config: LoaderConfig) -> TrialResult:
+    """A Python loop per sample: threads add nothing, processes do up to 2 CPUs."""
+    rate = 900.0 * min(2, max(1, config.num_workers))
+    return fake(config, rate, util=0.97)
+
+
+def threads_never_pay(config: LoaderConfig) -> TrialResult:
+    """Waits (2 % CPU serial) but a process serves one sample at a time whatever its threads: a lock inside."""
+    rate = min(12000.0, max(1, config.num_workers) * 250.0)
+    return fake(config, rate, util=0.02)
+
+
+def threads_cost_cpu(config: LoaderConfig) -> TrialResult:
+    """1 ms waits: each thread's hand-off costs CPU a waiting process does not; 2 processes of threads reach 19,000
+    samples/s, 64 processes 36,000 (issue 23's benchmark, 1 KB samples at batch 128 on 2 cores)."""
+    if config.threads > 1:
+        return fake(config, min(19000.0, 9500.0 * config.num_workers, 1000.0 * config.threads * config.num_workers),
+                    util=0.6)
+    return fake(config, min(36000.0, 900.0 * max(1, config.num_workers)), util=0.05)
+
+
+def fake(config: LoaderConfig, rate: float, *, util: float) -> TrialResult:
+    batches = 40
+    serial = config.num_workers == 0
+    fetch_s = BATCH / rate
+    return TrialResult(config=config, samples_per_s=rate, batches=batches, window_s=batches * BATCH / rate,
+                       consumer_s_per_batch=1e-5, fetch_s_per_batch=fetch_s if serial else None,
+                       fetch_cpu_s_per_batch=fetch_s * util if serial else None,
+                       worker_cpu_util=None if serial else util)
+
+
+def drive(model: Callable[[LoaderConfig], TrialResult], *, budget: float = 30.0, start=None):
+    request = Request.checked(LatencyBound(latency_s=0.004), BATCH, device="cpu", max_workers=64, threads=True)
+    profile = probe_machine(disk=False, gpus=False)
+    search = Search(request, profile, budget=budget, start=start)
+    steps = search.steps()
+    asked: List[LoaderConfig] = []
+    candidate = next(steps)
+    try:
+        while True:
+            asked.append(candidate.config)
+            candidate = steps.send(model(candidate.config))
+    except StopIteration as done:
+        return asked, done.value
+
+
+def pairs(configs):
+    return [(c.num_workers, c.threads) for c in configs]
+
+
+def test_waiting_data_gets_threads_first_and_no_process_climb():
+    asked, result = drive(waiting)
+    assert pairs(asked)[0] == (0, 1)
+    process_only = [(n, t) for n, t in pairs(asked)[1:] if t == 1 and n > 4]
+    assert process_only == [(64, 1)], f"no process-only climb, one reference: {pairs(asked)}"
+    assert result.threads > 1 and result.num_workers <= 4, result
+    control = [c for c in asked if c.threads == 1 and c.num_workers == result.num_workers]
+    assert control, "the choice was checked against its control"
+    assert len(asked) <= 1 + threads_policy.THREADS_FIRST_TRIALS
+
+
+def test_threads_that_do_not_pay_fall_back_to_the_process_climb():
+    asked, result = drive(threads_never_pay)
+    threaded = [i for i, c in enumerate(asked) if c.threads > 1]
+    assert threaded and threaded[0] == 1, "threads first"
+    assert max(c.num_workers for c in asked if c.threads == 1) >= 32, f"then the process climb: {pairs(asked)}"
+    assert result.threads == 1 and result.num_workers >= 32, result
+
+
+def test_processes_faster_than_threads_at_the_same_samples_in_flight_fall_back_to_the_process_climb():
+    asked, result = drive(threads_cost_cpu)
+    assert pairs(asked)[1][1] > 1, "threads first"
+    assert result.threads == 1 and result.num_workers >= 32, (pairs(asked), result)
+
+
+def test_gil_bound_data_never_tries_threads_first():
+    asked, result = drive(gil_bound)
+    assert asked[1].threads == 1, "the serial trial keeps a CPU busy: processes first"
+    assert result.threads == 1, result
+
+
+def test_online_from_a_configuration_with_threads_climbs_from_it():
+    asked, result = drive(waiting, budget=math.inf, start=LoaderConfig(2, 2, threads=16))
+    assert pairs(asked)[:2] == [(2, 16), (2, 32)], pairs(asked)
+    assert result.threads > 1, result
+
+
+@pytest.mark.parametrize("model", [waiting, threads_never_pay, threads_cost_cpu, gil_bound])
+def test_every_candidate_is_asked_once_within_the_bound(model):
+    asked, _ = drive(model)
+    trials = [c for c in asked if c.prefetch_factor in (None, 2)]
+    assert all(c.num_workers <= 64 for c in asked)
+    assert len(asked) <= 16, pairs(asked)
+    assert len(set(trials)) >= len(trials) - 1, f"at most the control repeats: {pairs(asked)}"
