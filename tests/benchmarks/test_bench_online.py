@@ -43,11 +43,9 @@ JSON), ``AUTOLOADER_BENCH_COLD`` (``auto``, ``fadvise`` or ``simulated``), ``AUT
 """
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import math
-import mmap
 import os
 import shutil
 import statistics
@@ -64,6 +62,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from autoloader import make_loader
 from autoloader.probe import probe_machine
+from bench_files import Cycle, FileSet, resident_fraction
 from helpers import emit_table
 from workloads import CpuBound, InMemory, JpegDecode, LatencyBound, Mixed
 
@@ -84,29 +83,16 @@ TARGET_LATER = 0.95
 
 # ---------------------------------------------------------------- the cold workload
 
-class ColdFiles(Dataset):
+class ColdFiles(FileSet):
     """One 16 KiB file per sample, read whole on every access; returns its first 64 bytes as float32.
 
     ``make_cold()`` drops the files from the page cache (``posix_fadvise``), or in ``simulated`` mode marks every
     file unread so that its next read sleeps ``penalty_s`` first (a flag in shared memory: workers see it)."""
 
     def __init__(self, root: str, n: int, *, simulated: bool, penalty_s: float) -> None:
-        self.root, self.n, self.simulated, self.penalty_s = root, n, simulated, penalty_s
+        super().__init__(root, n, COLD_FILE_BYTES)
+        self.simulated, self.penalty_s = simulated, penalty_s
         self.read_once = torch.zeros(n, dtype=torch.uint8).share_memory_()
-
-    def path(self, i: int) -> str:
-        return os.path.join(self.root, f"{i:07d}.bin")
-
-    def write(self) -> None:
-        rng = np.random.default_rng(0)
-        blob = rng.integers(0, 256, COLD_FILE_BYTES + 4096, dtype=np.uint8).tobytes()
-        for i in range(self.n):
-            with open(self.path(i), "wb") as fh:
-                fh.write(blob[i % 4096:i % 4096 + COLD_FILE_BYTES])
-        os.sync()  # dirty pages cannot be dropped
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
         if self.simulated and not self.read_once[i]:
@@ -120,49 +106,11 @@ class ColdFiles(Dataset):
         if self.simulated:
             self.read_once.zero_()
             return
-        for i in range(self.n):
-            fd = os.open(self.path(i), os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+        self.drop_cache()
 
     def make_warm(self) -> None:
         for i in range(self.n):
             self[i]
-
-
-def resident_fraction(paths: Sequence[str]) -> Optional[float]:
-    """The share of the files' pages in the page cache (``mincore``); None when it cannot be read."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_long]
-        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        page = os.sysconf("SC_PAGE_SIZE")
-        resident = total = 0
-        for path in paths:
-            size = os.path.getsize(path)
-            pages = (size + page - 1) // page
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-                if addr is None or addr == ctypes.c_void_p(-1).value:
-                    return None
-                vec = (ctypes.c_ubyte * pages)()
-                ok = libc.mincore(addr, size, vec) == 0
-                libc.munmap(addr, size)
-                if not ok:
-                    return None
-            finally:
-                os.close(fd)
-            resident += sum(b & 1 for b in vec)
-            total += pages
-        return resident / total if total else None
-    except (OSError, AttributeError):
-        return None
 
 
 def cold_mode(files: ColdFiles, name: str) -> Tuple[bool, str]:
@@ -191,19 +139,6 @@ def cold_mode(files: ColdFiles, name: str) -> Tuple[bool, str]:
 
 
 # ---------------------------------------------------------------- workloads
-
-class Cycle(Dataset):
-    """``n`` samples of ``base``, repeating it: an epoch of any length over the same data."""
-
-    def __init__(self, base: Any, n: int) -> None:
-        self.base, self.n = base, n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> Any:
-        return self.base[i % len(self.base)]
-
 
 @dataclass
 class Workload:

@@ -13,6 +13,7 @@ TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ["create", "first", "window", "switch"])
 @pytest.mark.parametrize("mode", ["trials", "online"])
 def test_ctrl_c_raises_keyboard_interrupt_quickly_and_leaves_no_child(mode, point):

@@ -57,21 +57,17 @@ def test_waiting_samples_get_threads_first_in_few_processes_at_the_process_only_
 
 
 def test_a_gil_bound_transform_keeps_one_thread():
-    # a Python loop per sample holds the GIL: threads of one process cannot run it in parallel
+    # a Python loop per sample holds the GIL: threads of one process cannot run it in parallel. Whether threads are
+    # tried first depends on the serial trial getting its CPU (on a busy machine it waits for one, and cannot tell
+    # that from waiting for data); either way threads are kept only as measured: faster than their one-thread
+    # control beside them and within the tolerance of every process-only candidate. Timing decides which branch
+    # runs, never whether the test passes (on this machine, quiet, it keeps one thread).
     result = tune(GilBound(cost_s=0.001), 16, budget=8, max_workers=4, threads=True)
     serial = result.trials[0]
     assert serial.config.num_workers == 0 and serial.ok, result
     busy = busy_fraction(serial)
-    if busy is not None and busy >= WAITING_BUSY:
-        # the serial trial got its CPU: the process-only search, and threads rejected by measurement
-        assert result.threads == 1, result
-        assert all(not t.ok or t.config.threads == 1 or t.samples_per_s < result.samples_per_s * 1.06
-                   for t in result.trials)
-        return
-    # a machine so busy that the serial trial waited for a CPU most of the time (it cannot tell that from waiting
-    # for data): threads first ran, and threads are kept only as measured, faster than their control beside them
-    # and within the tolerance of the process-only reference (issue 23's benchmark: 2 x 4 at 2.1x of 2 x 1 there)
-    assert result.trials[1].config.threads > 1, "threads first"
+    if busy is None or busy < WAITING_BUSY:
+        assert result.trials[1].config.threads > 1, "threads first"
     if result.threads > 1:
         controls = [t for t in result.trials if t.ok and t.config.threads == 1 and t.config.num_workers > 0]
         same = [t for t in controls if t.config.num_workers == result.num_workers]
