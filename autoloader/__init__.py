@@ -8,7 +8,8 @@ import logging
 from .config import LoaderConfig
 from .errors import AutoloaderWarning, TuningError
 from .factory import make_loader
-from .loader.prefetch import EpochStats, PrefetchLoader
+from .loader.epochs import EpochStats
+from .loader.prefetch import PrefetchLoader
 from .loader.threads import ThreadedDataset, unwrap, with_threads
 from .probe import MachineProfile, probe_machine
 from .results import TrialResult, TuneResult

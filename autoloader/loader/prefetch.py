@@ -18,7 +18,6 @@ import contextlib
 import copy
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Deque, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -28,6 +27,7 @@ from ..errors import quiet_worker_count_warning
 from ..results import TuneResult
 from .batch import iter_tensors, map_tensors
 from .device import resolve_device, side_stream
+from .epochs import EpochClock, EpochStats, advance_epochs, numbered_samplers, samplers
 from .resume import resumed_epoch, stream_rule
 from .state import FORMAT, capture, check, epoch_length, epochs_of, gather, own_rank, ranks, restore
 from .transform import InputTransform
@@ -35,46 +35,6 @@ from .transform import InputTransform
 logger = logging.getLogger("autoloader.prefetch")
 
 _END = object()
-
-
-@dataclass(frozen=True)
-class EpochStats:
-    """One epoch as the consumer saw it: ``wait_s`` is the time spent inside ``next()`` waiting for data.
-
-    On CUDA this is host-side waiting only: no device synchronisation is made, so a copy still running on the GPU
-    when the consumer's kernels are queued is not counted.
-    """
-
-    epoch: int
-    batches: int
-    wall_s: float
-    wait_s: float
-
-    @property
-    def stall_fraction(self) -> float:
-        return self.wait_s / self.wall_s if self.wall_s > 0 else 0.0
-
-
-class _EpochClock:
-    __slots__ = ("epoch", "batches", "start", "end", "wait", "done")
-
-    def __init__(self, epoch: int, start: float) -> None:
-        self.epoch, self.batches, self.start, self.end, self.wait = epoch, 0, start, start, 0.0
-        self.done = False
-
-    def snapshot(self) -> EpochStats:
-        return EpochStats(self.epoch, self.batches, self.end - self.start, self.wait)
-
-
-def _samplers(loader: Any) -> List[Any]:
-    """The loader's samplers that have ``set_epoch``, each once: its sampler, batch sampler, batch sampler's
-    sampler."""
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    found: List[Any] = []
-    for sampler in (getattr(loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None)):
-        if callable(getattr(sampler, "set_epoch", None)) and all(sampler is not f for f in found):
-            found.append(sampler)
-    return found
 
 
 class PrefetchLoader:
@@ -104,7 +64,7 @@ class PrefetchLoader:
         self._next_epoch = 0
         self._epoch_set = False
         self._sampler_epochs: Optional[List[Any]] = None
-        self._clocks: List[_EpochClock] = []
+        self._clocks: List[EpochClock] = []
         self._start: Optional[Dict[str, Any]] = None  # the epoch's RNG at its start (NOTE [ Exact resume ])
         self._skipped = 0  # batches of this epoch yielded before a resume
         self._pending: Optional[Dict[str, Any]] = None  # a loaded state, applied at the next iter()
@@ -212,21 +172,11 @@ class PrefetchLoader:
         self._epoch_set = True
         if callable(getattr(self._frame, "set_epoch", None)):  # a source that numbers its epochs (online tuning)
             self._frame.set_epoch(epoch)
-        for sampler in _samplers(self._frame):
+        for sampler in samplers(self._frame):
             sampler.set_epoch(epoch)
 
     def _advance_epoch(self) -> None:
-        """At an epoch's start: when neither ``set_epoch`` here nor anyone on the samplers themselves changed their
-        ``epoch`` since the last epoch started, advance it by one, as Accelerate's loaders do, so a
-        ``DistributedSampler`` reshuffles every epoch (see NOTE [ What frameworks read ])."""
-        samplers = [s for s in _samplers(self._frame) if isinstance(getattr(s, "epoch", None), int)]
-        epochs = [s.epoch for s in samplers]
-        if samplers and self._sampler_epochs == epochs and not self._epoch_set:
-            for sampler in samplers:
-                sampler.set_epoch(sampler.epoch + 1)
-            logger.debug("nobody called set_epoch since the last epoch: advanced the samplers to %s",
-                         [s.epoch for s in samplers])
-        self._sampler_epochs = [s.epoch for s in samplers]
+        self._sampler_epochs = advance_epochs(self._frame, self._sampler_epochs, epoch_set=self._epoch_set)
         self._epoch_set = False
 
     # -- checkpoint and resume (NOTE [ Exact resume ] in state.py) ----------------------------------------------
@@ -250,7 +200,7 @@ class PrefetchLoader:
         tuning = self.tuning
         return {"format": FORMAT, "epoch": clock.epoch if in_epoch and clock is not None else self._next_epoch,
                 "batches": batches, "in_epoch": in_epoch, "length": length,
-                "ranks": ranks(self._frame), "sampler_epochs": epochs_of(_samplers(self._frame)),
+                "ranks": ranks(self._frame), "sampler_epochs": epochs_of(samplers(self._frame)),
                 "sampler_record": self._sampler_epochs, "epoch_set": self._epoch_set,
                 "start": self._start if in_epoch and dataset is None else None,
                 "now": capture(self._frame, samplers=False),
@@ -264,8 +214,7 @@ class PrefetchLoader:
         check(state, self._frame)
         if state["in_epoch"] and state["start"] is None and state["stream"] is None:
             raise ValueError("load_state_dict(state): the state has neither the epoch's RNG nor its stream position")
-        samplers = [s for s in _samplers(self._frame) if isinstance(getattr(s, "epoch", None), int)]
-        for sampler, epoch in zip(samplers, state["sampler_epochs"]):
+        for sampler, epoch in zip(numbered_samplers(self._frame), state["sampler_epochs"]):
             sampler.set_epoch(epoch)
         if callable(getattr(self._frame, "set_epoch", None)):
             self._frame.set_epoch(state["epoch"])
@@ -324,11 +273,11 @@ class PrefetchLoader:
         self._check_single_process()
         pending, self._pending = self._pending, None
         if pending is not None and pending["in_epoch"]:
-            self._sampler_epochs, self._epoch_set = epochs_of(_samplers(self._frame)), False
+            self._sampler_epochs, self._epoch_set = epochs_of(samplers(self._frame)), False
         else:
             self._advance_epoch()
         stream = side_stream(self.device)
-        clock = _EpochClock(self._next_epoch, time.perf_counter())
+        clock = EpochClock(self._next_epoch, time.perf_counter())
         self._next_epoch += 1
         self._clocks.append(clock)
         entered = clock.start
