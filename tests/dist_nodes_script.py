@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 
 from autoloader import make_loader
+from dist_script import record_epoch
 from autoloader.distributed import node_decisions
 
 SAMPLES = 192
@@ -82,14 +83,7 @@ def _online(args: argparse.Namespace, rank: int, node: int) -> int:
     can be checked across the 4): per epoch, this rank's sample indices and the workers in force at each batch."""
     loader = make_loader(Reads(ONLINE_SAMPLES), batch_size=8, shuffle=True, device="cpu", cache=args.cache_dir,
                          max_workers=4, tuning="online")
-    epochs = []
-    for epoch in range(args.online):
-        loader.set_epoch(epoch)
-        indices, configs = [], []
-        for _, batch_indices in loader:
-            indices += [int(i) for i in batch_indices]
-            configs.append(loader.loader.num_workers)  # in force now: the prefetcher has asked for the next batch
-        epochs.append({"indices": indices, "configs": configs})
+    epochs = [record_epoch(loader, epoch) for epoch in range(args.online)]
     found = node_decisions(loader)
     report = {"rank": rank, "node": node, "epochs": epochs, "decisions": [repr(d.config) for d in loader.decisions],
               "num_workers": loader.tuning.num_workers, "reason": loader.tuning.reason,

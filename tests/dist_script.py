@@ -99,6 +99,17 @@ def main() -> int:
     return 0
 
 
+def record_epoch(loader, epoch: int) -> dict:
+    """One epoch of ``loader`` (of (sample, index) batches): the sample indices this rank got and the workers in
+    force at each batch."""
+    loader.set_epoch(epoch)
+    indices, configs = [], []
+    for _, batch_indices in loader:
+        indices += [int(i) for i in batch_indices]
+        configs.append(loader.loader.num_workers)  # in force now: the prefetcher has asked for the next batch
+    return {"indices": indices, "configs": configs}
+
+
 def _online(args: argparse.Namespace, rank: int) -> int:
     """Epochs of an online-tuned loader until it decided (at most 10): per epoch, the sample indices this rank got and
     the configuration in force at each batch."""
@@ -106,12 +117,7 @@ def _online(args: argparse.Namespace, rank: int) -> int:
                          tuning="online")
     epochs = []
     while not loader.decisions and len(epochs) < 10:
-        loader.set_epoch(len(epochs))
-        indices, configs = [], []
-        for _, batch_indices in loader:
-            indices += [int(i) for i in batch_indices]
-            configs.append(loader.loader.num_workers)  # in force now: the prefetcher has asked for the next batch
-        epochs.append({"indices": indices, "configs": configs})
+        epochs.append(record_epoch(loader, len(epochs)))
     report = {"rank": rank, "epochs": epochs, "decisions": [repr(d.config) for d in loader.decisions],
               "result": json.dumps(loader.tuning.to_dict(), sort_keys=True)}
     with open(os.path.join(args.out_dir, f"rank{rank}.json"), "w") as fh:
