@@ -45,6 +45,30 @@ def check_max_workers(max_workers: Any) -> None:
         raise ValueError(f"max_workers={max_workers} must be >= 0 (0 means no worker processes)")
 
 
+def check_memory_budget(memory_budget: Any) -> Union[None, int, float]:
+    """``memory_budget=`` of ``make_loader``/``tune``: None (the default share of the memory available to this
+    process), bytes as an int >= 1, or a fraction in (0, 1] of that memory (NOTE [ Memory budget ] in
+    search/budget.py). Returns it as an int or a float."""
+    if memory_budget is None:
+        return None
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, numbers.Real):
+        raise TypeError(f"memory_budget must be bytes (an int such as memory_budget=8 * 2**30) or a fraction of the "
+                        f"available memory (a float in (0, 1] such as memory_budget=0.5), got {memory_budget!r} "
+                        f"({type(memory_budget).__name__})")
+    if _is_int(memory_budget):
+        if memory_budget < 1:
+            raise ValueError(f"memory_budget={memory_budget} must be >= 1 byte (e.g. memory_budget=8 * 2**30), or a "
+                             f"fraction such as memory_budget=0.5; leave it out for the default")
+        return int(memory_budget)
+    value = float(memory_budget)
+    if not 0 < value <= 1:
+        whole = int(value) if 1 <= value < float("inf") else 8
+        raise ValueError(f"memory_budget={memory_budget!r} must be a fraction in (0, 1] of the available memory (e.g. "
+                         f"memory_budget=0.5) or whole bytes as an int (e.g. memory_budget={whole}"
+                         f"{' * 2**30' if whole < 2**20 else ''})")
+    return value
+
+
 def check_dataset(dataset: Any) -> Optional[int]:
     """The dataset's length (None for an IterableDataset without one); raises for what no DataLoader can load."""
     iterable = isinstance(dataset, IterableDataset)

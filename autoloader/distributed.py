@@ -34,12 +34,13 @@ import os
 import re
 import socket
 import sys
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 from torch.utils.data import IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
+from .agreement import Agreement, Alone, MinAcrossRanks, gather_checked
 from .results import TuneResult
 
 log = logging.getLogger("autoloader.distributed")
@@ -51,19 +52,6 @@ none of them."""
 _SUBGROUPS: Dict[Any, Any] = {}
 """The per-node process groups made for a layout, kept with the default group they belong to (reused while it
 lives: ``make_loader`` may be called many times)."""
-
-
-class Agreement(Protocol):
-    """How several processes agree on one decision: every figure through ``reduce_min`` (see NOTE [ One decision
-    per node ]); one process agrees with itself (``Alone``)."""
-
-    def reduce_min(self, values: Sequence[float]) -> List[float]:
-        ...
-
-
-class Alone:
-    def reduce_min(self, values: Sequence[float]) -> List[float]:
-        return list(values)
 
 
 def _local_world_size_from_env() -> Optional[int]:
@@ -205,18 +193,20 @@ class Group:
         shm = dataclasses.replace(profile.shm, free_bytes=_share(profile.shm.free_bytes, n))
         return dataclasses.replace(profile, cpu=cpu, memory=memory, shm=shm)
 
-    def broadcast_object(self, obj: Any) -> Any:
-        """The node leader's ``obj`` on every rank of the node (pickled; torch picks the backend's device)."""
+    def broadcast_object(self, obj: Any, *, site: Optional[str] = None) -> Any:
+        """The node leader's ``obj`` on every rank of the node (pickled; torch picks the backend's device). A gather
+        rather than a broadcast, so that it checks, like every exchange, that the ranks called from the same place
+        (``agreement.gather_checked``); the leader is the node's lowest rank, first in its group."""
         if self.node_size == 1:
             return obj
-        holder: List[Any] = [obj if self.is_leader else None]
-        dist.broadcast_object_list(holder, src=self.node.ranks[0], group=self._pg)
-        return holder[0]
+        site = site or sys._getframe(1).f_code.co_qualname
+        return gather_checked(obj if self.is_leader else None, size=self.node_size, group=self._pg, site=site)[0]
 
     def broadcast(self, result: Optional[TuneResult]) -> Optional[TuneResult]:
         """The node leader's result (or miss) on every rank of the node, sent as its plain JSON form; with several
         nodes its reason starts with the node that decided (``Node.label``)."""
-        data = self.broadcast_object(None if result is None else result.to_dict())
+        data = self.broadcast_object(None if result is None else result.to_dict(),
+                                     site=f"{sys._getframe(1).f_code.co_qualname} (broadcast)")
         if data is None:
             return None
         if self.node.count > 1:
@@ -225,7 +215,7 @@ class Group:
 
     def agreement(self) -> Agreement:
         """What ``tune(agreement=...)`` needs: the node's ranks agree (see NOTE [ One decision across ranks ])."""
-        return Alone() if self.node_size == 1 else _MinAcrossRanks(self.node_size, self._pg)
+        return Alone() if self.node_size == 1 else MinAcrossRanks(self.node_size, self._pg)
 
 
 def node_decisions(loader: Any) -> List[Dict[str, Any]]:
@@ -320,22 +310,3 @@ def _refuse_second_sharding(num_replicas: int, *, depth: int = 8) -> None:
 
 def _share(value: Optional[int], n: int) -> Optional[int]:
     return None if value is None else value // n
-
-
-class _MinAcrossRanks:
-    """``reduce_min`` over the ranks of one node (see NOTE [ One decision across ranks ]); ``group`` None: the default
-    group (a single node)."""
-
-    def __init__(self, size: int, group: Any = None) -> None:
-        self.size, self.group = size, group
-
-    def reduce_min(self, values: Sequence[float]) -> List[float]:
-        mine = [float(v) for v in values]
-        gathered: List[Any] = [None] * self.size
-        dist.all_gather_object(gathered, mine, group=self.group)
-        if any(not isinstance(g, list) or len(g) != len(mine) for g in gathered):
-            raise RuntimeError(
-                f"autoloader ranks diverged: this rank agreed on {len(mine)} values, others of its node sent "
-                f"{[None if not isinstance(g, list) else len(g) for g in gathered]}; see NOTE [ One decision "
-                f"per node ] in autoloader/distributed.py")
-        return [min(column) for column in zip(*gathered)]

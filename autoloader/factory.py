@@ -48,6 +48,7 @@ def make_loader(
     key: Optional[str] = None,
     distributed: Optional[bool] = None,
     threads: Union[bool, int] = False,
+    memory_budget: Union[None, int, float] = None,
     **dataloader_kwargs: Any,
 ) -> PrefetchLoader:
     """A DataLoader tuned for this machine, dataset and training step, wrapped in a ``PrefetchLoader``.
@@ -67,6 +68,12 @@ def make_loader(
     ``num_workers=0``, else each worker); True lets the tuner choose threads per process: when the process-only choice
     mostly waits, a few candidates with fewer processes and more threads are measured against it, and kept when
     within the tolerance of its rate (see ``autoloader.loader.threads`` for what ``loader.dataset`` then is).
+
+    ``memory_budget``: what the loader's workers, batches in flight, pinned copies and thread buffers may take: bytes
+    (an int), or a fraction in (0, 1] of the memory available to this process (the cgroup's headroom when tighter,
+    divided among the ranks of a node); default half of it. A candidate that would exceed it is not tried, and the
+    choice stays under it, also as forecast for the end of an epoch when workers grow by copy-on-read (a warning then
+    names the fix). See NOTE [ Memory budget ] in ``search/budget.py``.
     """
     started = time.perf_counter()
     for name, value in (("refresh", refresh), ("retune", retune)):
@@ -77,7 +84,8 @@ def make_loader(
                          f"'trials' before it, 'auto' picks")
     request = Request.checked(dataset, batch_size, shuffle=shuffle, step=step, device=device, normalize=normalize,
                               dtype=dtype, input_key=input_key, cache=cache, budget=budget, max_workers=max_workers,
-                              key=key, distributed=distributed, threads=threads, dataloader_kwargs=dataloader_kwargs)
+                              key=key, distributed=distributed, threads=threads, memory_budget=memory_budget,
+                              dataloader_kwargs=dataloader_kwargs)
     profile = with_saved_disk(dataclasses.replace(probe_machine(disk=False, gpus=False), gpus=remembered_gpus()))
     if request.group is not None:
         profile = request.group.share_profile(profile)

@@ -58,7 +58,8 @@ def format_profile(profile: MachineProfile) -> str:
                  f"{cpu.physical if cpu.physical is not None else UNKNOWN} physical; {cpu.model or 'model unknown'}"),
         ("memory", f"{_bytes(mem.total_bytes)} total, {_bytes(mem.available_bytes)} available, cgroup limit "
                    f"{'none' if mem.limit_bytes is None else _bytes(mem.limit_bytes)}"),
-        ("memory budget", f"{_bytes(mem.budget_bytes)} (what workers may still allocate)"),
+        ("memory budget", f"{_bytes(mem.budget_bytes)} may still be allocated (the smaller of the available memory "
+                          f"and the cgroup's headroom); a loader's memory_budget is a share of it"),
         (shm.path, f"{_bytes(shm.total_bytes)} total, {_bytes(shm.free_bytes)} free"),
     ]
     if disk is None:
@@ -143,7 +144,7 @@ def _is_chosen(trial: TrialResult, result: TuneResult) -> bool:
 
 
 def _trial_row(trial: TrialResult, best: Optional[float], chosen: bool, *, threads: bool,
-               memory: bool) -> List[str]:
+               memory: bool, footprint: bool) -> List[str]:
     c = trial.config
     if trial.ok:
         status = "ok" if trial.steady else "ok (short window, not steady)"
@@ -158,7 +159,22 @@ def _trial_row(trial: TrialResult, best: Optional[float], chosen: bool, *, threa
             "-" if trial.startup_s is None else f"{trial.startup_s:.2f}",
             pct(trial.stall_fraction if trial.ok else None),
             pct(trial.worker_cpu_util if c.num_workers else None),
-            *([("-" if used is None else f"{used / (1 << 20):,.0f}")] if memory else []), status]
+            *([("-" if used is None else f"{used / (1 << 20):,.0f}")] if memory else []),
+            *([_mib_cell(trial.footprint_bytes)] if footprint else []), status]
+
+
+def _mib_cell(n: Optional[int]) -> str:
+    return "-" if n is None else f"{n / (1 << 20):,.0f}"
+
+
+def _budget_words(result: TuneResult) -> Optional[str]:
+    """The memory budget the search kept to, and the chosen configuration's footprint in it."""
+    if result.memory_budget_bytes is None:
+        return None
+    chosen = next((t for t in result.trials if _is_chosen(t, result)), None)
+    used = chosen.footprint_bytes if chosen is not None else None
+    return (f"memory budget {result.memory_budget_from or mib(result.memory_budget_bytes)}; the chosen configuration "
+            f"takes {UNKNOWN if used is None else mib(used)} of it")
 
 
 def _disk_words(result: TuneResult) -> Optional[str]:
@@ -188,6 +204,9 @@ def format_tune_result(result: TuneResult) -> str:
         lines.append(f"  {disk}")
     if result.reason and result.source != "fallback" and not (result.source == "online" and not result.trials):
         lines.append(f"  why: {result.reason}")
+    budget = _budget_words(result)
+    if budget is not None:
+        lines.append(f"  {budget}")
     if not result.trials:
         lines.append("  (no trials recorded)")
         return "\n".join(lines)
@@ -197,12 +216,14 @@ def format_tune_result(result: TuneResult) -> str:
     rows = []
     threads = any(t.config.threads > 1 for t in result.trials)
     memory = any(t.ok and t.config.num_workers and t.worker_memory_bytes is not None for t in result.trials)
+    footprint = any(t.footprint_bytes is not None for t in result.trials)
     for trial in result.trials:
         chosen = not marked and _is_chosen(trial, result)
         marked = marked or chosen
-        rows.append(_trial_row(trial, best, chosen, threads=threads, memory=memory))
+        rows.append(_trial_row(trial, best, chosen, threads=threads, memory=memory, footprint=footprint))
     headers = ["", "workers", *(["threads"] if threads else []), "prefetch", "pin", "samples/s", "vs best",
-               "startup s", "stall %", "worker CPU %", *(["worker MiB"] if memory else []), "status"]
+               "startup s", "stall %", "worker CPU %", *(["worker MiB"] if memory else []),
+               *(["footprint MiB"] if footprint else []), "status"]
     lines.append("")
     lines += ["  " + line for line in grid(headers, rows, left=(0, len(headers) - 1))]
     return "\n".join(lines)

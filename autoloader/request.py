@@ -9,7 +9,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from . import distributed as _distributed
-from ._validate import check_common, check_dataset, check_loader_kwargs, check_picklable, check_threads
+from ._validate import (check_common, check_dataset, check_loader_kwargs, check_memory_budget, check_picklable,
+                        check_threads)
 from .config import BY_NAME, USER_KNOBS, LoaderConfig, without_worker_only
 from .errors import quiet_worker_count_warning
 from .loader.device import resolve_device
@@ -43,6 +44,9 @@ class Request:
     initialised (yet): iterating it later under a group of several processes is a mistake PrefetchLoader reports."""
     threads: Union[bool, int] = False
     """As ``check_threads`` returns it: False, True (tuned) or an int >= 2 (fixed)."""
+    memory_budget: Union[None, int, float] = None
+    """As ``check_memory_budget`` returns it: None (default), bytes or a fraction; ``search.budget.resolve_budget``
+    makes it the budget."""
 
     @property
     def fixed_threads(self) -> int:
@@ -61,7 +65,7 @@ class Request:
     def checked(cls, dataset: Any, batch_size: Any = 1, *, shuffle: Any = False, step: Any = None,
                 device: Any = None, normalize: Any = None, dtype: Any = None, input_key: Any = None,
                 cache: Any = False, budget: Any = None, max_workers: Any = None, key: Any = None,
-                distributed: Any = False, threads: Any = False,
+                distributed: Any = False, threads: Any = False, memory_budget: Any = None,
                 dataloader_kwargs: Optional[Dict[str, Any]] = None) -> "Request":
         """Check every argument (each error names the fix) and split the knobs the user fixed from the rest;
         ``distributed=None`` follows ``torch.distributed.is_initialized()`` and shards the data."""
@@ -69,6 +73,7 @@ class Request:
         check_common(batch_size=batch_size, step=step, budget=budget, max_workers=max_workers, key=key, cache=cache)
         check_dataset(dataset)
         threads = check_threads(threads, dataset)
+        memory_budget = check_memory_budget(memory_budget)
         check_loader_kwargs(dataset, batch_size=batch_size, shuffle=shuffle, kwargs=dataloader_kwargs)
         kwargs = dict(dataloader_kwargs)
         fixed = {k: BY_NAME[k].recorded_value(kwargs.pop(k)) for k in USER_KNOBS if k in kwargs}
@@ -85,7 +90,7 @@ class Request:
                      and kwargs.get("sampler") is None and kwargs.get("batch_sampler") is None)
         return cls(dataset, batch_size, shuffle, step, resolve_device(device),
                    dict(normalize=normalize, dtype=dtype, input_key=input_key), budget, max_workers, key, kwargs,
-                   fixed, group, unsharded, threads)
+                   fixed, group, unsharded, threads, memory_budget)
 
     def data_loader(self, config: LoaderConfig, *, sampling: Optional[Mapping[str, Any]] = None,
                     **forced: Any) -> DataLoader:

@@ -44,6 +44,9 @@ class TrialResult:
     stall_fraction: Optional[float] = None
     fetch_s_per_batch: Optional[float] = None
     fetch_cpu_s_per_batch: Optional[float] = None
+    fetch_delay_s_per_batch: Optional[float] = None
+    """Of ``fetch_s_per_batch``, the time the measuring thread waited for a CPU (``measure/cpuclock.py``): not
+    waiting for data. None where the kernel does not say."""
     consumer_s_per_batch: Optional[float] = None
     worker_cpu_util: Optional[float] = None
     worker_cpu_s_per_batch: Optional[float] = None
@@ -56,6 +59,9 @@ class TrialResult:
     steady: bool = True
     worker_uss_total_bytes: Optional[int] = None
     """The workers' memory: the sum of their USS at the window's end (``worker_uss_bytes`` is the largest one)."""
+    footprint_bytes: Optional[int] = None
+    """What the configuration takes of the memory budget (NOTE [ Memory budget ] in search/budget.py): from its own
+    measurements when it ran, predicted when it was skipped; None when unknown."""
 
     @property
     def ok(self) -> bool:
@@ -110,6 +116,10 @@ class TuneResult:
     profile's) allows at ``read_bytes_per_sample``; None when unknown or not I/O-bound."""
     read_bytes_per_sample: Optional[float] = None
     """Bytes the chosen configuration's workers read per sample (measured with the disk ceiling)."""
+    memory_budget_bytes: Optional[int] = None
+    """The memory budget the search kept every candidate under (None: unknown or not searched)."""
+    memory_budget_from: Optional[str] = None
+    """How that budget was set, in words (``MemoryBudget.describe``)."""
 
     def __getattr__(self, name: str) -> Any:
         if name in RECORDED:  # only called for names that are not fields: the knobs, read off ``config``
@@ -208,6 +218,11 @@ def _check_types(result: TuneResult) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not math.isfinite(value)):
             raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if result.memory_budget_bytes is not None and (not _is_int(result.memory_budget_bytes)
+                                                   or result.memory_budget_bytes < 0):
+        raise ValueError(f"memory_budget_bytes must be an int >= 0, got {result.memory_budget_bytes!r}")
+    if result.memory_budget_from is not None and not isinstance(result.memory_budget_from, str):
+        raise ValueError(f"memory_budget_from must be a string, got {result.memory_budget_from!r}")
     if result.bottleneck is not None and result.bottleneck not in BOTTLENECKS:
         raise ValueError(f"bottleneck must be one of {BOTTLENECKS}, got {result.bottleneck!r}")
     if result.source not in SOURCES:

@@ -112,6 +112,20 @@ def tuned_result(**kw):
     return TuneResult(**base)
 
 
+def drive_search(search, model):
+    """Run a ``Search``'s generator, answering each candidate with ``model(config)`` (a fake ``TrialResult``): the
+    configurations it asked for, in order, and its result."""
+    steps = search.steps()
+    asked = []
+    candidate = next(steps)
+    try:
+        while True:
+            asked.append(candidate.config)
+            candidate = steps.send(model(candidate.config))
+    except StopIteration as done:
+        return asked, done.value
+
+
 def full_profile():
     """A MachineProfile with every fact known (two fake GPUs, a measured disk)."""
     G = GIB

@@ -61,3 +61,21 @@ def test_a_candidate_is_the_same_whatever_persistent_workers_and_only_then():
     for other in (LoaderConfig(4, 2, pin_memory=False, threads=8), LoaderConfig(4, 2, pin_memory=True, threads=1),
                   LoaderConfig(4, 4, pin_memory=True, threads=8), LoaderConfig(2, 2, pin_memory=True, threads=8)):
         assert not config.same_candidate(other)
+
+
+def test_the_table_shows_each_footprint_and_the_budget_line():
+    mib = 2**20
+    trials = (trial(0, 500.0, footprint_bytes=0), trial(2, 980.0, footprint_bytes=210 * mib),
+              trial(8, None, status="skipped", reason="memory: 8 workers need 1,700 MiB", footprint_bytes=1700 * mib))
+    result = tuned_result(trials=trials, memory_budget_bytes=1024 * mib,
+                          memory_budget_from="1,024 MiB (memory_budget=1073741824, set by the user)")
+    lines = format_tune_result(result).splitlines()
+    assert any(line.strip().startswith("memory budget 1,024 MiB (memory_budget=1073741824, set by the user); the "
+                                       "chosen configuration takes 210 MiB of it") for line in lines), lines
+    header = next(line for line in lines if "vs best" in line)
+    assert "footprint MiB" in header
+    skipped = next(line for line in lines if "skipped" in line)
+    assert "1,700" in skipped
+    plain = format_tune_result(tuned_result())
+    assert "footprint MiB" not in plain and "memory budget" not in plain
+    assert TuneResult.from_dict(result.to_dict()) == result

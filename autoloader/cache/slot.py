@@ -16,6 +16,7 @@ from ..request import Request
 from ..results import TuneResult
 from ..search import policy
 from ..search.bounds import worker_bounds
+from ..search.budget import resolve_budget
 from ..search.candidates import fallback_result, trial_limit
 from .fingerprint import cache_key, dataset_fingerprint, dataset_length, machine_fingerprint, step_descriptor
 from .store import TuneCache
@@ -37,13 +38,19 @@ class Slot:
     def find(cls, request: Request, profile: MachineProfile, store: Optional[TuneCache]) -> "Slot":
         if store is None:
             return cls(request, profile, None, None)
+        timeout: Optional[TrialTimeout] = None
         try:
             fingerprint = _fingerprint_in_time(request.dataset, key=request.key, budget=request.budget)
         except TrialTimeout as err:
-            warn_user(f"autoloader could not tune: {err}; using a safe default configuration (pass num_workers=... "
-                      f"to choose one)")
+            timeout = err
+        group = request.group
+        if group is not None and group.agreement().reduce_min([0.0 if timeout else 1.0])[0] == 0.0:
+            timeout = timeout or TrialTimeout("reading one sample for the cache key timed out on another rank")
+        if timeout is not None:  # on every rank of the node, or they would take different paths
+            warn_user(f"autoloader could not tune: {timeout}; using a safe default configuration (pass "
+                      f"num_workers=... to choose one)")
             return cls(request, profile, None, None,
-                       fallback=fallback_result(request.fixed, device=request.device, reason=str(err),
+                       fallback=fallback_result(request.fixed, device=request.device, reason=str(timeout),
                                                 threads=request.fixed_threads))
         kwargs, transform = request.loader_kwargs, request.transform
         key = cache_key(
@@ -65,7 +72,8 @@ class Slot:
             bounds = worker_bounds(self.profile, max_workers=self.request.max_workers, dataset=None)
             result = self.cache.get(self.key, max_workers=bounds.cap)
         if result is not None:
-            reason = policy.no_longer_fits(result, budget_bytes=self.profile.memory.budget_bytes,
+            budget = resolve_budget(self.request.memory_budget, self.profile.memory).bytes
+            reason = policy.no_longer_fits(result, budget_bytes=budget,
                                            shm_free_bytes=self.profile.shm.free_bytes)
             if reason is not None:
                 log.info("cached config %s no longer fits (%s); tuning again", result.config.label(), reason)

@@ -143,7 +143,7 @@ def _demo(args: argparse.Namespace) -> int:
                 f"on {device}; budget {args.budget:g} s)...")
     with _progress(args.quiet):
         request = Request.checked(dataset, args.batch_size, step=args.step, device=device, budget=args.budget,
-                                  max_workers=args.max_workers)
+                                  max_workers=args.max_workers, memory_budget=args.memory_budget)
         result = tune_with(request, profile)
         compared = baselines(request, result, usable_cpus=profile.cpu.usable)
     plotted = _write_plot(args, result, "autotune demo: synthetic images, decode + augment per sample")
@@ -175,7 +175,7 @@ def _tune(args: argparse.Namespace) -> int:
     dataset = load_dataset(args.spec)
     cache = resolve_cache(True)
     kwargs = dict(step=args.step, budget=args.budget, max_workers=args.max_workers, device=args.device,
-                  shuffle=args.shuffle, key=args.key)
+                  shuffle=args.shuffle, key=args.key, memory_budget=args.memory_budget)
     _note(args, f"tuning {args.spec} ({type(dataset).__name__}), batch {args.batch_size}...")
     try:
         with _progress(args.quiet):

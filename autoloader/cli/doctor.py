@@ -14,16 +14,16 @@ from typing import Dict, Iterable, List, Literal, Mapping, Optional, Sequence
 import torch.multiprocessing
 
 from ..cache import CacheEntry, resolve_cache
-from ..search.policy import shm_need_bytes
-from ..probe import (THREAD_ENV_VARS, CpuInfo, GpuInfo, MachineProfile, ShmInfo, load_profile, open_files_limit,
-                     probe_machine)
+from ..search.budget import resolve_budget, shm_need_bytes
+from ..probe import (THREAD_ENV_VARS, CpuInfo, GpuInfo, MachineProfile, MemoryInfo, ShmInfo, load_profile,
+                     open_files_limit, probe_machine)
 from ..report import mib
 from ._holders import (DAEMON, INIT, ORPHAN, ORPHAN_NOT_PYTHON, OTHER_USER, RUNNING, DeviceHolder, classify_holder,
                        executable_name, find_nvidia_holders, is_worker)
 
 __all__ = ["Finding", "DeviceHolder", "ShmNeed", "run_checks", "check_shm", "check_open_files", "check_cpus",
-           "check_start_method", "check_thread_env", "check_gpu_holders", "check_gpus", "check_saved_profile",
-           "check_cache", "shm_needs", "find_nvidia_holders", "classify_holder", "format_findings"]
+           "check_start_method", "check_thread_env", "check_memory_budget", "check_gpu_holders", "check_gpus",
+           "check_saved_profile", "check_cache", "shm_needs", "find_nvidia_holders", "classify_holder", "format_findings"]
 
 Status = Literal["ok", "warn", "fail", "info"]
 MIB = 1 << 20
@@ -47,7 +47,7 @@ class Finding:
 
 @dataclass(frozen=True)
 class ShmNeed:
-    """The /dev/shm a cached configuration needs: its batches in flight (see ``policy.shm_guard``)."""
+    """The /dev/shm a cached configuration needs: its batches in flight (see ``budget.budget_guard``)."""
 
     label: str
     need_bytes: int
@@ -56,7 +56,7 @@ class ShmNeed:
 # -- /dev/shm -------------------------------------------------------------------------------------------------------
 def shm_needs(entries: Iterable[CacheEntry]) -> List[ShmNeed]:
     """What each valid cached configuration with workers needs in /dev/shm: (workers x prefetch + 2) batches, the
-    count ``policy.shm_guard`` uses; the batch size is the one its trials measured."""
+    count ``budget.budget_guard`` uses; the batch size is the one its trials measured."""
     needs = []
     for entry in entries:
         result = entry.result
@@ -90,6 +90,29 @@ def check_shm(shm: ShmInfo, needs: Sequence[ShmNeed]) -> Finding:
     if worst.need_bytes > shm.free_bytes / 2:
         return Finding(name, "warn", detail + ": more than half of what is free", fix)
     return Finding(name, "ok", detail)
+
+
+# -- memory budget --------------------------------------------------------------------------------------------------
+_SOURCE_WORDS = {"cgroup": "cgroup (its limit minus what the cgroup uses is tighter than the machine's available "
+                           "memory)",
+                 "available": "available (the machine's available memory; no tighter cgroup limit)",
+                 "user": "user (memory_budget= bytes)"}
+
+
+def check_memory_budget(memory: MemoryInfo, *, memory_budget: "int | float | None" = None) -> Finding:
+    """The memory budget a loader of this process gets (``search/budget.py``, ``resolve_budget``): bytes, the
+    fraction, and where it came from (cgroup, available memory or the user)."""
+    name = "memory budget"
+    budget = resolve_budget(memory_budget, memory)
+    if budget.bytes is None:
+        return Finding(name, "info", "unknown: the available memory could not be read, so no candidate is checked "
+                                     "against a budget", "pass make_loader(memory_budget=...) in bytes")
+    share = "as given" if budget.fraction is None else \
+        f"{budget.fraction:g} of the {mib(budget.basis_bytes or 0)} this process may still allocate"
+    return Finding(name, "ok", f"{mib(budget.bytes)} ({budget.bytes:,} bytes, {share}); source: "
+                               f"{_SOURCE_WORDS.get(budget.source, budget.source)}. Every candidate's workers, batches "
+                               f"in flight, pinned copies and thread buffers must fit in it; make_loader(memory_budget="
+                               f"...) sets it (bytes, or a fraction in (0, 1])")
 
 
 # -- open files -----------------------------------------------------------------------------------------------------
@@ -289,6 +312,7 @@ def run_checks(*, profile: Optional[MachineProfile] = None,
     return [
         check_cpus(profile.cpu),
         check_shm(profile.shm, shm_needs(entries)),
+        check_memory_budget(profile.memory),
         check_open_files(soft, hard, sharing_strategy=torch.multiprocessing.get_sharing_strategy(),
                          max_cached_workers=max(workers) if workers else None),
         check_start_method(profile.start_method),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Any, List, Optional
 
@@ -43,6 +44,28 @@ def _seconds(text: str, *, positive: bool) -> float:
     return value
 
 
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30,
+          "t": 1 << 40, "tib": 1 << 40}
+
+
+def memory_budget_arg(text: str) -> "int | float":
+    """``--memory-budget``: a fraction in (0, 1] of the available memory ("0.5"), or bytes with an optional binary
+    unit ("8GiB", "512M", "1073741824"); what ``make_loader(memory_budget=...)`` takes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1] such as 0.5, or bytes such as 8GiB or 512MiB, "
+                                         f"got {text!r}")
+    value = float(match.group(1))
+    if not unit and "." in match.group(1) or not unit and value <= 1:
+        if not 0 < value <= 1:
+            raise argparse.ArgumentTypeError(f"a fraction must be in (0, 1], got {text}")
+        return value
+    if value * _UNITS[unit] < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text}")
+    return int(value * _UNITS[unit])
+
+
 def _device(text: str) -> str:
     try:
         torch.device(text)
@@ -61,6 +84,9 @@ def _tuning_options(parser: argparse.ArgumentParser, *, batch_default: Optional[
     parser.add_argument("--budget", type=lambda t: _seconds(t, positive=True), default=budget_default,
                         metavar="SECONDS", help=budget_help)
     parser.add_argument("--max-workers", type=_int_at_least(0), metavar="N", help="never try more than N workers")
+    parser.add_argument("--memory-budget", type=memory_budget_arg, metavar="BYTES|FRACTION",
+                        help="what the loader may take of memory: bytes (8GiB, 512MiB) or a fraction of the available "
+                             "memory (default 0.5; cgroup-aware)")
     parser.add_argument("--device", type=_device, help="where batches go: cuda, cuda:N or cpu (default: cuda if "
                                                        "available)")
     parser.add_argument("--json", action="store_true", help="print JSON and nothing else on stdout")

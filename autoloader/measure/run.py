@@ -52,15 +52,16 @@ from typing import Any, Generator, Iterator, Literal, Optional, Tuple
 from torch.utils.data import DataLoader, IterableDataset
 
 from ..config import LoaderConfig
-from ..distributed import Agreement, Alone
+from ..agreement import Agreement, Alone
 from ..errors import TrialTimeout, TuningError, quiet_worker_count_warning
 from ..results import TrialResult
 from . import advice as _advice
 from . import procs as _procs
 from .consumer import Consumer
+from .cpuclock import cpu_and_delay
 from .failures import HARD_LIMIT_GRACE_S
 from .signals import SignalGuard, cleanup
-from .window import Tally, Window
+from .window import Clocks, Tally, Window
 
 log = logging.getLogger("autoloader.trial")
 
@@ -132,10 +133,10 @@ class Run:
             self.user = True
             self._it = iter(self.loader)
             self.user = False
-        previous: Optional[Tuple[Any, float, float, float, float]] = None
-        cpu = time.process_time
+        previous: Optional[Tuple[Any, float, Clocks, float, Clocks]] = None
+        cpu, unread = cpu_and_delay, (0.0, None)
         while True:
-            t_ask, c_ask = time.perf_counter(), cpu() if measuring else 0.0  # served: no CPU figures, less per batch
+            t_ask, c_ask = time.perf_counter(), cpu() if measuring else unread  # served: no CPU figures, less per batch
             if measuring and previous is not None:
                 self.consumer.pace()
                 self.window.add(previous[0], t_ask=previous[1], c_ask=previous[2], t_got=previous[3],
@@ -160,7 +161,7 @@ class Run:
             if batch is END:
                 self.ended, self.window.exhausted = True, self.mode == "trial"
                 break
-            t_got, c_got = time.perf_counter(), cpu() if measuring else 0.0
+            t_got, c_got = time.perf_counter(), cpu() if measuring else unread
             if self.startup_s is None:
                 self._first(batch, t_got, measuring)
             if self.repeats is not None:

@@ -13,7 +13,11 @@ from typing import Any, List, Optional, Sequence, Tuple
 from ..config import LoaderConfig
 from ..loader.batch import batch_nbytes, iter_tensors
 from ..results import TrialResult
+from .cpuclock import spent
 from .procs import WorkerSample, WorkerTracker
+
+Clocks = Tuple[float, Optional[float]]
+"""``cpuclock.cpu_and_delay()``: process CPU seconds, the thread's run-queue seconds (None: not known)."""
 
 SAMPLE_EVERY_S = 0.1
 """How often the workers' counters are read during a trial, so a worker that exits keeps most of its figures."""
@@ -44,6 +48,8 @@ class BatchMark:
     """This process's CPU time inside ``next()``."""
     step_s: float
     """Host time inside the consumer step (and the pacing after it)."""
+    wait_delay_s: Optional[float] = None
+    """The main thread's time inside ``next()`` waiting for a CPU (run queue), when the kernel says."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,11 @@ class _Probe:
     time: float
     main_cpu_s: float
     workers: Optional[WorkerSample]
+
+
+def _mean_delay(marks: Sequence[BatchMark]) -> Optional[float]:
+    delays = [m.wait_delay_s for m in marks]
+    return None if not delays or any(d is None for d in delays) else sum(delays) / len(delays)  # type: ignore[misc]
 
 
 def samples_in(batch: Any, default: int) -> int:
@@ -104,13 +115,15 @@ class Window:
             self.tracker = WorkerTracker(workers)
             self.memory_start = self.tracker.sample(memory=memory)
 
-    def add(self, batch: Any, *, t_ask: float, c_ask: float, t_got: float, c_got: float, consumer: Any) -> None:
-        """Record a batch the consumer has finished; the batch that opens the window first waits for the device."""
+    def add(self, batch: Any, *, t_ask: float, c_ask: Clocks, t_got: float, c_got: Clocks, consumer: Any) -> None:
+        """Record a batch the consumer has finished; the batch that opens the window first waits for the device.
+        ``c_ask``/``c_got``: ``cpuclock.cpu_and_delay()`` when the batch was asked for and when it came."""
         if len(self.marks) + 1 == self.skip:
             consumer.synchronize()
         t_done = time.perf_counter()
-        self.marks.append(BatchMark(t_done, samples_in(batch, self.batch_size), t_got - t_ask, c_got - c_ask,
-                                    t_done - t_got))
+        cpu, delay = spent(c_ask, c_got)
+        self.marks.append(BatchMark(t_done, samples_in(batch, self.batch_size), t_got - t_ask, cpu, t_done - t_got,
+                                    delay))
         if len(self.marks) == self.skip:
             self.opened = _Probe(time.perf_counter(), time.process_time(),
                                  self.tracker.sample(memory=False) if self.tracker else None)
@@ -163,6 +176,7 @@ class Window:
             stall_fraction=min(1.0, wait / span),
             fetch_s_per_batch=wait / batches,
             fetch_cpu_s_per_batch=sum(m.wait_cpu_s for m in window_marks) / batches,
+            fetch_delay_s_per_batch=_mean_delay(window_marks),
             consumer_s_per_batch=sum(m.step_s for m in window_marks) / batches,
             batch_bytes=self.batch_bytes,
             steady=opened == self.skip - 1 and batches >= self.need and not self.exhausted,

@@ -47,13 +47,15 @@ class CpuInfo:
 @dataclass(frozen=True)
 class MemoryInfo:
     """``limit_bytes``: the tightest cgroup memory limit (None = none). ``budget_bytes``: what this process tree can
-    still allocate before either the machine runs out (``available_bytes``) or the cgroup limit is hit (limit
-    minus the cgroup's working set); the ceiling for extra workers' memory."""
+    still allocate before either the machine runs out (``available_bytes``) or the cgroup limit is hit
+    (``headroom_bytes``: limit minus the cgroup's working set; None without a limit); the ceiling for extra workers'
+    memory, from which ``search/budget.py`` takes the loader's memory budget."""
 
     total_bytes: Optional[int]
     available_bytes: Optional[int]
     limit_bytes: Optional[int]
     budget_bytes: Optional[int]
+    headroom_bytes: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,8 @@ def _probe_memory(proc_cgroup: str, total: int, available: int) -> MemoryInfo:
     limit = _cgroup.memory_limit(proc_cgroup, total_bytes=total)
     headroom = _cgroup.memory_headroom(proc_cgroup, total_bytes=total)
     budget = available if headroom is None else min(available, headroom)
-    return MemoryInfo(total_bytes=total, available_bytes=available, limit_bytes=limit, budget_bytes=budget)
+    return MemoryInfo(total_bytes=total, available_bytes=available, limit_bytes=limit, budget_bytes=budget,
+                      headroom_bytes=headroom)
 
 
 def _probe_shm() -> ShmInfo:
@@ -233,7 +236,9 @@ def _from_dict(data: object) -> MachineProfile:
     if d["schema"] != SCHEMA or isinstance(d["schema"], bool):
         raise ValueError(f"unsupported machine profile schema {d['schema']!r} (expected {SCHEMA})")
     cpu = _mapping(d["cpu"], "cpu", {"usable", "logical", "physical", "model", "affinity", "quota"})
-    mem = _mapping(d["memory"], "memory", {"total_bytes", "available_bytes", "limit_bytes", "budget_bytes"})
+    mem = d["memory"]
+    old = isinstance(mem, dict) and "headroom_bytes" not in mem  # saved before the field existed: still readable
+    mem = _mapping(mem, "memory", _MEMORY_KEYS - ({"headroom_bytes"} if old else set()))
     shm = _mapping(d["shm"], "shm", {"path", "total_bytes", "free_bytes"})
     disk = None
     if d["disk"] is not None:
@@ -257,14 +262,16 @@ def _from_dict(data: object) -> MachineProfile:
     return MachineProfile(
         cpu=CpuInfo(_int(cpu, "usable", "cpu"), _int(cpu, "logical", "cpu"), _int(cpu, "physical", "cpu"),
                     _str(cpu, "model", "cpu"), _int(cpu, "affinity", "cpu"), _num(cpu, "quota", "cpu")),
-        memory=MemoryInfo(*(_int(mem, k, "memory") for k in ("total_bytes", "available_bytes", "limit_bytes",
-                                                             "budget_bytes"))),
+        memory=MemoryInfo(**{k: _int(mem, k, "memory") for k in _MEMORY_KEYS if k in mem}),
         shm=ShmInfo(_str(shm, "path", "shm", optional=False), _int(shm, "total_bytes", "shm"),
                     _int(shm, "free_bytes", "shm")),
         disk=disk, gpus=gpus, start_method=_str(d, "start_method", "profile"),
         torch_version=_str(d, "torch_version", "profile", optional=False),
         python_version=_str(d, "python_version", "profile", optional=False),
         thread_env=dict(env), created=_num(d, "created", "profile", optional=False))
+
+
+_MEMORY_KEYS = frozenset({"total_bytes", "available_bytes", "limit_bytes", "budget_bytes", "headroom_bytes"})
 
 
 def _mapping(value: object, where: str, keys: set) -> dict:

@@ -7,17 +7,18 @@ decisions about threads per process live in ``threads_policy.py`` (NOTE [ Proces
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence, Tuple
 
+from .budget import SHM_MARGIN, budget_guard, forecast_bytes, growth_per_sample, shm_need_bytes, trial_footprint
 from .threads_policy import fewest_near, least_memory
 from ..report import mib
 from ..results import Bottleneck, TrialResult, TuneResult
 
 __all__ = [
-    "DEFAULT_TOLERANCE", "FIRST_STEP_WORKERS", "HEADROOM", "RETUNE_RATE_CHANGE", "RETUNE_STALL", "SHM_MARGIN",
-    "bottleneck", "cpu_saturated", "disk_ceiling", "keep_workers_alive", "memory_guard", "next_count_near",
-    "next_worker_count", "no_longer_fits", "per_worker_bytes", "predict_from_serial", "predict_from_workers",
-    "retune_reason", "select", "shm_guard", "shm_need_bytes", "workers_needed", "worth_more_prefetch"]
+    "DEFAULT_TOLERANCE", "FIRST_STEP_WORKERS", "HEADROOM", "SHM_MARGIN",
+    "bottleneck", "climb_cap", "cpu_saturated", "disk_ceiling", "keep_workers_alive", "next_count_down", "next_count_near",
+    "next_worker_count", "no_longer_fits", "per_worker_bytes", "predict_from_serial", "predict_from_workers", "select",
+    "select_within_budget", "shm_need_bytes", "workers_needed", "worth_more_prefetch"]
 
 DEFAULT_TOLERANCE = 0.05
 HEADROOM = 1.2
@@ -25,7 +26,6 @@ HEADROOM = 1.2
 FIRST_STEP_WORKERS = 8
 """The first worker trial starts at most at max(this, 2 x usable CPUs): it measures per-worker cost before a big
 jump."""
-SHM_MARGIN = 0.9
 
 
 def select(trials: Sequence[TrialResult], *, tolerance: float = DEFAULT_TOLERANCE) -> Optional[TrialResult]:
@@ -139,6 +139,18 @@ def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int,
     return None if middle in rates else middle
 
 
+def climb_cap(rates: Mapping[int, Optional[float]], *, cap: int, consumer_samples_per_s: Optional[float],
+              tolerance: float = DEFAULT_TOLERANCE) -> int:
+    """The most workers worth measuring next: ``cap``, or the fewest measured that already keep up with the consumer
+    (within ``tolerance`` of its own rate, ``batch_size / step``): no number of workers makes a loop faster than its
+    step, so a search that reached it only looks for fewer (issue 22: fewer candidates, fewer switches)."""
+    if not consumer_samples_per_s:
+        return cap
+    keeping = [n for n, r in rates.items() if n > 0 and r is not None and r >= (1.0 - tolerance) *
+               consumer_samples_per_s]
+    return min(cap, min(keeping)) if keeping else cap
+
+
 def next_count_near(rates: Mapping[int, Optional[float]], *, cap: int,
                     tolerance: float = DEFAULT_TOLERANCE) -> Optional[int]:
     """``next_worker_count``, for a search that starts from the configuration in force rather than from the serial
@@ -156,38 +168,21 @@ def next_count_near(rates: Mapping[int, Optional[float]], *, cap: int,
     return None
 
 
-RETUNE_STALL = 0.10
-"""Loading is the bottleneck when the loop waits for data this share of an epoch or more."""
-RETUNE_RATE_CHANGE = 0.15
-"""A regime changed when an epoch's rate moved this much from the rate measured for the decision."""
 
-
-def retune_reason(*, decided_samples_per_s: Optional[float], decided_stall: Optional[float],
-                  epoch_samples_per_s: Optional[float], epoch_stall: Optional[float]) -> Optional[str]:
-    """Why the next epoch should search again (from the epoch just ended, steady state), or None to keep the decision.
-
-    Loading became the bottleneck (the loop waited ``RETUNE_STALL`` of the epoch or more, and more than when the
-    decision was measured), or the rate moved more than ``RETUNE_RATE_CHANGE`` from the decision's: the data's regime
-    changed (a cold first epoch then a warm page cache; another job sharing the machine)."""
-    if epoch_samples_per_s is None or epoch_stall is None or not decided_samples_per_s:
+def next_count_down(rates: Mapping[int, Optional[float]], *, cap: int,
+                    tolerance: float = DEFAULT_TOLERANCE) -> Optional[int]:
+    """The next worker count of a search that only goes down from the configuration in force: never above the most
+    workers measured; halve while the fewest measured keep within ``tolerance`` of the best, then bisect between the
+    fewest that keep up and the most that do not (``policy.next_worker_count``'s descent)."""
+    measured = {n: r for n, r in rates.items() if r is not None}
+    if not measured:
         return None
-    if epoch_stall >= RETUNE_STALL and epoch_stall > (decided_stall or 0.0) + RETUNE_STALL:
-        return f"the loop waited for data {epoch_stall:.0%} of the epoch (at the decision: {decided_stall or 0.0:.0%})"
-    change = epoch_samples_per_s / decided_samples_per_s - 1.0
-    if abs(change) > RETUNE_RATE_CHANGE:
-        return (f"the epoch ran at {epoch_samples_per_s:,.0f} samples/s, {change:+.0%} from the "
-                f"{decided_samples_per_s:,.0f} measured for the decision")
-    return None
-
-
-def memory_guard(num_workers: int, *, per_worker_bytes: Optional[int], budget_bytes: Optional[int]) -> Optional[str]:
-    """Why ``num_workers`` would not fit in RAM, or None when it fits (or either figure is unknown)."""
-    if not num_workers or per_worker_bytes is None or budget_bytes is None:
-        return None
-    need = num_workers * per_worker_bytes
-    if need > budget_bytes:
-        return (f"memory: {num_workers} workers x {mib(per_worker_bytes)} = {mib(need)} exceeds the memory budget "
-                f"of {mib(budget_bytes)}")
+    proposal = next_worker_count(rates, cap=min(cap, max(measured)), tolerance=tolerance)
+    if proposal is not None:
+        return proposal
+    lowest = min(measured)
+    if lowest > 0 and measured[lowest] >= (1.0 - tolerance) * max(measured.values()) and lowest // 2 not in rates:
+        return lowest // 2
     return None
 
 
@@ -198,31 +193,42 @@ def per_worker_bytes(trials: Sequence[TrialResult]) -> Optional[int]:
                 for t in trials if t.worker_uss_bytes is not None), default=None)
 
 
-def shm_need_bytes(num_workers: int, prefetch_factor: Optional[int], batch_bytes: int) -> int:
-    """/dev/shm the batches in flight take: up to ``num_workers * prefetch_factor`` queued, plus the one being pinned
-    and the one being consumed."""
-    return (num_workers * (prefetch_factor or 2) + 2) * batch_bytes
-
-
-def shm_guard(num_workers: int, prefetch_factor: Optional[int], *, batch_bytes: Optional[int],
-              shm_free_bytes: Optional[int]) -> Optional[str]:
-    """Why the batches in flight (``shm_need_bytes``) would not fit in /dev/shm, or None."""
-    if not num_workers or batch_bytes is None or shm_free_bytes is None:
-        return None
-    need = shm_need_bytes(num_workers, prefetch_factor, batch_bytes)
-    if need > SHM_MARGIN * shm_free_bytes:
-        return (f"/dev/shm: {num_workers} workers x prefetch {prefetch_factor} batches of {mib(batch_bytes)} "
-                f"need {mib(need)}, only {mib(shm_free_bytes)} free (Docker: --shm-size)")
-    return None
-
-
 def no_longer_fits(result: TuneResult, *, budget_bytes: Optional[int], shm_free_bytes: Optional[int]) -> Optional[str]:
-    """Why a cached configuration's workers would not fit in today's memory budget or free /dev/shm, or None."""
+    """Why a cached configuration would not fit in today's memory budget or free /dev/shm (``budget.budget_guard``,
+    the check every candidate passed), or None."""
     batch_bytes = next((t.batch_bytes for t in result.trials if t.batch_bytes is not None), None)
-    config = result.config
-    return memory_guard(config.num_workers, per_worker_bytes=per_worker_bytes(result.trials),
-                        budget_bytes=budget_bytes) or \
-        shm_guard(config.num_workers, config.prefetch_factor, batch_bytes=batch_bytes, shm_free_bytes=shm_free_bytes)
+    return budget_guard(result.config, per_worker_bytes=per_worker_bytes(result.trials), batch_bytes=batch_bytes,
+                        budget_bytes=budget_bytes, shm_free_bytes=shm_free_bytes)
+
+
+def select_within_budget(trials: Sequence[TrialResult], *, tolerance: float = DEFAULT_TOLERANCE,
+                         budget_bytes: Optional[int], epoch_samples: Optional[int]
+                         ) -> Tuple[Optional[TrialResult], Optional[str]]:
+    """``select`` among the trials whose measured footprint fits ``budget_bytes`` (NOTE [ Memory budget ]); then, when
+    the chosen one's workers are forecast past the budget by the end of an epoch of ``epoch_samples`` (copy-on-read
+    growth), the selection among those forecast to fit (fewer workers, or threads), else the one forecast to take the
+    least. Returns (the choice, the warning to give, naming the fix, or None)."""
+    if budget_bytes is None:
+        return select(trials, tolerance=tolerance), None
+    fits = [t for t in trials if t.config.num_workers == 0 or (trial_footprint(t) or 0) <= budget_bytes]
+    chosen = select(fits, tolerance=tolerance)
+    forecast = forecast_bytes(chosen, epoch_samples=epoch_samples) if chosen is not None else None
+    if chosen is None or forecast is None or forecast <= budget_bytes:
+        return chosen, None
+    forecasts = {id(t): forecast_bytes(t, epoch_samples=epoch_samples) for t in fits if t.ok}
+    lasting = [t for t in fits if t.ok and (forecasts[id(t)] or 0) <= budget_bytes]
+    better = select(lasting, tolerance=tolerance) or \
+        min((t for t in fits if t.ok), key=lambda t: (forecasts[id(t)] or 0, -t.samples_per_s))
+    slope = growth_per_sample(chosen) or 0.0
+    instead = "" if better is chosen else (
+        f"; choosing {better.config.label()} instead (forecast "
+        f"{mib(forecasts[id(better)] or trial_footprint(better) or 0)})")
+    return better, (
+        f"DataLoader workers grow by about {slope / 1024:,.1f} KiB per sample read (copy-on-read, PyTorch issue "
+        f"13246): by the end of an epoch of {epoch_samples:,} samples {chosen.config.label()} would take about "
+        f"{mib(forecast)}, over the memory budget of {mib(budget_bytes)}{instead}. Fix the dataset: store its samples "
+        f"in numpy arrays or torch tensors instead of Python lists/dicts, and call gc.freeze() before the loader "
+        f"starts its workers; or use fewer workers (max_workers=) or threads=True, or raise memory_budget=")
 
 
 def keep_workers_alive(num_workers: int, *, per_worker_bytes: Optional[int], budget_bytes: Optional[int]) -> bool:

@@ -15,19 +15,20 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import psutil
 
 from ..config import LoaderConfig, make_config
-from ..distributed import Agreement, Alone
+from ..agreement import Agreement, Alone
 from ..errors import TuningError, warn_user
 from ..probe import MachineProfile
 from ..request import Request
 from ..results import TrialResult, TuneResult
 from . import policy, threads_policy
 from .bounds import worker_bounds
-from .candidates import Candidate, Progress, Steps, fallback_result, trial_limit
+from .budget import budget_guard, footprint, resolve_budget, trial_footprint
+from .candidates import Candidate, Progress, Steps, agree_trial, fallback_result, trial_limit
 from .thread_search import search_threads, search_threads_first
 
 log = logging.getLogger("autoloader.tuner")
@@ -36,12 +37,6 @@ THREADS_SHARE_AT = 0.6
 """With ``threads=True`` and a finite budget, the first part of the search (threads first, or the process-only
 search) starts no candidate past this share of it: the rest is for the other part (see ``thread_search.py``)."""
 
-# Fields a decision reads that ranks must agree on, each the largest cost (the rate is agreed as the slowest).
-_AGREED_MAX = ("fetch_s_per_batch", "fetch_cpu_s_per_batch", "consumer_s_per_batch", "worker_cpu_util",
-               "main_cpu_util", "stall_fraction", "worker_uss_bytes", "worker_uss_growth_bytes", "worker_rss_bytes",
-               "batch_bytes", "worker_uss_total_bytes")
-
-
 class Search:
     """The model-guided search (see the module docstring). ``steps()`` is a generator: it yields the next
     ``Candidate``, is sent back its ``Outcome``, and returns the ``TuneResult``. Trials (``tuning/trials.py``) and
@@ -49,16 +44,24 @@ class Search:
 
     def __init__(self, request: Request, profile: MachineProfile, *, budget: float,
                  agreement: Optional[Agreement] = None, progress: Optional[Progress] = None,
-                 tolerance: float = policy.DEFAULT_TOLERANCE, start: Optional[LoaderConfig] = None) -> None:
+                 tolerance: float = policy.DEFAULT_TOLERANCE, start: Optional[LoaderConfig] = None,
+                 descend: bool = False) -> None:
         """The search for ``request`` on the machine ``profile`` describes, within ``budget`` seconds (``math.inf``
-        online); ``start``: search near this configuration (the one in force) instead of from the serial one."""
+        online); ``start``: search near this configuration (the one in force) instead of from the serial one;
+        ``descend``: from ``start``, try only fewer workers (``policy.next_count_down``)."""
         self.batch_size, self.device, self.fixed = request.batch_size, request.device, request.fixed
         bounds = worker_bounds(profile, max_workers=request.max_workers, dataset=request.dataset)
         self.cap, self.usable, self.cap_reason = bounds.cap, bounds.usable_cpus, bounds.reason
         self.cap_by_open_files = bounds.by_open_files
-        self.start = start
+        self.start, self.descend = start, descend
+        self.consumer_rate: Optional[float] = None
+        """The consumer's own rate (``batch_size / step``) once measured: no candidate climbs past one that keeps up."""
         self.budget = budget
-        self.memory_budget, self.shm_free = profile.memory.budget_bytes, profile.shm.free_bytes
+        self.memory = resolve_budget(request.memory_budget, profile.memory)
+        """The memory budget (NOTE [ Memory budget ] in budget.py): every candidate's footprint stays under it."""
+        self.memory_budget, self.shm_free = self.memory.bytes, profile.shm.free_bytes
+        self.epoch_samples = epoch_samples(request)
+        """Samples in one of this rank's epochs (None: unknown), for the forecast of copy-on-read growth."""
         self.disk_mb_s = profile.disk.seq_read_mb_s if profile.disk else None
         """The disk's sequential read speed (saved machine profile), for the ceiling an I/O-bound result reports."""
         self.tolerance, self.progress = tolerance, progress
@@ -91,10 +94,9 @@ class Search:
 
     # -- one candidate ------------------------------------------------------------------------------------------
     def guard(self, config: LoaderConfig) -> Optional[str]:
-        return policy.memory_guard(config.num_workers, per_worker_bytes=self.per_worker_estimate(),
-                                   budget_bytes=self.memory_budget) or \
-            policy.shm_guard(config.num_workers, config.prefetch_factor, batch_bytes=self.batch_bytes,
-                             shm_free_bytes=self.shm_free)
+        """Why ``config`` would not fit in the memory budget or /dev/shm (``budget.budget_guard``), or None."""
+        return budget_guard(config, per_worker_bytes=self.per_worker_estimate(), batch_bytes=self.batch_bytes,
+                            budget_bytes=self.memory_budget, shm_free_bytes=self.shm_free)
 
     def per_worker_estimate(self) -> Optional[int]:
         """Measured worker USS (plus its growth) once a worker trial ran; before that the main process's RSS, which
@@ -107,15 +109,15 @@ class Search:
             force: bool = False) -> Steps[Optional[TrialResult]]:
         """Have one candidate measured (or skip it with a reason); None when it yields no rate. A candidate measured
         before is not measured again, unless ``again``; none starts past the budget, unless ``first`` or ``force``."""
-        if config in self.by_config and not again:
+        if config in self.by_config and not again and not self.refits(self.by_config[config]):
             return self.by_config[config] if self.by_config[config].ok else None
         elapsed = self.elapsed()
         if not (first or force) and elapsed >= self.stop_at:
             return None
         reason = self.guard(config)
         if reason is not None:
-            self.memory_limited = True
-            trial = TrialResult(config=config, status="skipped", reason=reason)
+            predicted = footprint(config, per_worker_bytes=self.per_worker_estimate(), batch_bytes=self.batch_bytes)
+            trial = TrialResult(config=config, status="skipped", reason=reason, footprint_bytes=predicted.total_bytes)
         else:
             limit = self.trial_limit if first or force else max(1.0, min(self.trial_limit, self.stop_at - elapsed))
             outcome = yield Candidate(config, limit, first)
@@ -124,7 +126,8 @@ class Search:
                 raise broken or TuningError("autoloader failed on another rank")
             if isinstance(outcome, TuningError):
                 raise outcome
-            trial = self.agree(outcome)
+            trial = agree_trial(self.agreement, outcome)
+            trial = dataclasses.replace(trial, footprint_bytes=trial_footprint(trial))
         self.trials.append(trial)
         self.by_config[config] = trial
         if trial.batch_bytes is not None and self.batch_bytes is None:
@@ -139,35 +142,18 @@ class Search:
             self.progress(trial, elapsed, self.budget)
         return trial if trial.ok else None
 
-    def agree(self, trial: TrialResult) -> TrialResult:
-        """Make every decision-relevant figure identical on all ranks (see Agreement)."""
-        if isinstance(self.agreement, Alone):
-            return trial
-        values = [-1.0 if not trial.ok else float(trial.samples_per_s)]
-        for name in _AGREED_MAX:
-            value = getattr(trial, name)
-            values.append(math.inf if value is None else -float(value))
-        agreed = self.agreement.reduce_min(values)
-        update: Dict[str, Any] = {}
-        for name, value in zip(_AGREED_MAX, agreed[1:]):
-            if math.isinf(value):
-                update[name] = None
-            else:
-                update[name] = int(-value) if name.endswith("bytes") else -value
-        if agreed[0] < 0:
-            update.update(samples_per_s=None, status="failed",
-                          reason=trial.reason if not trial.ok else "failed on another rank")
-        else:
-            update["samples_per_s"] = agreed[0]
-        return dataclasses.replace(trial, **update)
-
     # -- the search ---------------------------------------------------------------------------------------------
+    def refits(self, trial: TrialResult) -> bool:
+        """A candidate skipped while one worker's memory was only estimated (this process's RSS, an upper bound) that
+        fits now that a worker was measured: no longer a ceiling, and measured when proposed again."""
+        return trial.status == "skipped" and self.per_worker_bytes is not None and self.guard(trial.config) is None
+
     def rates(self) -> Dict[int, Optional[float]]:
         return {c.num_workers: t.samples_per_s for c, t in self.by_config.items() if c.threads == self.threads
-                and c.prefetch_factor in (None, self.prefetch) and c.pin_memory == self.pin}
+                and c.prefetch_factor in (None, self.prefetch) and c.pin_memory == self.pin and not self.refits(t)}
 
     def search_workers(self, serial: Optional[TrialResult], consumer_s: float) -> Steps[None]:
-        consumer_rate = self.batch_size / consumer_s if consumer_s > 0 else None
+        consumer_rate = self.consumer_rate = self.batch_size / consumer_s if consumer_s > 0 else None
         if serial is not None and consumer_rate and serial.samples_per_s >= (1 - self.tolerance) * consumer_rate:
             return
         if serial is not None:
@@ -182,16 +168,24 @@ class Search:
         if trial is not None:
             second = policy.predict_from_workers(trial, batch_size=self.batch_size, consumer_s=consumer_s,
                                                  usable_cpus=self.usable, cap=self.cap)
-            if second is not None and second != first:
+            if second is not None and second != first and second <= self.climb_cap():
                 yield from self.run(self.config(second))
         yield from self.follow(policy.next_worker_count)
+        skipped = self.by_config.get(self.config(first))
+        if skipped is not None and self.refits(skipped):  # skipped on the RSS estimate; a measured worker fits it
+            yield from self.run(self.config(first))
+            yield from self.follow(policy.next_worker_count)
+
+    def climb_cap(self) -> int:
+        return policy.climb_cap(self.rates(), cap=self.cap, consumer_samples_per_s=self.consumer_rate,
+                                tolerance=self.tolerance)
 
     def follow(self, propose: Callable[..., Optional[int]]) -> Steps[None]:
         """Measure the worker counts ``propose`` names from the rates so far, until it names none or the budget is
         spent: ``policy.next_worker_count`` from the serial candidate, ``policy.next_count_near`` from the
         configuration in force (climb while more workers pay, halve while fewer keep up, then bisect)."""
         while self.elapsed() < self.stop_at:
-            proposal = propose(self.rates(), cap=self.cap, tolerance=self.tolerance)
+            proposal = propose(self.rates(), cap=self.climb_cap(), tolerance=self.tolerance)
             if proposal is None:
                 return
             yield from self.run(self.config(proposal))
@@ -215,7 +209,18 @@ class Search:
         if chosen is not None and self.device.type == "cuda" and "pin_memory" not in self.fixed:
             yield from self.run(self.config(chosen.config.num_workers, chosen.config.prefetch_factor,
                                             pin=not self.pin, threads=chosen.config.threads))
-        return self.result(policy.select(self.trials, tolerance=self.tolerance), consumer_rate)
+        return self.result(self.choose(), consumer_rate)
+
+    def choose(self) -> Optional[TrialResult]:
+        """The selection among candidates that fit the memory budget, now and (copy-on-read growth forecast) by the
+        end of an epoch; warns when the forecast made it choose fewer workers or still crosses the budget."""
+        chosen, warning = policy.select_within_budget(self.trials, tolerance=self.tolerance,
+                                                      budget_bytes=self.memory_budget,
+                                                      epoch_samples=self.epoch_samples)
+        if warning is not None:
+            self.memory_limited = True
+            warn_user(warning)
+        return chosen
 
     def search_counts(self) -> Steps[Tuple[float, bool]]:
         """The worker counts (and, threads first, the threads): from the configuration in force (online), the
@@ -227,12 +232,13 @@ class Search:
             current = yield from self.run(self.config(self.start.num_workers,
                                                       threads=self.start.threads if threaded else None), first=True)
             consumer_s = (current.consumer_s_per_batch or 0.0) if current is not None else 0.0
+            self.consumer_rate = self.batch_size / consumer_s if consumer_s > 0 else None
             if threaded and current is not None:
                 self.stop_at = self.budget
                 if (yield from search_threads_first(self, current, consumer_s, workers_needed=1.0)):
                     return consumer_s, True
                 yield from self.run(self.config(self.start.num_workers))
-            yield from self.follow(policy.next_count_near)
+            yield from self.follow(policy.next_count_down if self.descend else policy.next_count_near)
             return consumer_s, threaded
         if fixed_n is not None:
             serial = yield from self.run(self.config(fixed_n), first=True)
@@ -263,7 +269,8 @@ class Search:
             warn_user(f"autoloader could not measure any configuration ({reasons}); using "
                       f"num_workers={fallback.num_workers}")
             return dataclasses.replace(fallback, trials=tuple(self.trials), consumer_samples_per_s=consumer_rate,
-                                       seconds=seconds)
+                                       seconds=seconds, memory_budget_bytes=self.memory_budget,
+                                       memory_budget_from=self.memory.describe())
         n = chosen.config.num_workers
         if n == 0 and worker_failures and not any(t.ok and t.config.num_workers for t in self.trials):
             warn_user(f"every worker count failed ({worker_failures[0].reason}); using num_workers=0")
@@ -272,7 +279,9 @@ class Search:
             persistent = policy.keep_workers_alive(n, per_worker_bytes=self.per_worker_bytes,
                                                    budget_bytes=self.memory_budget)
         neck = policy.bottleneck(chosen, self.trials, consumer_samples_per_s=consumer_rate,
-                                 usable_cpus=self.usable, memory_limited=self.memory_limited)
+                                 usable_cpus=self.usable, memory_limited=self.memory_limited or any(
+                                     t.status == "skipped" and t.config.num_workers > n and not self.refits(t)
+                                     for t in self.trials))
         best = max(t.samples_per_s for t in self.trials if t.ok)
         fewest = "fewest workers, then threads per process," if self.tune_threads else "fewest workers"
         why = (f"{fewest} within {self.tolerance:.0%} of the best measured rate ({best:,.0f} samples/s) "
@@ -283,4 +292,16 @@ class Search:
         config = dataclasses.replace(chosen.config, persistent_workers=bool(persistent and n > 0))
         return TuneResult(config, chosen.samples_per_s, neck, "tuned", tuple(self.trials), consumer_rate, seconds, why,
                           created=time.time(), disk_ceiling_samples_per_s=ceiling,
-                          read_bytes_per_sample=per_sample if ceiling is not None else None)
+                          read_bytes_per_sample=per_sample if ceiling is not None else None,
+                          memory_budget_bytes=self.memory_budget, memory_budget_from=self.memory.describe())
+
+
+def epoch_samples(request: Request) -> Optional[int]:
+    """Samples in one epoch of this rank: its sampler's length (a ``DistributedSampler`` holds the rank's share), else
+    the dataset's; None when neither has a length (an ``IterableDataset`` without one)."""
+    for source in (request.loader_kwargs.get("sampler"), request.dataset):
+        try:
+            return len(source)
+        except TypeError:  # None, or no __len__
+            continue
+    return None

@@ -93,13 +93,16 @@ ThreadConfig = Tuple[int, int]
 
 def busy_fraction(trial: TrialResult) -> Optional[float]:
     """How busy one loading process kept its CPU: ``worker_cpu_util`` with workers, the main process's fetch CPU time
-    over the fetch wall time without (the serial trial); None when not measured."""
+    over the fetch wall time without (the serial trial), less the time the fetch waited for a CPU when the kernel says
+    (``fetch_delay_s_per_batch``): on a busy machine that wait is not loading that waits for data, and threads would
+    not overlap it. None when not measured."""
     if not trial.ok:
         return None
     if trial.config.num_workers:
         return trial.worker_cpu_util
     if trial.fetch_s_per_batch and trial.fetch_cpu_s_per_batch is not None:
-        return min(1.0, trial.fetch_cpu_s_per_batch / trial.fetch_s_per_batch)
+        running = trial.fetch_s_per_batch - (trial.fetch_delay_s_per_batch or 0.0)
+        return min(1.0, trial.fetch_cpu_s_per_batch / max(running, trial.fetch_cpu_s_per_batch, 1e-12))
     return None
 
 

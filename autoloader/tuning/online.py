@@ -24,9 +24,11 @@ which searches again when the regime changes. ``PrefetchLoader`` wraps it as it 
 # - Ranks. Under torch.distributed, every rank agrees after each candidate batch whether to stop (all windows
 #   complete, or a candidate failed anywhere) before handing the batch out, so all ranks switch at the same batch
 #   index; the search agrees on every figure (NOTE [ One decision across ranks ]).
-# - Re-tuning. After an epoch with the decision in force, ``policy.retune_reason`` compares its steady rate and stall
-#   (``window.Tally``) with the decision's; when they moved, the next epoch searches again from the configuration in
-#   force and its neighbours (``Search(start=...)``).
+# - Re-tuning (search/retune.py). After an epoch with the decision in force, ``retune`` compares its steady rate and
+#   stall (``window.Tally``) with the decision's: when loading became the bottleneck or the epoch ran slower, the
+#   next epoch searches again from the configuration in force either way (``Search(start=...)``); when it ran
+#   faster, or hardly waited for data with more than one worker (once per decision), it tries only fewer workers
+#   (``Search(start=..., descend=True)``): a decision taken cold keeps workers a warm epoch does not need.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ from torch.utils.data import DataLoader
 
 from ..cache.slot import Slot
 from ..config import LoaderConfig, make_config
-from ..distributed import Agreement, Alone
+from ..agreement import Agreement, Alone
 from ..errors import TuningError, warn_user
 from ..measure.consumer import Consumer
 from ..measure.failures import classify
@@ -49,7 +51,7 @@ from ..probe import MachineProfile
 from ..request import Request
 from ..results import Decision, EpochTrace, TrialResult, TuneResult
 from ..search.candidates import Candidate, Steps
-from ..search.policy import retune_reason
+from ..search.retune import retune
 from ..search.search import Search
 from .slices import EpochSlicer, EpochSource
 
@@ -85,6 +87,8 @@ class OnlineLoader:
         self._next_epoch = self._epoch = self.attempts = 0
         self.search_s = self.switch_s = 0.0
         self.tuning_threads = False
+        self.tried_fewer = False
+        """The search that made the decision in force went down from the one before (``retune_down_reason``)."""
         if decision is None:
             self._start_search(None, why="no tuning for this dataset and machine yet")
 
@@ -238,21 +242,26 @@ class OnlineLoader:
                                                    -(stall if stall is not None else -1.0)])
             rate, stall = (None if low < 0 else low), (None if -high < 0 else -high)
         last = self.history[-1] if self.history else None
-        why = retune_reason(decided_samples_per_s=self.decision.samples_per_s,
-                            decided_stall=last.stall_fraction if last else _stall_of(self.decision),
-                            epoch_samples_per_s=rate, epoch_stall=stall)
-        if why is not None:
-            log.info("epoch %d: %s; searching again from %s", self._epoch, why, self.decision.config.label())
-            self._start_search(self.decision.config, why=why)
+        again = retune(decided_samples_per_s=self.decision.samples_per_s, num_workers=self.decision.config.num_workers,
+                       decided_stall=last.stall_fraction if last else _stall_of(self.decision),
+                       epoch_samples_per_s=rate, epoch_stall=stall, tried_fewer=self.tried_fewer)
+        log.debug("epoch %d with %s: %s samples/s, stall %s; decided %s samples/s", self._epoch,
+                  self.decision.config.label(), rate, stall, self.decision.samples_per_s)
+        if again is not None:
+            log.info("epoch %d: %s; searching again from %s%s", self._epoch, again.why, self.decision.config.label(),
+                     " (fewer workers only)" if again.down else "")
+            self._start_search(self.decision.config, why=again.why, down=again.down)
 
     # -- the search ---------------------------------------------------------------------------------------------
     def _build(self, config: LoaderConfig, **forced: Any) -> DataLoader:
         return self.request.data_loader(config, **{**forced, **self._overrides})
 
-    def _start_search(self, start: Optional[LoaderConfig], *, why: str) -> None:
-        self._why = why
+    def _start_search(self, start: Optional[LoaderConfig], *, why: str, down: bool = False) -> None:
+        """Search from ``start`` (None: from scratch); ``down``: only fewer workers than ``start`` are tried."""
+        self._why, self.tried_fewer = why, down
         self._measured, self.search_s, self.switch_s = [], 0.0, 0.0
-        search = Search(self.request, self.profile, budget=math.inf, agreement=self.agreement, start=start)
+        search = Search(self.request, self.profile, budget=math.inf, agreement=self.agreement, start=start,
+                        descend=down)
         self.tuning_threads = search.tune_threads
         self._steps = search.steps()
         self._candidate = self._send(None)

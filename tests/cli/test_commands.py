@@ -120,7 +120,10 @@ def test_bad_spec_in_a_subprocess_has_no_traceback(work):
 @pytest.mark.parametrize("argv", [["tune"], ["tune", "m:f"], ["--budget", "0"], ["--batch-size", "x"],
                                   ["tune", "m:f", "--batch-size", "2", "--max-workers", "-1"],
                                   ["tune", "m:f", "--batch-size", "2", "--device", "gpu!"],
-                                  ["clear", "--all", "abc"], ["nonsense"]])
+                                  ["clear", "--all", "abc"], ["nonsense"],
+                                  ["tune", "m:f", "--batch-size", "2", "--memory-budget", "1.5"],
+                                  ["tune", "m:f", "--batch-size", "2", "--memory-budget", "lots"],
+                                  ["--memory-budget", "0"]])
 def test_bad_usage_exits_2(work, capsys, argv):
     assert cli.main(argv) == 2
     assert "usage:" in capsys.readouterr().err
@@ -185,7 +188,7 @@ def test_cli_probe_json(tmp_path):
     assert set(data) == {"cpu", "memory", "shm", "disk", "gpus", "start_method", "torch_version",
                          "python_version", "thread_env", "created", "schema"}
     assert set(data["cpu"]) == {"usable", "logical", "physical", "model", "affinity", "quota"}
-    assert set(data["memory"]) == {"total_bytes", "available_bytes", "limit_bytes", "budget_bytes"}
+    assert set(data["memory"]) == {"total_bytes", "available_bytes", "limit_bytes", "budget_bytes", "headroom_bytes"}
     assert set(data["shm"]) == {"path", "total_bytes", "free_bytes"}
     assert set(data["disk"]) == {"path", "seq_read_mb_s", "rand_read_iops", "cached_seq_read_mb_s", "bypass"}
     assert data["disk"]["path"] == str(tmp_path / "cache")
@@ -224,3 +227,12 @@ def test_cli_probe_fails_with_one_line_when_the_profile_cannot_be_saved(tmp_path
     out, err = capsys.readouterr()
     json.loads(out)
     assert err.count("\n") == 1 and "cannot save" in err
+
+
+@pytest.mark.parametrize("text, value", [("0.5", 0.5), ("1", 1.0), (".25", 0.25), ("8GiB", 8 * 2**30),
+                                         ("512M", 512 * 2**20), ("1.5g", int(1.5 * 2**30)), ("4096", 4096), ("2", 2)])
+def test_memory_budget_option_takes_a_fraction_or_bytes(text, value):
+    got = cli.memory_budget_arg(text)
+    assert got == value and type(got) is type(value)
+    assert cli.build_parser().parse_args(["tune", "m:f", "--batch-size", "2", "--memory-budget", text]).memory_budget \
+        == value

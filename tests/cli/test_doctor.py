@@ -12,9 +12,10 @@ import autoloader.cli.main as cli
 from autoloader.cache import CacheEntry
 from autoloader.cli.doctor import (INIT, ORPHAN, OTHER_USER, RUNNING, DeviceHolder, ShmNeed, check_cache, check_cpus,
                                    check_gpu_holders, check_open_files, check_saved_profile, check_shm,
-                                   check_start_method, check_thread_env, classify_holder, find_nvidia_holders,
+                                   check_memory_budget, check_start_method, check_thread_env, classify_holder,
+                                   find_nvidia_holders,
                                    format_findings, shm_needs)
-from autoloader.probe import CpuInfo, ShmInfo, probe_machine
+from autoloader.probe import CpuInfo, MemoryInfo, ShmInfo, probe_machine
 from helpers import MIB, run_cli, tuned_result
 
 
@@ -22,8 +23,10 @@ def test_doctor_runs_here(work):
     proc = run_cli(["doctor", "--json"], work)
     findings = json.loads(proc.stdout)["findings"]
     names = {f["name"] for f in findings}
-    assert {"shared memory", "open files", "usable CPUs", "start method", "thread variables", "GPUs",
+    assert {"shared memory", "memory budget", "open files", "usable CPUs", "start method", "thread variables", "GPUs",
             "GPU device holders", "machine profile", "cache"} <= names
+    budget = next(f for f in findings if f["name"] == "memory budget")
+    assert budget["status"] in ("ok", "info") and "memory_budget=" in budget["detail"] + budget["fix"]
     assert all(f["status"] in ("ok", "warn", "fail", "info") and f["detail"] for f in findings)
     assert proc.returncode == (1 if any(f["status"] == "fail" for f in findings) else 0)
     holders = next(f for f in findings if f["name"] == "GPU device holders")
@@ -228,3 +231,21 @@ def test_gpu_holder_of_unknown_uid_counts_as_ours(tmp_path):
     orphan = DeviceHolder(5000, "pt_data_worker", 1, ("/dev/nvidia0",))
     assert classify_holder(orphan) == classify_holder(orphan, uid=ME) == ORPHAN
     assert classify_holder(DeviceHolder(1, "python", 0, ("/dev/nvidia0",)), uid=ME) == INIT
+
+
+def test_memory_budget_check_shows_bytes_fraction_and_source():
+    G = 2**30
+    free = MemoryInfo(total_bytes=16 * G, available_bytes=10 * G, limit_bytes=None, budget_bytes=10 * G)
+    found = check_memory_budget(free)
+    assert found.status == "ok" and found.name == "memory budget"
+    for words in ("5,120 MiB", "5,368,709,120 bytes", "0.5 of the 10,240 MiB", "source: available", "memory_budget="):
+        assert words in found.detail, found.detail
+    boxed = MemoryInfo(total_bytes=16 * G, available_bytes=10 * G, limit_bytes=4 * G, budget_bytes=3 * G,
+                       headroom_bytes=3 * G)
+    found = check_memory_budget(boxed, memory_budget=0.25)
+    assert "768 MiB" in found.detail and "0.25 of the 3,072 MiB" in found.detail and "source: cgroup" in found.detail
+    found = check_memory_budget(boxed, memory_budget=2 * G)
+    assert "2,048 MiB" in found.detail and "source: user" in found.detail
+    unknown = check_memory_budget(MemoryInfo(None, None, None, None))
+    assert unknown.status == "info" and "memory_budget=" in unknown.fix
+    assert "memory budget" in format_findings([found])

@@ -56,10 +56,35 @@ def run_launch(command: Sequence[str], *, env: Optional[Mapping[str, str]] = Non
     return proc.returncode, output
 
 
+TEARDOWN_ABORT = ("terminate called without an active exception", "Fatal Python error: Aborted")
+"""What a DDP job over gloo may print when a rank aborts in C++ teardown after its Python code finished. Measured
+without autoloader (Accelerate, a plain DataLoader, DDP, ``end_training()``, torchrun on 2 CPU ranks, the machine
+loaded): 1 run in 15 aborted so, after every line of the script had run (see README "Known problems")."""
+
+
+def teardown_abort_only(returncode: int, output: str, out_dir: Optional[Path], world: int) -> bool:
+    """True when a failed launch is only that teardown abort: the signature is in the output, the aborting thread
+    had no Python frame left, and every rank wrote its report (its last step before exiting)."""
+    if returncode == 0 or out_dir is None or not all(part in output for part in TEARDOWN_ABORT):
+        return False
+    after = output.split(TEARDOWN_ABORT[1], 1)[1].splitlines()[1:3]
+    if not any("<no Python frame>" in line for line in after):
+        return False
+    return all((Path(out_dir) / f"rank{rank}.json").exists() for rank in range(world))
+
+
 def launch(command: Sequence[str], *, env: Optional[Mapping[str, str]] = None,
-           timeout: float = LAUNCH_TIMEOUT_S) -> str:
-    """``run_launch`` that fails the test on a non-zero exit; returns the output."""
+           timeout: float = LAUNCH_TIMEOUT_S, out_dir: Optional[Path] = None, world: int = 2) -> str:
+    """``run_launch`` that fails the test on a non-zero exit; returns the output. With ``out_dir`` (where each of
+    ``world`` ranks writes its report), a rank's abort in torch's teardown after every report was written
+    (``teardown_abort_only``) is reported as a warning, not a failure: the reports are what the test checks."""
     returncode, output = run_launch(command, env=env, timeout=timeout)
+    if teardown_abort_only(returncode, output, out_dir, world):
+        import warnings
+
+        warnings.warn(f"a rank aborted in torch's teardown after its work was done (exit {returncode}): "
+                      f"{TEARDOWN_ABORT[0]!r}", RuntimeWarning, stacklevel=2)
+        return output
     assert returncode == 0, f"{' '.join(map(str, command))} failed ({returncode}):\n{output[-6000:]}"
     return output
 
@@ -74,8 +99,12 @@ def arm_watchdog(seconds: float = LAUNCH_TIMEOUT_S - 20) -> None:
     """In a launched script: a process still running after ``seconds`` prints every thread's stack and exits, so a
     hung rank says where it hung before the test kills the launch."""
     import faulthandler
+    import threading
 
-    faulthandler.dump_traceback_later(seconds, exit=True)
+    faulthandler.dump_traceback_later(seconds, exit=False)  # every rank prints, none exits first and hides the rest
+    timer = threading.Timer(seconds + 5.0, os._exit, args=(3,))
+    timer.daemon = True
+    timer.start()
 
 
 def write_report(out_dir: str, rank: int, report: Mapping) -> None:

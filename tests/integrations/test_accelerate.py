@@ -35,7 +35,7 @@ def reports(tmp_path_factory):
             out = tmp_path_factory.mktemp(f"accelerate{world}")
             args = (str(out), str(out / "cache"))
             command = torchrun(SCRIPT, *args, nproc=world) if world > 1 else [sys.executable, str(SCRIPT), *args]
-            output = launch(command)
+            output = launch(command, out_dir=out, world=world)
             done[world] = read_reports(out, world, output)
             for report in done[world]:
                 assert report["world_size"] == world, report

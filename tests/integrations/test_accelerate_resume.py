@@ -25,7 +25,7 @@ def test_save_state_load_state_resume_every_rank_exactly(tmp_path):
         out = tmp_path / phase
         out.mkdir()
         output = launch(torchrun(SCRIPT, str(out), str(tmp_path / "cache"), "--phase", phase,
-                                 "--state-dir", str(state_dir)))
+                                 "--state-dir", str(state_dir)), out_dir=out)
         runs[phase] = [{int(k): v for k, v in r["steps"].items()} for r in read_reports(out, 2, output)]
     assert any(name.startswith("custom_checkpoint_") for name in read_reports(tmp_path / "full", 2)[0]["saved"])
     for rank in (0, 1):

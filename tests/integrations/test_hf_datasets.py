@@ -61,7 +61,8 @@ def test_arrow_from_disk_dict_batches_normalised_one_process(arrow_dir, cache_di
 def test_arrow_from_disk_dict_batches_normalised_two_ranks(arrow_dir, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    output = launch(torchrun(HERE / "hf_datasets_script.py", str(arrow_dir), str(out), str(tmp_path / "cache")))
+    output = launch(torchrun(HERE / "hf_datasets_script.py", str(arrow_dir), str(out), str(tmp_path / "cache")),
+                    out_dir=out)
     reports = read_reports(out, 2, output)
     for report in reports:
         assert report["error"] is None, f"rank {report['rank']}: {report['error']}\n{report.get('traceback', '')}"

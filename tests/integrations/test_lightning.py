@@ -33,7 +33,7 @@ def runs(tmp_path_factory):
             out = tmp_path_factory.mktemp("lightning")
             command = [sys.executable, str(SCRIPT), str(out), str(out / "cache"), "--epochs", str(EPOCHS), *flags]
             if expect_success:
-                output = launch(command)
+                output = launch(command, out_dir=out)
                 done[flags] = (0, output, read_reports(out, 2, output))
             else:
                 returncode, output = run_launch(command)

@@ -27,7 +27,7 @@ def _run(out, cache, phase, *flags):
         returncode, output = run_launch(command)
         assert returncode != 0, f"the killed run was not killed:\n{output[-3000:]}"
         return output
-    output = launch(command)
+    output = launch(command, out_dir=out)
     return [{int(k): v for k, v in r["steps"].items()} for r in read_reports(out, 2, output)]
 
 

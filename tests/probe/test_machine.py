@@ -49,7 +49,14 @@ def test_memory_budget_is_capped_by_cgroup_headroom(monkeypatch):
     monkeypatch.setattr(probe._cgroup, "memory_limit", lambda text, total_bytes: 3 * M)
     monkeypatch.setattr(probe._cgroup, "memory_headroom", lambda text, total_bytes: M)
     mem = probe_machine(disk=False, gpus=False).memory
-    assert (mem.limit_bytes, mem.budget_bytes) == (3 * M, M)
+    assert (mem.limit_bytes, mem.budget_bytes, mem.headroom_bytes) == (3 * M, M, M)
+
+
+def test_a_profile_saved_before_headroom_was_recorded_still_loads():
+    data = probe_machine(disk=False, gpus=False).to_dict()
+    assert "headroom_bytes" in data["memory"]
+    del data["memory"]["headroom_bytes"]
+    assert MachineProfile.from_dict(data).memory.headroom_bytes is None
 
 
 def test_thread_env_and_start_method_have_no_side_effect(monkeypatch):

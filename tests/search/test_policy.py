@@ -1,4 +1,5 @@
 """The tuner's decisions, tested on tables of fake trial results (no trial runs here)."""
+import dataclasses
 import itertools
 
 import pytest
@@ -120,24 +121,6 @@ def test_default_max_workers():
     assert default_max_workers(usable_cpus=None, nofile=16) == 1
 
 
-def test_memory_guard():
-    assert policy.memory_guard(8, per_worker_bytes=2**30, budget_bytes=16 * 2**30) is None
-    reason = policy.memory_guard(32, per_worker_bytes=2**30, budget_bytes=16 * 2**30)
-    assert reason.startswith("memory:") and "32 workers" in reason
-    assert policy.memory_guard(32, per_worker_bytes=None, budget_bytes=2**30) is None
-    assert policy.memory_guard(0, per_worker_bytes=2**40, budget_bytes=1) is None
-
-
-def test_shm_guard():
-    mib = 2**20
-    # 4 workers x 2 prefetch + 2 in hand = 10 batches of 10 MiB = 100 MiB
-    assert policy.shm_guard(4, 2, batch_bytes=10 * mib, shm_free_bytes=200 * mib) is None
-    reason = policy.shm_guard(4, 2, batch_bytes=10 * mib, shm_free_bytes=64 * mib)
-    assert "/dev/shm" in reason and "--shm-size" in reason
-    assert policy.shm_guard(4, 2, batch_bytes=10 * mib, shm_free_bytes=None) is None
-    assert policy.shm_guard(0, None, batch_bytes=10 * mib, shm_free_bytes=1) is None
-
-
 def test_keep_workers_alive():
     assert policy.keep_workers_alive(0, per_worker_bytes=None, budget_bytes=None) is False
     assert policy.keep_workers_alive(4, per_worker_bytes=None, budget_bytes=None) is True
@@ -236,6 +219,9 @@ def test_worker_memory_is_the_sum_of_uss():
     (tt(4, 1, 100, util=0.25), 0.25),
     (tt(0, 1, 100, fetch=0.1, cpu=0.02), pytest.approx(0.2)),
     (tt(0, 1, 100, fetch=0.1, cpu=0.3), 1.0),     # several threads of the main process: capped at one CPU
+    (dataclasses.replace(tt(0, 1, 100, fetch=0.1, cpu=0.02), fetch_delay_s_per_batch=0.06), pytest.approx(0.5)),
+    (dataclasses.replace(tt(0, 1, 100, fetch=0.1, cpu=0.05), fetch_delay_s_per_batch=0.05), 1.0),  # CPU-bound, busy box
+    (dataclasses.replace(tt(0, 1, 100, fetch=0.1, cpu=0.05), fetch_delay_s_per_batch=0.09), 1.0),  # clocks disagree a bit
     (tt(4, 1, 100), None),
     (tt(4, 1, None, status="failed", util=0.1), None),
 ])
@@ -507,3 +493,14 @@ def test_policy_holds_the_process_decisions_and_threads_policy_the_thread_ones()
                for n in thread_only)
     assert not set(thread_only) & set(policy.__all__)
     assert all(hasattr(policy, n) for n in policy.__all__)
+
+
+@pytest.mark.parametrize("rates, consumer, expected", [
+    ({0: 100.0, 8: 900.0}, None, 64),                 # no step measured: no limit but the cap
+    ({0: 100.0, 8: 900.0}, 1000.0, 64),               # 8 does not keep up with the step: climb on
+    ({0: 100.0, 8: 960.0, 16: 1000.0}, 1000.0, 8),    # 8 keeps up (within 5 %): never more than 8
+    ({0: 990.0, 4: 1000.0}, 1000.0, 4),               # the serial count never sets the cap
+    ({8: None, 4: 1000.0}, 1000.0, 4),
+])
+def test_climb_cap(rates, consumer, expected):
+    assert policy.climb_cap(rates, cap=64, consumer_samples_per_s=consumer) == expected

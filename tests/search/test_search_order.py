@@ -2,7 +2,7 @@
 from a model of the data: no trial runs, no clock matters (the budget is never reached)."""
 import dataclasses
 import math
-from typing import Callable, List
+from typing import Callable
 
 import pytest
 
@@ -12,6 +12,7 @@ from autoloader.request import Request
 from autoloader.results import TrialResult
 from autoloader.search import threads_policy
 from autoloader.search.search import Search
+from helpers import drive_search
 from workloads import LatencyBound
 
 BATCH = 32
@@ -55,21 +56,13 @@ def fake(config: LoaderConfig, rate: float, *, util: float) -> TrialResult:
                        worker_cpu_util=None if serial else util)
 
 
-def drive(model: Callable[[LoaderConfig], TrialResult], *, budget: float = 30.0, start=None):
-    request = Request.checked(LatencyBound(latency_s=0.004), BATCH, device="cpu", max_workers=64, threads=True)
+def drive(model: Callable[[LoaderConfig], TrialResult], *, budget: float = 30.0, start=None, threads=True):
+    request = Request.checked(LatencyBound(latency_s=0.004), BATCH, device="cpu", max_workers=64, threads=threads)
     profile = probe_machine(disk=False, gpus=False)
     # no memory budget: the guard would otherwise size a worker by this process's RSS (large late in a test run)
     profile = dataclasses.replace(profile, memory=dataclasses.replace(profile.memory, budget_bytes=None))
     search = Search(request, profile, budget=budget, start=start)
-    steps = search.steps()
-    asked: List[LoaderConfig] = []
-    candidate = next(steps)
-    try:
-        while True:
-            asked.append(candidate.config)
-            candidate = steps.send(model(candidate.config))
-    except StopIteration as done:
-        return asked, done.value
+    return drive_search(search, model)
 
 
 def pairs(configs):
@@ -120,3 +113,17 @@ def test_every_candidate_is_asked_once_within_the_bound(model):
     assert all(c.num_workers <= 64 for c in asked)
     assert len(asked) <= 16, pairs(asked)
     assert len(set(trials)) >= len(trials) - 1, f"at most the control repeats: {pairs(asked)}"
+
+
+def test_no_candidate_climbs_past_one_that_keeps_up_with_the_step():
+    """A step of 8 ms a batch (4,000 samples/s): once a candidate keeps up with it, no larger one is started (the
+    climb would double to it), only fewer; 16 waiting workers are the fewest that keep up (issue 22)."""
+    def step_bound(config: LoaderConfig) -> TrialResult:
+        trial = fake(config, min(4000.0, max(1, config.num_workers) * 250.0), util=0.01)
+        return dataclasses.replace(trial, consumer_s_per_batch=BATCH / 4000.0)
+
+    asked, result = drive(step_bound, threads=False)
+    counts = [c.num_workers for c in asked]
+    first_up = next(i for i, n in enumerate(counts) if n and min(4000.0, n * 250.0) >= 0.95 * 4000.0)
+    assert all(n < counts[first_up] for n in counts[first_up + 1:]), f"then only fewer: {counts}"
+    assert result.num_workers == 16, counts

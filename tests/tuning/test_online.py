@@ -8,6 +8,7 @@ candidates serve it; failures of a candidate lose nothing; the user's errors sur
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 import torch
@@ -16,8 +17,10 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, WeightedRa
 from autoloader import PrefetchLoader, make_loader
 from autoloader.cache.slot import Slot
 from autoloader.cache.store import TuneCache
+from autoloader.config import make_config
 from autoloader.probe import probe_machine
 from autoloader.request import Request
+from autoloader.results import TuneResult
 from autoloader.tuning.online import OnlineLoader
 from autoloader.tuning.slices import BatchSlice
 from fault_data import Stream
@@ -254,3 +257,32 @@ def test_a_decision_reaches_the_cache_once_as_autotune_show_lists_it(cache_dir, 
     assert entry.result.source == "online" and entry.result.config == loader.tuning.config
     assert entry.result.samples_per_s == loader.decisions[0].samples_per_s
     del loader
+
+
+def test_an_epoch_that_never_waits_for_data_tries_fewer_workers_once():
+    """A decision taken cold (here: a cached 4 workers): an epoch whose loop never waited (told to the loader as
+    ``_after_epoch`` would be, so the test does not depend on this machine's load) makes the next epoch search down
+    from 4, never up; the decision says why, and the loader does not search down again from it (search/retune.py)."""
+    data = Indexed(1600, latency_s=0.0)
+    request = Request.checked(data, 16, shuffle=True, max_workers=8, dataloader_kwargs={})
+    profile = probe_machine(disk=False, gpus=False)
+    cached = TuneResult(make_config(4, fixed={}, pin_memory=False), 2000.0, None, "cache", reason="cached cold")
+    source = OnlineLoader(request, profile, slot=Slot(request, profile, None, None), decision=cached, retune=True)
+    source._after_epoch(2000.0, 0.04)  # a rate that did not move, an epoch that hardly waited
+    assert source.searching and source.tried_fewer
+    loader = PrefetchLoader(source, device="cpu", tuning=None)
+    epochs = 0
+    while not loader.decisions:
+        assert epochs < 8, "the search down did not decide in 8 epochs"
+        for _ in loader:
+            time.sleep(0.002)
+        epochs += 1
+    [decision] = loader.decisions
+    assert "trying fewer" in decision.why, decision.why
+    tried = {t.config.num_workers for t in loader.tuning.trials}
+    assert 4 in tried and tried <= {0, 1, 2, 3, 4}, f"a search down never climbs: {sorted(tried)}"
+    source._after_epoch(decision.samples_per_s, 0.0)
+    assert not source.searching, "one search down per decision"
+    source._after_epoch(decision.samples_per_s / 2, 0.0)
+    assert source.searching and not source.tried_fewer, "the regime changed: a search either way"
+    del loader, source

@@ -1,0 +1,58 @@
+"""When an online loader searches again after an epoch served by its decision, and which worker counts a search that
+starts from the configuration in force proposes. Pure functions of the figures measured, tested with tables.
+
+Why search again (``retune``, after each epoch served by the decision, ``OnlineLoader._after_epoch``), and which way:
+- Loading became the bottleneck: the loop waited for data ``RETUNE_STALL`` of the epoch or more, and more than when
+  the decision was measured; or the epoch ran more than ``RETUNE_RATE_CHANGE`` slower than the decision's rate. The
+  data got costlier (another job on the machine, a colder storage tier): the search starts from the configuration in
+  force and goes either way (``policy.next_count_near``: it climbs while more workers pay).
+- The epoch ran more than ``RETUNE_RATE_CHANGE`` faster: the data got cheaper (the page cache now serves files a
+  cold first epoch read from disk). The same rate needs no more workers than before, so the search only goes down.
+- Fewer may do: the loop hardly waited for data (at most ``IDLE_STALL`` of the epoch) with more than one worker,
+  and no search has tried fewer since the decision. A decision taken cold keeps workers a warm epoch no longer
+  needs; they cost memory and CPU, not speed, so the rate alone never shows them.
+A search that only goes down (``policy.next_count_down``) never measures more workers than the configuration in force: a
+candidate that climbs would cost a switch for nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+RETUNE_STALL = 0.10
+"""Loading is the bottleneck when the loop waits for data this share of an epoch or more."""
+RETUNE_RATE_CHANGE = 0.15
+"""A regime changed when an epoch's rate moved this much from the rate measured for the decision."""
+IDLE_STALL = 0.05
+"""An epoch whose loop waited for data at most this share had workers to spare, or exactly enough: half the
+``RETUNE_STALL`` that makes loading the bottleneck (the hand-over of each batch from a worker counts as waiting too,
+a few per cent with many workers on a busy machine)."""
+
+
+@dataclass(frozen=True)
+class Retune:
+    """Search again: ``why`` (for ``Decision.why`` and the log), and whether only fewer workers are tried."""
+
+    why: str
+    down: bool
+
+
+def retune(*, decided_samples_per_s: Optional[float], decided_stall: Optional[float], num_workers: int,
+           epoch_samples_per_s: Optional[float], epoch_stall: Optional[float], tried_fewer: bool) -> Optional[Retune]:
+    """Whether the next epoch searches again, from the epoch just ended (steady state) and the decision in force
+    (``num_workers``; ``tried_fewer``: a search already went down from it); None keeps the decision."""
+    if epoch_samples_per_s is None or epoch_stall is None:
+        return None
+    if decided_samples_per_s:
+        if epoch_stall >= RETUNE_STALL and epoch_stall > (decided_stall or 0.0) + RETUNE_STALL:
+            return Retune(f"the loop waited for data {epoch_stall:.0%} of the epoch (at the decision: "
+                          f"{decided_stall or 0.0:.0%})", down=False)
+        change = epoch_samples_per_s / decided_samples_per_s - 1.0
+        if abs(change) > RETUNE_RATE_CHANGE:
+            return Retune(f"the epoch ran at {epoch_samples_per_s:,.0f} samples/s, {change:+.0%} from the "
+                          f"{decided_samples_per_s:,.0f} measured for the decision", down=change > 0)
+    if not tried_fewer and num_workers > 1 and epoch_stall <= IDLE_STALL:
+        return Retune(f"the loop waited for data {epoch_stall:.1%} of the epoch with {num_workers} workers: trying "
+                      f"fewer", down=True)
+    return None

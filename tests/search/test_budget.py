@@ -1,0 +1,301 @@
+"""The memory budget (NOTE [ Memory budget ] in search/budget.py): how it is decided, what a candidate takes of it,
+the copy-on-read forecast, and the search kept under it; tables of fake trials, plus one real trial whose workers grow
+by a known amount per sample."""
+import dataclasses
+import math
+import time
+import warnings
+from typing import Callable, List
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from autoloader import AutoloaderWarning
+from autoloader.config import LoaderConfig
+from autoloader.measure.consumer import Consumer
+from autoloader.measure.trial import run_trial
+from autoloader.probe import MemoryInfo
+from autoloader.request import Request
+from autoloader.results import TrialResult, TuneResult
+from autoloader.search import budget, policy
+from autoloader.search.search import Search, epoch_samples
+from helpers import drive_search, full_profile
+from workloads import LatencyBound
+
+MIB, GIB = 2**20, 2**30
+
+
+def memory(available, budget_bytes, headroom=None):
+    return MemoryInfo(total_bytes=32 * GIB, available_bytes=available, limit_bytes=None if headroom is None else
+                      8 * GIB, budget_bytes=budget_bytes, headroom_bytes=headroom)
+
+
+@pytest.mark.parametrize("arg, mem, expected", [
+    # the default: half of what may still be allocated, the machine's available memory ...
+    (None, memory(10 * GIB, 10 * GIB), (5 * GIB, 0.5, "available")),
+    # ... or the cgroup's headroom when it is tighter
+    (None, memory(10 * GIB, 4 * GIB, headroom=4 * GIB), (2 * GIB, 0.5, "cgroup")),
+    # a cgroup limit far above what is available: the machine decides
+    (None, memory(3 * GIB, 3 * GIB, headroom=6 * GIB), (int(1.5 * GIB), 0.5, "available")),
+    # divided among local ranks already (share_profile halves budget_bytes, not available/headroom)
+    (None, memory(10 * GIB, 5 * GIB), (int(2.5 * GIB), 0.5, "available")),
+    # a fraction of the user's
+    (0.25, memory(8 * GIB, 8 * GIB), (2 * GIB, 0.25, "available")),
+    (1.0, memory(8 * GIB, 2 * GIB, headroom=2 * GIB), (2 * GIB, 1.0, "cgroup")),
+    # bytes, as given
+    (3 * GIB, memory(8 * GIB, 8 * GIB), (3 * GIB, None, "user")),
+    (123, memory(None, None), (123, None, "user")),
+    # nothing known: no budget
+    (None, memory(None, None), (None, 0.5, "unknown")),
+])
+def test_resolve_budget(arg, mem, expected):
+    got = budget.resolve_budget(arg, mem)
+    assert (got.bytes, got.fraction, got.source) == expected
+    assert got.describe()
+
+
+def config(n, *, prefetch=2, pin=False, threads=1):
+    return LoaderConfig(n, prefetch if n else None, pin, False, threads=threads)
+
+
+@pytest.mark.parametrize("cfg, per_worker, batch, expected", [
+    # workers, (n x prefetch + 2) batches in /dev/shm, pinned copies, thread buffers
+    (config(4), 100 * MIB, MIB, (400 * MIB, 10 * MIB, 0, 0)),
+    (config(4, pin=True), 100 * MIB, MIB, (400 * MIB, 10 * MIB, 10 * MIB, 0)),
+    (config(2, prefetch=4, threads=4), 10 * MIB, 4 * MIB, (20 * MIB, 40 * MIB, 0, 2 * 4 * MIB)),
+    (config(0), None, MIB, (0, 0, 0, 0)),
+    (config(0, pin=True, threads=8), None, 8 * MIB, (0, 0, 16 * MIB, 8 * MIB)),
+    (config(4), None, MIB, (None, 10 * MIB, 0, 0)),  # one worker's memory not known yet
+    (config(4), 100 * MIB, None, (400 * MIB, 0, 0, 0)),  # the batch not known yet
+])
+def test_footprint(cfg, per_worker, batch, expected):
+    got = budget.footprint(cfg, per_worker_bytes=per_worker, batch_bytes=batch)
+    assert (got.workers_bytes, got.shm_bytes, got.pinned_bytes, got.threads_bytes) == expected
+    assert got.total_bytes == (None if expected[0] is None else sum(expected))
+
+
+def test_budget_guard_names_the_budget_and_the_fix():
+    kw = dict(per_worker_bytes=100 * MIB, batch_bytes=MIB, shm_free_bytes=None)
+    assert budget.budget_guard(config(8), budget_bytes=GIB, **kw) is None  # 800 + 18 MiB
+    reason = budget.budget_guard(config(16), budget_bytes=GIB, **kw)
+    assert reason.startswith("memory:") and "16 workers" in reason and "memory budget of 1,024 MiB" in reason
+    assert "memory_budget=" in reason and "max_workers=" in reason
+    assert budget.budget_guard(config(0), budget_bytes=1, **kw) is None
+    assert budget.budget_guard(config(16), budget_bytes=None, **kw) is None
+    assert budget.budget_guard(config(16), budget_bytes=GIB, per_worker_bytes=None, batch_bytes=MIB,
+                               shm_free_bytes=None) is None
+
+
+def test_budget_guard_checks_dev_shm_as_its_own_limit():
+    # 4 workers x 2 prefetch + 2 in hand = 10 batches of 10 MiB = 100 MiB
+    kw = dict(per_worker_bytes=MIB, batch_bytes=10 * MIB, budget_bytes=None)
+    assert budget.budget_guard(config(4), shm_free_bytes=200 * MIB, **kw) is None
+    reason = budget.budget_guard(config(4), shm_free_bytes=64 * MIB, **kw)
+    assert "/dev/shm" in reason and "--shm-size" in reason
+    assert budget.budget_guard(config(0), shm_free_bytes=1, **kw) is None
+
+
+def fake(n, rate, *, uss=100 * MIB, growth=0, batch_bytes=MIB, threads=1, status="ok", batches=40, batch=32):
+    """A measured trial: ``batches`` of ``batch`` samples in its window."""
+    return TrialResult(config=config(n, threads=threads), status=status,
+                       samples_per_s=rate if status == "ok" else None, batches=batches,
+                       window_s=batches * batch / rate if rate else 0.0, batch_bytes=batch_bytes,
+                       worker_uss_bytes=uss if n else None, worker_uss_growth_bytes=growth if n else None)
+
+
+def growth_for(n, slope, *, batches=40, batch=32, prefetch=2):
+    """The growth a worker of ``n`` shows in a trial when it grows ``slope`` bytes per sample it makes (plus the
+    noise any worker shows: these trials' batches are 1 MiB)."""
+    return int(slope * (batches + n * prefetch + n) * batch / n) + max(budget.GROWTH_NOISE_BYTES, 2 * prefetch * MIB)
+
+
+def test_growth_per_sample_and_forecast():
+    slope = 4096
+    trial = fake(4, 1000.0, uss=50 * MIB, growth=growth_for(4, slope))
+    assert budget.growth_per_sample(trial) == pytest.approx(slope, rel=0.01)
+    # each of 4 workers reads a quarter of 100,000 samples: 50 MiB + 100 MB / 4 each, plus 10 batches in flight
+    forecast = budget.forecast_bytes(trial, epoch_samples=100_000)
+    assert forecast == pytest.approx(4 * 50 * MIB + slope * 100_000 + 10 * MIB, rel=0.01)
+    assert budget.growth_per_sample(fake(0, 500.0)) is None
+    assert budget.forecast_bytes(trial, epoch_samples=None) is None
+    assert budget.growth_per_sample(fake(4, 1000.0, growth=-MIB)) == 0
+    assert budget.growth_per_sample(fake(4, 1000.0, growth=3 * MIB)) == 0  # a healthy worker's noise
+
+
+@pytest.mark.parametrize("table, budget_bytes, expected, warned", [
+    # no budget: the plain selection
+    ([(0, 100), (4, 400), (8, 410)], None, 4, False),
+    # 8 workers would fit, 16 (1.6 GiB measured) not: never chosen, though fastest
+    ([(0, 100), (8, 380), (16, 400)], GIB, 8, False),
+    # nothing with workers fits: the serial candidate, which adds nothing
+    ([(0, 100), (16, 400)], GIB, 0, False),
+])
+def test_select_within_budget_chooses_what_fits(table, budget_bytes, expected, warned):
+    trials = [fake(n, rate) for n, rate in table]
+    chosen, warning = policy.select_within_budget(trials, budget_bytes=budget_bytes, epoch_samples=10_000)
+    assert chosen.config.num_workers == expected
+    assert (warning is not None) == warned
+
+
+def test_a_forecast_past_the_budget_warns_and_prefers_fewer_workers_or_threads():
+    slope = 5000  # 500 MB over an epoch of 100,000 samples, whichever worker reads them
+    trials = [fake(0, 100.0), fake(4, 300.0, uss=50 * MIB, growth=growth_for(4, slope)),
+              fake(16, 400.0, uss=50 * MIB, growth=growth_for(16, slope))]
+    chosen, warning = policy.select_within_budget(trials, budget_bytes=GIB, epoch_samples=100_000)
+    # 16 workers: 16 x 50 MiB + ~477 MiB grown: over 1 GiB; 4: 200 + 477 MiB: under
+    assert chosen.config.num_workers == 4
+    for words in ("copy-on-read", "numpy arrays", "torch tensors", "gc.freeze()", "threads=True", "memory_budget="):
+        assert words in warning
+    # a threaded candidate (one process) fits where the fewer workers do not
+    trials.append(fake(1, 395.0, uss=50 * MIB, growth=growth_for(1, slope), threads=16))
+    chosen, _ = policy.select_within_budget(trials, budget_bytes=600 * MIB, epoch_samples=100_000)
+    assert (chosen.config.num_workers, chosen.config.threads) == (1, 16)
+    # nothing lasts: the one forecast to take least, still with the warning
+    chosen, warning = policy.select_within_budget(trials[:3], budget_bytes=400 * MIB, epoch_samples=10**7)
+    assert chosen.config.num_workers in (0, 4) and warning is not None
+
+
+def test_a_cached_result_is_checked_with_the_same_footprint():
+    trials = (fake(0, 100.0), fake(8, 400.0))
+    result = TuneResult(LoaderConfig(8, 2, False, True), 400.0, "cpu", "tuned", trials)
+    assert policy.no_longer_fits(result, budget_bytes=GIB, shm_free_bytes=None) is None
+    reason = policy.no_longer_fits(result, budget_bytes=800 * MIB, shm_free_bytes=None)
+    assert "memory budget of 800 MiB" in reason
+
+
+# ---------------------------------------------------------------- the search, on fake measurements
+
+BATCH = 32
+
+
+class PriorSearch(Search):
+    """The search with a fixed prior for one worker before any was measured (the real one reads this process's RSS,
+    which depends on what ran before in the test session)."""
+
+    prior = 100 * MIB
+
+    def per_worker_estimate(self):
+        return self.per_worker_bytes if self.per_worker_bytes is not None else self.prior
+
+
+def waiting(config: LoaderConfig, *, slope=0) -> TrialResult:
+    """Waiting data: 250 samples/s per worker; each worker 100 MiB (50 when it grows by copy-on-read)."""
+    n = config.num_workers
+    rate = min(12000.0, max(1, n) * 250.0)
+    uss = 50 * MIB if slope else 100 * MIB
+    return dataclasses.replace(fake(n, rate, uss=uss, growth=growth_for(n, slope) if n else 0,
+                                    batch_bytes=MIB, batch=BATCH),
+                               config=config, consumer_s_per_batch=1e-5, worker_cpu_util=0.01 if n else None,
+                               fetch_s_per_batch=BATCH / rate if n == 0 else None,
+                               fetch_cpu_s_per_batch=BATCH / rate * 0.01 if n == 0 else None)
+
+
+def drive(model: Callable[[LoaderConfig], TrialResult], *, memory_budget, prior=100 * MIB):
+    request = Request.checked(LatencyBound(n=100_000, latency_s=0.004), BATCH, device="cpu", max_workers=64,
+                              memory_budget=memory_budget)
+    search = PriorSearch(request, full_profile(), budget=30.0)
+    search.prior = prior
+    return drive_search(search, model)
+
+
+def test_the_search_skips_what_would_not_fit_and_decides_under_the_budget():
+    asked, result = drive(waiting, memory_budget=GIB)  # fits 10 workers of 100 MiB (+ their batches)
+    skipped = [t for t in result.trials if t.status == "skipped"]
+    assert skipped, [t.config.label() for t in result.trials]
+    for t in skipped:
+        assert t.config.num_workers > 10 and "memory budget of 1,024 MiB" in t.reason and "memory_budget=" in t.reason
+        assert t.footprint_bytes > GIB
+    assert all(c.num_workers <= 10 for c in asked), [c.num_workers for c in asked]
+    assert result.num_workers <= 10 and result.bottleneck == "memory"
+    chosen = next(t for t in result.trials if t.ok and t.config.same_candidate(result.config))
+    assert chosen.footprint_bytes <= GIB
+    assert result.memory_budget_bytes == GIB and "set by the user" in result.memory_budget_from
+    text = str(result)
+    assert "footprint MiB" in text and "memory budget 1,024 MiB" in text
+
+
+def test_the_default_budget_is_half_of_the_profiles():
+    _, result = drive(waiting, memory_budget=None)
+    assert result.memory_budget_bytes == full_profile().memory.budget_bytes // 2
+    _, result = drive(waiting, memory_budget=0.25)
+    assert result.memory_budget_bytes == full_profile().memory.budget_bytes // 4
+
+
+def test_the_search_warns_when_growth_over_the_epoch_would_cross_the_budget():
+    with pytest.warns(AutoloaderWarning, match="gc.freeze"):
+        _, result = drive(lambda c: waiting(c, slope=5000), memory_budget=GIB)
+    chosen = next(t for t in result.trials if t.ok and t.config.same_candidate(result.config))
+    assert budget.forecast_bytes(chosen, epoch_samples=100_000) <= GIB, result
+    fastest = max((t for t in result.trials if t.ok), key=lambda t: t.samples_per_s)
+    assert result.num_workers < fastest.config.num_workers
+
+
+def test_epoch_samples_is_the_ranks_share():
+    data = LatencyBound(n=1000)
+    assert epoch_samples(Request.checked(data, 8, device="cpu")) == 1000
+    sampler = torch.utils.data.DistributedSampler(data, num_replicas=4, rank=1, shuffle=False)
+    assert epoch_samples(Request.checked(data, 8, device="cpu", dataloader_kwargs={"sampler": sampler})) == 250
+
+
+# ---------------------------------------------------------------- a real trial whose workers grow
+
+class Hoarder(Dataset):
+    """Each ``__getitem__`` keeps ``grow_bytes`` of freshly written bytes in a list the dataset holds: in a worker, the
+    list is the worker's own, so its private memory (USS) grows by about that much per sample (copy-on-read grows the
+    same way, page by page)."""
+
+    def __init__(self, n=100_000, grow_bytes=64 * 1024):
+        self.n, self.grow_bytes = n, grow_bytes
+        self.kept: List[bytes] = []
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        if self.grow_bytes:
+            self.kept.append(bytes([i % 251]) * self.grow_bytes)  # written: every page touched
+        return torch.zeros(4)
+
+
+def test_a_trial_measures_the_growth_per_sample_and_the_forecast_catches_it():
+    grow = 128 * 1024
+    request = Request.checked(Hoarder(grow_bytes=grow), 4, device="cpu")
+    trial = run_trial(request, config(2), consumer=Consumer(None, torch.device("cpu")), limit_s=5.0)
+    assert trial.ok, trial.reason
+    slope = budget.growth_per_sample(trial)
+    assert slope is not None and 0.5 * grow <= slope <= 2.0 * grow, (slope, trial)
+    # an epoch of 100,000 samples: about 12 GiB of growth; a 1 GiB budget is crossed, with the fix named
+    forecast = budget.forecast_bytes(trial, epoch_samples=100_000)
+    assert forecast > 3 * GIB
+    chosen, warning = policy.select_within_budget([trial], budget_bytes=GIB, epoch_samples=100_000)
+    assert warning is not None and "gc.freeze()" in warning
+
+    flat = run_trial(Request.checked(Hoarder(grow_bytes=0), 4, device="cpu"), config(2),
+                     consumer=Consumer(None, torch.device("cpu")), limit_s=5.0)
+    assert flat.ok and budget.growth_per_sample(flat) < 0.1 * grow, flat
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AutoloaderWarning)
+        assert policy.select_within_budget([flat], budget_bytes=GIB, epoch_samples=100_000)[1] is None
+    assert math.isfinite(budget.forecast_bytes(flat, epoch_samples=100_000))
+
+
+def test_a_count_skipped_on_the_prior_estimate_is_measured_once_a_worker_was():
+    # before any worker ran, one is sized at 300 MiB (the real search: this process's RSS); measured, 100 MiB
+    asked, result = drive(waiting, memory_budget=GIB, prior=300 * MIB)
+    counts = [c.num_workers for c in asked]
+    assert 2 in counts and 8 in counts, counts
+    first_skipped = [t.config.num_workers for t in result.trials if t.status == "skipped"]
+    assert 8 in first_skipped, "skipped on the prior first"
+    assert any(t.ok and t.config.num_workers == 8 for t in result.trials), "then measured"
+    assert result.num_workers == 8 and all(n <= 10 for n in counts), counts
+
+
+def test_the_predicted_count_skipped_on_the_estimate_is_tried_once_one_worker_was_measured():
+    # 600 MiB per worker before one ran: 8, 4 and 2 are skipped, 1 is measured (no faster than 0: the climb alone
+    # would stop there); measured at 100 MiB, the predicted 8 fits and is tried, and the climb goes on from it
+    asked, result = drive(waiting, memory_budget=GIB, prior=600 * MIB)
+    counts = [c.num_workers for c in asked]
+    assert counts[:2] == [0, 1] and 8 in counts, counts
+    assert result.num_workers == 8, [(t.config.num_workers, t.status) for t in result.trials]

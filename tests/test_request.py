@@ -1,0 +1,37 @@
+"""``memory_budget=`` checked by ``Request.checked`` (so by ``make_loader`` and ``tune`` before any work): each error
+names the argument, the value and the fix."""
+import numpy as np
+import pytest
+
+from autoloader import make_loader
+from autoloader.request import Request
+from workloads import InMemory
+
+
+@pytest.mark.parametrize("value, expected", [
+    (None, None), (0.5, 0.5), (1.0, 1.0), (1, 1), (8 * 2**30, 8 * 2**30), (np.int64(4096), 4096),
+    (np.float32(0.25), 0.25),
+])
+def test_memory_budget_accepts_bytes_or_a_fraction(value, expected):
+    got = Request.checked(InMemory(n=10), 2, device="cpu", memory_budget=value).memory_budget
+    assert got == expected and type(got) is type(expected)
+
+
+@pytest.mark.parametrize("value, error, words", [
+    ("8GB", TypeError, ["memory_budget", "'8GB'", "memory_budget=0.5", "8 * 2**30"]),
+    (True, TypeError, ["memory_budget", "True"]),
+    ([1], TypeError, ["memory_budget"]),
+    (0, ValueError, ["memory_budget=0", ">= 1 byte", "memory_budget=0.5"]),
+    (-5, ValueError, ["memory_budget=-5", ">= 1 byte"]),
+    (0.0, ValueError, ["memory_budget=0.0", "(0, 1]"]),
+    (1.5, ValueError, ["memory_budget=1.5", "(0, 1]", "as an int"]),
+    (float("nan"), ValueError, ["memory_budget=nan", "(0, 1]"]),
+    (8e9, ValueError, ["memory_budget=8000000000.0", "memory_budget=8000000000"]),
+])
+def test_memory_budget_errors_name_the_argument_and_the_fix(value, error, words):
+    with pytest.raises(error) as info:
+        Request.checked(InMemory(n=10), 2, device="cpu", memory_budget=value)
+    for word in words:
+        assert word in str(info.value), str(info.value)
+    with pytest.raises(error, match="memory_budget"):
+        make_loader(InMemory(n=10), 2, device="cpu", cache=False, memory_budget=value)
