@@ -16,8 +16,11 @@ node measure together, share that node's CPUs and memory, and reach that node's 
 # the same path on every rank of the node, or one would wait forever on a collective another skips: every method here
 # that talks to other ranks is called by all ranks of its scope, unconditionally, in the same order.
 # Why no cross-node wait: after the layout and ``shard`` (both before any tuning), no autoloader collective spans two
-# nodes; a node's trials, online candidates and decision use only its own group (a separate communicator, so they
-# never interleave with DDP's collectives on the default group). A fast node returns from ``make_loader`` and runs
+# nodes; a node's trials, online candidates and decision use only its own group (with several nodes a separate
+# communicator, so they never interleave with DDP's collectives; with one node the default group itself, where they
+# come in the same order on every rank, between DDP's). Every exchange within a node is one all-gather that carries
+# its call site (``agreement.gather_checked``): ranks whose paths parted raise "ranks diverged" where each one was,
+# instead of pairing two different exchanges or hanging. A fast node returns from ``make_loader`` and runs
 # ahead until DDP's first collective, which would wait for the slow node anyway. ``node_decisions`` is the one
 # global call after that, made by the user at a point where all ranks meet (an epoch's end).
 # A node is what the launcher says (torchrun's GROUP_RANK, Slurm's SLURM_NODEID) when every rank has it, else the

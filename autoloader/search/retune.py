@@ -49,7 +49,7 @@ def retune(*, decided_samples_per_s: Optional[float], decided_stall: Optional[fl
             return Retune(f"the loop waited for data {epoch_stall:.0%} of the epoch (at the decision: "
                           f"{decided_stall or 0.0:.0%})", down=False)
         change = epoch_samples_per_s / decided_samples_per_s - 1.0
-        if abs(change) > RETUNE_RATE_CHANGE:
+        if change < -RETUNE_RATE_CHANGE or (change > RETUNE_RATE_CHANGE and num_workers > 0):
             return Retune(f"the epoch ran at {epoch_samples_per_s:,.0f} samples/s, {change:+.0%} from the "
                           f"{decided_samples_per_s:,.0f} measured for the decision", down=change > 0)
     if not tried_fewer and num_workers > 1 and epoch_stall <= IDLE_STALL:

@@ -88,7 +88,8 @@ class OnlineLoader:
         self.search_s = self.switch_s = 0.0
         self.tuning_threads = False
         self.tried_fewer = False
-        """The search that made the decision in force went down from the one before (``retune_down_reason``)."""
+        """The search that made the decision in force only tried fewer workers (``search.retune``): an epoch that
+        hardly waits does not start another one."""
         if decision is None:
             self._start_search(None, why="no tuning for this dataset and machine yet")
 

@@ -20,6 +20,7 @@ from autoloader.search.retune import IDLE_STALL, retune
     (1000.0, 0.0, 8, 1000.0, 0.0, True, None),               # a search already went down from this decision
     (1000.0, 0.0, 1, 1000.0, 0.0, False, None),              # one worker: 0 is for the first search to find
     (1000.0, 0.0, 8, 1300.0, 0.0, True, ("+30%", True)),     # cheaper again: down, even after a search down
+    (1000.0, 0.0, 0, 1300.0, 0.0, False, None),              # cheaper with no workers: nothing below to try
     (None, None, 8, 1000.0, 0.0, False, ("trying fewer", True)),  # no decided rate (a cached placeholder)
     (None, None, 8, 1000.0, 0.5, False, None),
     (1000.0, 0.0, 8, None, None, False, None),               # the epoch was too short to measure
