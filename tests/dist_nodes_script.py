@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 
 from autoloader import make_loader
-from dist_script import record_epoch
+from dist_script import finish, record_epoch
 from autoloader.distributed import node_decisions
 
 SAMPLES = 192
@@ -88,11 +88,8 @@ def _online(args: argparse.Namespace, rank: int, node: int) -> int:
     report = {"rank": rank, "node": node, "epochs": epochs, "decisions": [repr(d.config) for d in loader.decisions],
               "num_workers": loader.tuning.num_workers, "reason": loader.tuning.reason,
               "result": json.dumps(loader.tuning.to_dict(), sort_keys=True), "node_decisions": found}
-    with open(os.path.join(args.out_dir, f"rank{rank}.json"), "w") as fh:
-        json.dump(report, fh)
     del loader
-    dist.barrier()
-    return 0
+    return finish(args.out_dir, rank, report)
 
 
 if __name__ == "__main__":

@@ -99,6 +99,14 @@ def main() -> int:
     return 0
 
 
+def finish(out_dir: str, rank: int, report: dict) -> int:
+    """Write this rank's report (``rank<R>.json``) and wait for every rank: the end of each torchrun script."""
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
+        json.dump(report, fh)
+    dist.barrier()
+    return 0
+
+
 def record_epoch(loader, epoch: int) -> dict:
     """One epoch of ``loader`` (of (sample, index) batches): the sample indices this rank got and the workers in
     force at each batch."""
@@ -120,11 +128,8 @@ def _online(args: argparse.Namespace, rank: int) -> int:
         epochs.append(record_epoch(loader, len(epochs)))
     report = {"rank": rank, "epochs": epochs, "decisions": [repr(d.config) for d in loader.decisions],
               "result": json.dumps(loader.tuning.to_dict(), sort_keys=True)}
-    with open(os.path.join(args.out_dir, f"rank{rank}.json"), "w") as fh:
-        json.dump(report, fh)
     del loader
-    dist.barrier()
-    return 0
+    return finish(args.out_dir, rank, report)
 
 
 if __name__ == "__main__":

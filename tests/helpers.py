@@ -149,6 +149,16 @@ def probe_files(directory):
 _TABLES_WRITTEN = set()
 
 
+def selected_workloads(default: str, known) -> list:
+    """The workloads a benchmark runs: ``AUTOLOADER_BENCH_WORKLOADS`` (comma-separated), else ``default``; a
+    ValueError naming any that is not in ``known``."""
+    selected = [n.strip() for n in os.environ.get("AUTOLOADER_BENCH_WORKLOADS", default).split(",") if n.strip()]
+    unknown = sorted(set(selected) - set(known))
+    if unknown:
+        raise ValueError(f"AUTOLOADER_BENCH_WORKLOADS: unknown {unknown}; known: {sorted(known)}")
+    return selected
+
+
 def emit_table(text: str) -> None:
     """Print a benchmark's markdown tables and write them to ``AUTOLOADER_BENCH_TABLE`` when set: the first module of
     a run truncates the file, later ones append, so ``pytest tests/benchmarks`` leaves every module's tables."""

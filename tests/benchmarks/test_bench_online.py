@@ -63,7 +63,7 @@ from torch.utils.data import DataLoader, Dataset
 from autoloader import make_loader
 from autoloader.probe import probe_machine
 from bench_files import Cycle, FileSet, resident_fraction
-from helpers import emit_table
+from helpers import emit_table, selected_workloads
 from workloads import CpuBound, InMemory, JpegDecode, LatencyBound, Mixed
 
 pytestmark = [pytest.mark.benchmark_suite, pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -178,11 +178,7 @@ if QUICK:
     for w in WORKLOADS.values():
         w.sweep = tuple(sorted({w.sweep[0], w.sweep[len(w.sweep) // 2], w.sweep[-1], 2}))
 QUICK_SET = "in-memory,cpu-bound,latency-bound,cold"
-SELECTED = [n.strip() for n in os.environ.get("AUTOLOADER_BENCH_WORKLOADS",
-                                              QUICK_SET if QUICK else ",".join(WORKLOADS)).split(",") if n.strip()]
-_unknown = sorted(set(SELECTED) - set(WORKLOADS))
-if _unknown:
-    raise ValueError(f"AUTOLOADER_BENCH_WORKLOADS: unknown {_unknown}; known: {sorted(WORKLOADS)}")
+SELECTED = selected_workloads(QUICK_SET if QUICK else ",".join(WORKLOADS), WORKLOADS)
 SERIES = [n.strip() for n in os.environ.get("AUTOLOADER_BENCH_SERIES", "latency-bound,cpu-bound").split(",")
           if n.strip() and n.strip() in SELECTED and n.strip() not in COLD]
 CASES = [(name, EPOCH_S[0]) for name in SELECTED if name not in COLD] + \

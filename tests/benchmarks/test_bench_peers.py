@@ -53,7 +53,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from helpers import emit_table
+from helpers import emit_table, selected_workloads
 from peers_data import WORKLOADS, ColdFiles
 from peers_launch import launch
 
@@ -113,10 +113,7 @@ LIBRARIES = {"tf": ("tensorflow", "tensorflow-cpu"), "spdl": ("spdl", "spdl-core
              "torchdata": ("torchdata", "torchdata")}
 
 DEFAULT = "in-memory,latency-bound,cold" if QUICK else ",".join(WORKLOADS)
-SELECTED = [n.strip() for n in os.environ.get("AUTOLOADER_BENCH_WORKLOADS", DEFAULT).split(",") if n.strip()]
-_unknown = sorted(set(SELECTED) - set(WORKLOADS))
-if _unknown:
-    raise ValueError(f"AUTOLOADER_BENCH_WORKLOADS: unknown {_unknown}; known: {sorted(WORKLOADS)}")
+SELECTED = selected_workloads(DEFAULT, WORKLOADS)
 
 ROWS: List[Dict[str, Any]] = []
 LOADS: List[float] = []

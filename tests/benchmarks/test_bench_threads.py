@@ -54,7 +54,7 @@ from autoloader.results import TrialResult, TuneResult
 from autoloader.measure import run as measure_run
 from autoloader.measure.trial import run_trial
 from autoloader.request import Request
-from helpers import emit_table, live_children
+from helpers import emit_table, live_children, selected_workloads
 from workloads import GilBound, JpegDecode, LatencyBound, Mixed
 
 pytestmark = [pytest.mark.benchmark_suite, pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -111,10 +111,7 @@ CASES: Dict[str, Case] = {
                  ((0, 1), (1, 1), (2, 1), (4, 1), (0, 4), (1, 2), (1, 4), (2, 2), (2, 4)), needs="PIL"),
 }
 DEFAULT = "w4-s12k-b32,gil-bound" if QUICK else ",".join(CASES)
-SELECTED = [n.strip() for n in os.environ.get("AUTOLOADER_BENCH_WORKLOADS", DEFAULT).split(",") if n.strip()]
-_unknown = sorted(set(SELECTED) - set(CASES))
-if _unknown:
-    raise ValueError(f"AUTOLOADER_BENCH_WORKLOADS: unknown {_unknown}; known: {sorted(CASES)}")
+SELECTED = selected_workloads(DEFAULT, CASES)
 
 ROWS: List[Dict[str, Any]] = []
 FIXED_ROWS: List[Dict[str, Any]] = []
