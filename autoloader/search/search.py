@@ -93,9 +93,9 @@ class Search:
                            threads=self.threads if threads is None else threads)
 
     # -- one candidate ------------------------------------------------------------------------------------------
-    def guard(self, config: LoaderConfig) -> Optional[str]:
+    def guard(self, config: LoaderConfig, per_worker_bytes: Optional[int]) -> Optional[str]:
         """Why ``config`` would not fit in the memory budget or /dev/shm (``budget.budget_guard``), or None."""
-        return budget_guard(config, per_worker_bytes=self.per_worker_estimate(), batch_bytes=self.batch_bytes,
+        return budget_guard(config, per_worker_bytes=per_worker_bytes, batch_bytes=self.batch_bytes,
                             budget_bytes=self.memory_budget, shm_free_bytes=self.shm_free)
 
     def per_worker_estimate(self) -> Optional[int]:
@@ -114,9 +114,10 @@ class Search:
         elapsed = self.elapsed()
         if not (first or force) and elapsed >= self.stop_at:
             return None
-        reason = self.guard(config)
+        estimate = self.per_worker_estimate()  # before a worker was measured: an exchange with the other ranks
+        reason = self.guard(config, estimate)
         if reason is not None:
-            predicted = footprint(config, per_worker_bytes=self.per_worker_estimate(), batch_bytes=self.batch_bytes)
+            predicted = footprint(config, per_worker_bytes=estimate, batch_bytes=self.batch_bytes)
             trial = TrialResult(config=config, status="skipped", reason=reason, footprint_bytes=predicted.total_bytes)
         else:
             limit = self.trial_limit if first or force else max(1.0, min(self.trial_limit, self.stop_at - elapsed))
@@ -146,7 +147,8 @@ class Search:
     def refits(self, trial: TrialResult) -> bool:
         """A candidate skipped while one worker's memory was only estimated (this process's RSS, an upper bound) that
         fits now that a worker was measured: no longer a ceiling, and measured when proposed again."""
-        return trial.status == "skipped" and self.per_worker_bytes is not None and self.guard(trial.config) is None
+        return trial.status == "skipped" and self.per_worker_bytes is not None and \
+            self.guard(trial.config, self.per_worker_bytes) is None
 
     def rates(self) -> Dict[int, Optional[float]]:
         return {c.num_workers: t.samples_per_s for c, t in self.by_config.items() if c.threads == self.threads
