@@ -26,6 +26,11 @@ the epochs served by a decision; window, signal guard, pacing, rank agreement an
 #    whose batches were made while the other workers were being started, before anyone asked for them: measured here,
 #    18 workers cut after 27 of their 54 burst batches read 3.6x the rate of their neighbours, and won the search. So
 #    such a trial's rate is counted from the trial's start, start-up included: a lower bound, marked not steady.
+# 5. The previous candidate's shutdown. Its workers are reaped in a helper thread (Cleanup, below) while the next
+#    candidate runs, and a reaped worker's whole CPU time lands in this process's ``RUSAGE_CHILDREN`` at that moment,
+#    which ``WorkerTracker`` reads as the new workers' (it must, for workers that exit during a trial). So the window
+#    does not open before the previous run has settled (``Run.settled``: its workers gone, or ``SETTLE_S`` passed):
+#    the burst is extended by a batch at a time until then.
 # Modes. A trial (``mode="trial"``) runs over a sampler that never ends (trial.py) until its window is complete or its
 # soft limit passed; an IterableDataset that runs out ends it early, ``steady=False``. A hard limit (``SignalGuard``:
 # SIGALRM, plus the DataLoader's own ``timeout`` for workers) cuts a batch that never comes, raised only where it
@@ -44,10 +49,11 @@ import contextlib
 import logging
 import math
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Generator, Iterator, Literal, Optional, Tuple
+from typing import Any, Generator, Iterator, List, Literal, Optional, Tuple
 
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -67,6 +73,9 @@ log = logging.getLogger("autoloader.trial")
 
 Mode = Literal["trial", "candidate", "serve"]
 END = object()
+SETTLE_S = 2.0
+"""The next candidate's window waits at most this long after a run stopped for its workers to be reaped (NOTE [ Trial
+timing ], 5.): a worker stuck past it is reaped later, and its CPU time may then count for the next candidate."""
 
 
 @dataclass(frozen=True)
@@ -82,9 +91,11 @@ class Run:
 
     Iterate it once. ``limit_s``: the soft limit of a trial or candidate (a trial's hard limit follows it
     by ``HARD_LIMIT_GRACE_S``); ``agreement``: a candidate's ranks stop together; ``owned``: the run stops the
-    loader's workers when it ends (else it only drops its iterator). After the loop: ``result`` (a trial's or a
+    loader's workers when it ends (else it only drops its iterator). ``follows(run)``: the window waits for the
+    previous run's workers to be reaped (NOTE [ Trial timing ], 5.). After the loop: ``result`` (a trial's or a
     candidate's measurement, when not handed out as ``Measured``), ``delivered`` (batches handed out), ``ended`` (the
-    loader ran out), ``user`` (the error came from the user's code), ``startup_s``, ``stop_s``, ``rate_and_stall``.
+    loader ran out), ``user`` (the error came from the user's code), ``startup_s``, ``stop_s``, ``rate_and_stall``,
+    ``switch_s`` (what the loop waited for while it started and stopped).
     """
 
     def __init__(self, loader: DataLoader, config: LoaderConfig, *, mode: Mode, consumer: Consumer,
@@ -105,11 +116,15 @@ class Run:
         self.guard = SignalGuard(limit_s=hard, make_timeout=lambda: TrialTimeout(_cut_message(limit_s)),
                                  hold_worker_errors=mode != "trial")
         self._it: Optional[Iterator[Any]] = None
+        self._start_error: Optional[Exception] = None
+        self._workers: Optional[List[Any]] = None
+        self._retiring: Optional[threading.Thread] = None
         self._stopped = False
+        self._stopped_at = math.inf
         self.result: Optional[TrialResult] = None
         self.delivered, self.ended, self.user = 0, False, False
         self.startup_s: Optional[float] = None
-        self.stop_s = self.elapsed = 0.0
+        self.start_s = self.first_wait_s = self.stop_s = self.elapsed = 0.0
         self.rate_and_stall: Tuple[Optional[float], Optional[float]] = (None, None)
 
     def __iter__(self) -> Generator[Any, Optional[bool], None]:
@@ -127,12 +142,43 @@ class Run:
                 if error is not None or self.mode != "trial":
                     self.stop(error)
 
+    def start(self) -> None:
+        """Start the loader's iterator (and its workers) now, before the run is iterated: the next candidate of a
+        hidden switch (NOTE [ Hidden switch ] in tuning/online.py). An error raised doing so is the run's, raised when
+        it is iterated. Once; iterating the run calls it too."""
+        if self._it is not None or self._start_error is not None:
+            return
+        began = time.perf_counter()
+        try:
+            with quiet_worker_count_warning(True):
+                self._it = iter(self.loader)
+        except Exception as exc:  # noqa: BLE001 - the run's own failure, raised (and classified) when it is iterated
+            self._start_error = exc
+        finally:
+            self.start_s = time.perf_counter() - began
+
+    def follows(self, previous: "Run") -> None:
+        """This run serves right after ``previous``: its window opens once ``previous`` settled."""
+        self.window.settled = previous.settled
+
+    def keep_workers(self) -> None:
+        """Fix the set of workers this run stops as those running now: another run is about to start its own."""
+        self._workers = _procs.new_children(self.before) if self.config.num_workers else []
+
+    def settled(self) -> bool:
+        """This run stopped and its workers are reaped, or ``SETTLE_S`` passed since it stopped (NOTE [ Trial
+        timing ], 5.)."""
+        if not self._stopped:
+            return False
+        done = self._retiring is None or not self._retiring.is_alive()
+        return done or time.perf_counter() - self._stopped_at >= SETTLE_S
+
     def _loop(self) -> Generator[Any, Optional[bool], None]:
         measuring = self.mode != "serve"
-        with quiet_worker_count_warning(True):
+        self.start()
+        if self._start_error is not None:
             self.user = True
-            self._it = iter(self.loader)
-            self.user = False
+            raise self._start_error
         previous: Optional[Tuple[Any, float, Clocks, float, Clocks]] = None
         cpu, unread = cpu_and_delay, (0.0, None)
         while True:
@@ -163,6 +209,7 @@ class Run:
                 break
             t_got, c_got = time.perf_counter(), cpu() if measuring else unread
             if self.startup_s is None:
+                self.first_wait_s = t_got - t_ask
                 self._first(batch, t_got, measuring)
             if self.repeats is not None:
                 self.repeats.see(batch)
@@ -203,11 +250,11 @@ class Run:
     def _stop_workers(self, error: Optional[BaseException]) -> None:
         references = [self._it, self.loader]
         self._it = self.loader = None  # type: ignore[assignment]
-        workers = _procs.new_children(self.before)
+        workers = self._workers if self._workers is not None else _procs.new_children(self.before)
         if self.mode == "trial":
             _synchronize_quietly(self.consumer)
         if error is None and self.mode != "trial":
-            _procs.retire(references, workers)
+            self._retiring = _procs.retire(references, workers)
             return
         if error is not None:
             _procs.terminate(workers)
@@ -231,7 +278,7 @@ class Run:
             if self._stopped:
                 return
             self._stopped = True
-            stopping = time.perf_counter()
+            stopping = self._stopped_at = time.perf_counter()
             if error is not None and error.__traceback__ is not None:
                 traceback.clear_frames(error.__traceback__)
             if not self.owned:  # the DataLoader's own iterator: dropping it is what a plain loop does
@@ -240,6 +287,12 @@ class Run:
                 self._stop_workers(error)
         self.stop_s = time.perf_counter() - stopping
         self.elapsed = time.perf_counter() - self.started
+
+    @property
+    def switch_s(self) -> float:
+        """What the loop waited for while this run started and stopped: starting its iterator (forking workers), its
+        first batch, stopping it (its workers' shutdown runs in a helper thread, NOTE [ Process cleanup ])."""
+        return self.start_s + self.first_wait_s + self.stop_s
 
 
 def _synchronize_quietly(consumer: Consumer) -> None:

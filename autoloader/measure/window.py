@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from ..config import LoaderConfig
 from ..loader.batch import batch_nbytes, iter_tensors
@@ -89,8 +89,12 @@ class Window:
     """Everything one candidate measures, batch by batch (see NOTE [ Trial timing ] in run.py)."""
 
     def __init__(self, config: LoaderConfig, *, started: float, batch_size: int, min_window_s: float = MIN_WINDOW_S,
-                 min_rounds: int = MIN_ROUNDS, min_batches: int = MIN_BATCHES) -> None:
+                 min_rounds: int = MIN_ROUNDS, min_batches: int = MIN_BATCHES,
+                 settled: Optional[Callable[[], bool]] = None) -> None:
+        """``settled``: the window opens only once it says True (the previous run's workers are reaped, NOTE
+        [ Trial timing ], 5. in run.py); the burst is extended a batch at a time until then."""
         n = config.num_workers
+        self.settled = settled
         self.config, self.started, self.batch_size, self.min_window_s = config, started, batch_size, min_window_s
         self.skip = burst_batches(config)
         self.need = max(min_batches, min_rounds * n)
@@ -118,6 +122,8 @@ class Window:
     def add(self, batch: Any, *, t_ask: float, c_ask: Clocks, t_got: float, c_got: Clocks, consumer: Any) -> None:
         """Record a batch the consumer has finished; the batch that opens the window first waits for the device.
         ``c_ask``/``c_got``: ``cpuclock.cpu_and_delay()`` when the batch was asked for and when it came."""
+        if len(self.marks) + 1 == self.skip and self.settled is not None and not self.settled():
+            self.skip += 1
         if len(self.marks) + 1 == self.skip:
             consumer.synchronize()
         t_done = time.perf_counter()

@@ -16,7 +16,7 @@ from ..results import Bottleneck, TrialResult, TuneResult
 
 __all__ = [
     "DEFAULT_TOLERANCE", "FIRST_STEP_WORKERS", "HEADROOM", "SHM_MARGIN",
-    "bottleneck", "climb_cap", "cpu_saturated", "disk_ceiling", "keep_workers_alive", "next_count_down", "next_count_near",
+    "bottleneck", "climb_cap", "cpu_saturated", "rate_ceiling", "disk_ceiling", "keep_workers_alive", "next_count_down", "next_count_near",
     "next_worker_count", "no_longer_fits", "per_worker_bytes", "predict_from_serial", "predict_from_workers", "select",
     "select_within_budget", "shm_need_bytes", "workers_needed", "worth_more_prefetch"]
 
@@ -139,15 +139,28 @@ def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int,
     return None if middle in rates else middle
 
 
-def climb_cap(rates: Mapping[int, Optional[float]], *, cap: int, consumer_samples_per_s: Optional[float],
+def rate_ceiling(serial: Optional[TrialResult], *, batch_size: int, usable_cpus: int,
+                 consumer_samples_per_s: Optional[float]) -> Optional[float]:
+    """The most samples/s any worker count can deliver, by the model the serial trial gives: the consumer's own rate
+    (no loader makes a loop faster than its step), and the usable CPUs' worth of the serial trial's loading CPU per
+    batch (``batch_size * usable_cpus / fetch_cpu_s``: workers add CPUs, not speed per CPU, and hand batches over at a
+    cost on top). None when neither is known. Pure."""
+    bounds = [consumer_samples_per_s] if consumer_samples_per_s else []
+    cpu = serial.fetch_cpu_s_per_batch if serial is not None and serial.ok else None
+    if cpu and cpu > 0 and usable_cpus > 0:
+        bounds.append(batch_size * usable_cpus / cpu)
+    return min(bounds) if bounds else None
+
+
+def climb_cap(rates: Mapping[int, Optional[float]], *, cap: int, ceiling_samples_per_s: Optional[float],
               tolerance: float = DEFAULT_TOLERANCE) -> int:
-    """The most workers worth measuring next: ``cap``, or the fewest measured that already keep up with the consumer
-    (within ``tolerance`` of its own rate, ``batch_size / step``): no number of workers makes a loop faster than its
-    step, so a search that reached it only looks for fewer (issue 22: fewer candidates, fewer switches)."""
-    if not consumer_samples_per_s:
+    """The most workers worth measuring next: ``cap``, or the fewest measured that already reach ``rate_ceiling``
+    (within ``tolerance``): no number of workers beats it by more, so a search that reached it only looks for fewer
+    (issue 22: fewer candidates, fewer switches)."""
+    if not ceiling_samples_per_s:
         return cap
     keeping = [n for n, r in rates.items() if n > 0 and r is not None and r >= (1.0 - tolerance) *
-               consumer_samples_per_s]
+               ceiling_samples_per_s]
     return min(cap, min(keeping)) if keeping else cap
 
 

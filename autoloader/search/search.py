@@ -55,7 +55,9 @@ class Search:
         self.cap_by_open_files = bounds.by_open_files
         self.start, self.descend = start, descend
         self.consumer_rate: Optional[float] = None
-        """The consumer's own rate (``batch_size / step``) once measured: no candidate climbs past one that keeps up."""
+        """The consumer's own rate (``batch_size / step``) once measured."""
+        self.ceiling: Optional[float] = None
+        """``policy.rate_ceiling`` once measured: no candidate climbs past one that reaches it."""
         self.budget = budget
         self.memory = resolve_budget(request.memory_budget, profile.memory)
         """The memory budget (NOTE [ Memory budget ] in budget.py): every candidate's footprint stays under it."""
@@ -156,6 +158,8 @@ class Search:
 
     def search_workers(self, serial: Optional[TrialResult], consumer_s: float) -> Steps[None]:
         consumer_rate = self.consumer_rate = self.batch_size / consumer_s if consumer_s > 0 else None
+        self.ceiling = policy.rate_ceiling(serial, batch_size=self.batch_size, usable_cpus=self.usable,
+                                           consumer_samples_per_s=consumer_rate)
         if serial is not None and consumer_rate and serial.samples_per_s >= (1 - self.tolerance) * consumer_rate:
             return
         if serial is not None:
@@ -179,7 +183,7 @@ class Search:
             yield from self.follow(policy.next_worker_count)
 
     def climb_cap(self) -> int:
-        return policy.climb_cap(self.rates(), cap=self.cap, consumer_samples_per_s=self.consumer_rate,
+        return policy.climb_cap(self.rates(), cap=self.cap, ceiling_samples_per_s=self.ceiling or self.consumer_rate,
                                 tolerance=self.tolerance)
 
     def follow(self, propose: Callable[..., Optional[int]]) -> Steps[None]:

@@ -44,7 +44,7 @@ from ..config import LoaderConfig, make_config
 from ..agreement import Agreement, Alone
 from ..errors import TuningError, warn_user
 from ..measure.consumer import Consumer
-from ..measure.failures import classify
+from ..measure.failures import classify, failure_reason
 from ..measure.run import Measured, Run
 from ..measure.window import samples_in
 from ..probe import MachineProfile
@@ -53,6 +53,7 @@ from ..results import Decision, EpochTrace, TrialResult, TuneResult
 from ..search.candidates import Candidate, Steps
 from ..search.retune import retune
 from ..search.search import Search
+from .handover import Stage, hand_over
 from .slices import EpochSlicer, EpochSource
 
 __all__ = ["EpochTrace", "OnlineLoader"]
@@ -83,6 +84,7 @@ class OnlineLoader:
         self.slicer = EpochSlicer(self.plain)
         self._steps: Optional[Steps[TuneResult]] = None
         self._candidate: Optional[Candidate] = None
+        self._last_run: Optional[Run] = None
         self._measured: List[TrialResult] = []
         self._next_epoch = self._epoch = self.attempts = 0
         self.search_s = self.switch_s = 0.0
@@ -156,36 +158,50 @@ class OnlineLoader:
         trace = EpochTrace(self._epoch, time.perf_counter())
         if self.searching:
             self.traces.append(trace)
+        staged: Optional[Stage] = None
         while not source.done:
             candidate = self._candidate
-            outcome = yield from self._slice(source, candidate, trace)
+            stage = staged or self._stage(source, after=self._last_run)
+            outcome, staged = yield from self._slice(source, stage, trace)
             if outcome is not None:
                 self._advance(outcome)
-            elif candidate is not None and self._candidate is candidate:
+            elif staged is None and candidate is not None and self._candidate is candidate:
                 log.info("epoch %d ended before candidate %s was measured: it goes on next epoch", self._epoch,
                          candidate.config.label())
                 break
-            if candidate is None:
+            if candidate is None and staged is None:
                 break
         self.in_force = self.plain
 
-    def _slice(self, source: EpochSource, candidate: Optional[Candidate],
-               trace: EpochTrace) -> Generator[Any, None, Optional[TrialResult]]:
-        """Serve the next slice of the epoch with ``candidate`` (measured) or the decision (served). Returns what the
-        search must still be told (a failure, a window the epoch's end cut short), else None."""
+    def _stage(self, source: EpochSource, after: Optional[Run]) -> Stage:
+        """The next slice of ``source`` and its run: the search's candidate (measured) or the decision (served)."""
+        candidate = self._candidate
         config = candidate.config if candidate is not None else self.decision.config
         part = source.take(None)
         part.expect(config.num_workers, config.prefetch_factor)
-        self.in_force = self._build(config, sampling=part.sampling(), generator=part.private_generator(),
-                                    in_order=True, persistent_workers=False)
-        run = Run(self.in_force, config, mode="candidate" if candidate is not None else "serve",
-                  consumer=self.consumer, batch_size=self.request.batch_size,
-                  limit_s=candidate.limit_s if candidate is not None else math.inf, agreement=self.agreement)
-        span_start, rate, handed, error = run.started, None, False, None
+        loader = self._build(config, sampling=part.sampling(), generator=part.private_generator(), in_order=True,
+                             persistent_workers=False)
+        run = Run(loader, config, mode="candidate" if candidate is not None else "serve", consumer=self.consumer,
+                  batch_size=self.request.batch_size, limit_s=candidate.limit_s if candidate is not None else math.inf,
+                  agreement=self.agreement)
+        if after is not None:
+            run.follows(after)
+        return Stage(part, run, candidate)
+
+    def _slice(self, source: EpochSource, stage: Stage,
+               trace: EpochTrace) -> Generator[Any, None, Tuple[Optional[TrialResult], Optional[Stage]]]:
+        """Serve ``stage``'s slice of the epoch. Returns what the search must still be told (a failure, a window the
+        epoch's end cut short), else None; and the next stage, when a hidden switch started it (NOTE [ Hidden
+        switch ] in handover.py)."""
+        run, part, config, candidate = stage.run, stage.part, stage.config, stage.candidate
+        self.in_force, self._last_run = run.loader, run
+        serving = span_start = time.perf_counter()
+        rate, handed, error = None, False, None
+        tail, following = False, None
         batches = iter(run)
         try:
             reply: Optional[bool] = None
-            while True:
+            while not (tail and run.delivered >= (part.limit or 0)):
                 item = batches.send(reply)  # type: ignore[arg-type]
                 reply = None
                 if isinstance(item, Measured):
@@ -193,26 +209,37 @@ class OnlineLoader:
                     reply = self._measured_now(item.result, config)
                     if reply:
                         span_start = trace.span(span_start, config, rate)
+                    else:
+                        tail, following = hand_over(source, stage, agreement=self.agreement, stage=self._stage)
+                        reply = tail
                     continue
                 trace.batches.append((time.perf_counter() - trace.start, samples_in(item, self.request.batch_size)))
                 yield item
+            run.stop()  # the tail is served: an orderly stop, before the generator closes
         except StopIteration:
             pass
         except BaseException as exc:  # noqa: B036 - classified below; GeneratorExit and Ctrl-C re-raised there
             error = exc
         finally:
+            if following is not None and error is not None:
+                following.abort(error)  # the later slice first: its batches go back behind the ones below
             batches.close()
             run.stop(error)  # done already, unless a Ctrl-C landed as the run's own cleanup began
             self.in_force = self.plain
             part.delivered(run.delivered)
-            self.switch_s += (run.startup_s or 0.0) + run.stop_s
-            self.search_s += run.elapsed
-        outcome = self._outcome(run, candidate if not handed else None, error)
+            self.switch_s += run.switch_s
+            self.search_s += time.perf_counter() - serving
+        outcome = self._outcome(run, candidate if not handed else None, error, tail=tail)
         trace.span(span_start, config, outcome.samples_per_s if outcome is not None and outcome.ok else rate)
-        return outcome
+        return outcome, following if error is None else None
 
-    def _outcome(self, run: Run, candidate: Optional[Candidate],
-                 error: Optional[BaseException]) -> Optional[TrialResult]:
+    def _outcome(self, run: Run, candidate: Optional[Candidate], error: Optional[BaseException], *,
+                 tail: bool) -> Optional[TrialResult]:
+        reason = failure_reason(error, workers=run.config.num_workers) if error is not None and tail else None
+        if reason is not None and not isinstance(error, TuningError):
+            log.warning("candidate %s failed after it was measured, while serving its last batches (%s): they go to "
+                        "the next candidate", run.config.label(), reason)
+            return None
         if error is not None and candidate is None:
             raise error  # the configuration in force, measured no more: its errors reach the loop as a DataLoader's do
         if error is not None:

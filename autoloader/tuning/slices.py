@@ -49,6 +49,11 @@ builds it so), and ``part.delivered(n)`` closes it, re-issuing what the loop did
 # slice, switch, break, dead workers): ``slice.delivered(n)``. The ``pulled - n`` undelivered batches go back, in
 # order, to the front of the source and the next slice hands them out first. One slice is open at a time, which keeps
 # the order. Candidates are built with ``in_order=True``, so "the first n" is well defined.
+# Two open slices (a hidden switch, NOTE [ Hidden switch ] in tuning/online.py): ``cap(extra)`` ends a slice after the
+# batches its DataLoader pulled plus ``extra`` more, which it reserves from the source at once; the next slice may
+# then be taken while the capped one serves them, and starts right after them. Order still holds when the later
+# slice closes first: a failure while both are open closes the later one with ``delivered(0)`` (its batches go back
+# to the front), then the earlier one (its undelivered batches go back in front of those).
 from __future__ import annotations
 
 import collections
@@ -90,8 +95,10 @@ class BatchSlice(Sampler):
         self.lookahead: Optional[int] = None
 
     def _bind(self, source: EpochSource, number: int, limit: Optional[int]) -> None:
-        self._source, self._number, self._limit, self._start = source, number, limit, source.position
+        self._source, self._number, self._limit, self._start = source, number, limit, source._next_start()
         self._pulled, self._binding, self._closed = 0, self._binding + 1, False
+        self._reserved: Deque[Any] = collections.deque()
+        self.capped = False
         keep = None if self.lookahead is None else self.lookahead + 2
         self._recent: Deque[Any] = collections.deque(maxlen=keep)
 
@@ -109,6 +116,29 @@ class BatchSlice(Sampler):
     @property
     def pulled(self) -> int:
         return self._pulled if self._source is not None else 0
+
+    @property
+    def limit(self) -> Optional[int]:
+        """The most batches this slice hands out (None: the rest of the epoch)."""
+        return self._limit
+
+    def cap(self, extra: int = 0) -> int:
+        """End the slice after the batches its DataLoader pulled and ``extra`` more, reserved from the source now, so
+        that the next slice can be taken while this one serves them (NOTE [ Exact epochs across candidates ], two open
+        slices). Returns the slice's new limit; its DataLoader then ends after handing all of them out."""
+        source = self.source
+        if self._closed:
+            raise RuntimeError(f"slice {self._number} is closed: cap() a slice whose DataLoader is still iterating")
+        if isinstance(extra, bool) or not isinstance(extra, int) or extra < 0:
+            raise ValueError(f"cap(extra): extra must be an int >= 0 (batches to reserve), got {extra!r}")
+        room = extra if self._limit is None else max(0, min(extra, self._limit - self._pulled))
+        while len(self._reserved) < room:
+            batch = source._pull()
+            if batch is None:
+                break
+            self._reserved.append(batch)
+        self._limit, self.capped = self._pulled + len(self._reserved), True
+        return self._limit
 
     def expect(self, num_workers: int, prefetch_factor: Optional[int]) -> None:
         """Keep as many batches as a DataLoader with these settings may pull ahead (its undelivered batches are given
@@ -145,7 +175,7 @@ class BatchSlice(Sampler):
             if self._closed or binding != self._binding:
                 raise RuntimeError("this slice was closed by delivered(): stop iterating its DataLoader first, and "
                                    "bind it again with EpochSource.take(limit, reuse=slice) before a new iter()")
-            batch = source._pull()
+            batch = self._reserved.popleft() if self._reserved else None if self.capped else source._pull()
             if batch is None:
                 return
             self._pulled += 1
@@ -167,10 +197,13 @@ class BatchSlice(Sampler):
         if back > len(self._recent):
             raise RuntimeError(f"slice {self._number} kept only its last {len(self._recent)} batches but {back} are "
                                f"undelivered: was its DataLoader built with a larger prefetch than its lookahead?")
+        undelivered = list(self._recent)[len(self._recent) - back:] + list(self._reserved)
+        record = source._close(self, SliceRecord(self._number, self._start, self._limit, self._pulled, n),
+                               undelivered)
         self._closed = True
-        undelivered = list(self._recent)[len(self._recent) - back:]
         self._recent.clear()
-        return source._close(SliceRecord(self._number, self._start, self._limit, self._pulled, n), undelivered)
+        self._reserved.clear()
+        return record
 
 
 class EpochSource:
@@ -195,7 +228,8 @@ class EpochSource:
             self._len = None
         self._reissue: Deque[Any] = collections.deque()
         self._exhausted = False
-        self._open: Optional[BatchSlice] = None
+        self._open: List[BatchSlice] = []
+        """Open slices, oldest first: one, or a capped one and the slice after it (a hidden switch)."""
         self._records: List[SliceRecord] = []
         self.position = 0
         """Batches the loop has received this epoch (from closed slices)."""
@@ -214,10 +248,15 @@ class EpochSource:
         return self._remaining_at(self.position)
 
     @property
+    def unclaimed(self) -> Optional[int]:
+        """Batches no open slice holds: what a slice taken now may hand out (None when the sampler has no len())."""
+        return self._remaining_at(self._next_start())
+
+    @property
     def done(self) -> bool:
         """No slice open, nothing to re-issue, and the sampler is used up (or, with a len(), fully delivered)."""
         spent = self._exhausted or (self._len is not None and self.position >= self._len)
-        return self._open is None and not self._reissue and spent
+        return not self._open and not self._reissue and spent
 
     @property
     def slices(self) -> Sequence[SliceRecord]:
@@ -229,23 +268,30 @@ class EpochSource:
         ``reuse``: bind an existing (closed) slice instead of a new one, for a DataLoader whose ``batch_sampler`` it
         already is (persistent workers keep their DataLoader across slices and epochs).
         """
-        if self._open is not None:
-            raise RuntimeError(f"slice {self._open.number} is still open: call its delivered(n) with the number of "
-                               f"batches the loop received from it before taking the next slice")
+        if self._open and not self._open[-1].capped:
+            raise RuntimeError(f"slice {self._open[-1].number} is still open: call its delivered(n) with the number "
+                               f"of batches the loop received from it (or cap() it) before taking the next slice")
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be >= 0 or None (the rest of the epoch), got {limit}")
         if reuse is not None and reuse._source is not None and not reuse._closed:
             raise RuntimeError("reuse= needs a closed slice: call its delivered(n) first")
         part = reuse if reuse is not None else BatchSlice()
-        part._bind(self, len(self._records), limit)
-        self._open = part
+        part._bind(self, len(self._records) + len(self._open), limit)
+        self._open.append(part)
         return part
+
+    def _next_start(self) -> int:
+        """Where a slice taken now starts: after the open (capped) slice's last batch, else at ``position``."""
+        if not self._open:
+            return self.position
+        last = self._open[-1]
+        return last._start + (last._limit or 0)
 
     def skip(self, k: int) -> None:
         """Fast-forward a fresh epoch past its first ``k`` batches, as if delivered, without loading a sample: only
         the index sampler is iterated (NOTE [ Exact resume ] in loader/state.py). One more batch is drawn and put
         back, so a sampler that draws its order lazily (``RandomSampler``) has drawn it when this returns."""
-        if self._open is not None or self.position or self._records:
+        if self._open or self.position or self._records:
             raise RuntimeError("skip() fast-forwards a fresh epoch only: call it before the first take()")
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"skip(k): k must be an int >= 0 (batches already delivered), got {k!r}")
@@ -268,9 +314,17 @@ class EpochSource:
                 self._exhausted = True
         return None
 
-    def _close(self, record: SliceRecord, undelivered: List[Any]) -> SliceRecord:
+    def _close(self, part: BatchSlice, record: SliceRecord, undelivered: List[Any]) -> SliceRecord:
+        later = self._open[self._open.index(part) + 1:]
+        if later and (undelivered or record.delivered < (record.limit or 0)):
+            raise RuntimeError(f"slice {record.number} cannot give batches back while slice {later[0].number}, taken "
+                               f"after it, is open: close the later slice first (delivered(0))")
+        earlier = self._open[:self._open.index(part)]
+        if earlier and record.delivered:
+            raise RuntimeError(f"slice {record.number} delivered batches while slice {earlier[0].number}, taken "
+                               f"before it, is still open: the earlier slice's batches come first")
         self._reissue.extendleft(reversed(undelivered))
-        self._open = None
+        self._open.remove(part)
         self.position += record.delivered
         self._records.append(record)
         log.debug("slice %d: delivered %d of %d pulled, %d re-issued (epoch position %d)",

@@ -45,3 +45,30 @@ def test_a_window_past_the_burst_is_timed_from_its_opening():
     result = window.result(elapsed=0.8)
     assert result.samples_per_s == pytest.approx(6400)
     assert result.steady
+
+
+class _NoDevice:
+    def synchronize(self) -> None:
+        pass
+
+
+def test_the_window_waits_for_the_previous_runs_workers_to_be_reaped():
+    """NOTE [ Trial timing ], 5.: while ``settled`` says no, the burst grows a batch at a time, so a reaped worker's
+    CPU time never lands inside the window; once it says yes the window opens and is timed from there."""
+    calls = []
+
+    def settled() -> bool:
+        calls.append(len(window.marks))
+        return len(calls) > 3
+
+    window = Window(LoaderConfig(2, 2), started=0.0, batch_size=8, min_window_s=0.0, min_rounds=3, min_batches=6,
+                    settled=settled)
+    assert window.skip == 6
+    t = 0.0
+    for _ in range(20):
+        t += 0.01
+        window.add([0] * 8, t_ask=t - 0.005, c_ask=(0.0, None), t_got=t, c_got=(0.0, None), consumer=_NoDevice())
+    assert calls == [5, 6, 7, 8], "asked as each batch would open the window, until it said yes"
+    assert window.skip == 9 and window.opened is not None
+    result = window.result(elapsed=t)
+    assert result.steady and result.batches == 20 - 9

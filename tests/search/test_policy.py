@@ -503,4 +503,31 @@ def test_policy_holds_the_process_decisions_and_threads_policy_the_thread_ones()
     ({8: None, 4: 1000.0}, 1000.0, 4),
 ])
 def test_climb_cap(rates, consumer, expected):
-    assert policy.climb_cap(rates, cap=64, consumer_samples_per_s=consumer) == expected
+    assert policy.climb_cap(rates, cap=64, ceiling_samples_per_s=consumer) == expected
+
+
+def _serial(fetch_s: float, cpu_s: float, *, batch: int = 32) -> TrialResult:
+    return TrialResult(config=LoaderConfig(0), samples_per_s=batch / fetch_s, batches=20, window_s=20 * fetch_s,
+                       fetch_s_per_batch=fetch_s, fetch_cpu_s_per_batch=cpu_s)
+
+
+@pytest.mark.parametrize("serial, consumer, expected", [
+    (_serial(0.010, 0.010), None, 2 * 3200.0),        # CPU-bound: 2 CPUs' worth of 10 ms per batch of 32
+    (_serial(0.010, 0.010), 5000.0, 5000.0),          # the step is the lower bound
+    (_serial(0.010, 0.001), None, 2 * 32000.0),       # waiting: a high CPU bound, reached only by many workers
+    (_serial(0.010, 0.0), 700.0, 700.0),              # no CPU measured: the step only
+    (_serial(0.010, 0.0), None, None),
+    (None, 900.0, 900.0),
+    (TrialResult(config=LoaderConfig(0), status="failed", reason="x"), None, None),
+])
+def test_rate_ceiling(serial, consumer, expected):
+    assert policy.rate_ceiling(serial, batch_size=32, usable_cpus=2, consumer_samples_per_s=consumer) == expected
+
+
+def test_a_cpu_bound_climb_stops_at_the_cpu_ceiling():
+    """The serial trial says 2 CPUs load at most 6,400 samples/s: 2 workers at 6,200 reach it, so the search proposes
+    no 4 (it would without the ceiling), only the descent to 1."""
+    rates = {0: 3200.0, 2: 6200.0}
+    ceiling = policy.rate_ceiling(_serial(0.010, 0.010), batch_size=32, usable_cpus=2, consumer_samples_per_s=None)
+    assert policy.next_worker_count(rates, cap=64) == 4
+    assert policy.next_worker_count(rates, cap=policy.climb_cap(rates, cap=64, ceiling_samples_per_s=ceiling)) == 1

@@ -286,3 +286,60 @@ def test_an_epoch_that_never_waits_for_data_tries_fewer_workers_once():
     source._after_epoch(decision.samples_per_s / 2, 0.0)
     assert source.searching and not source.tried_fewer, "the regime changed: a search either way"
     del loader, source
+
+
+def _recording_hand_overs(monkeypatch, *, kill_tail=False):
+    """Record every hidden switch (``handover.hand_over``: the batches the measured candidate still held, the
+    candidate started beside it); ``kill_tail``: SIGKILL the measured candidate's workers as its tail begins."""
+    from autoloader.tuning import online
+    records = []
+
+    def recording(source, current, **kwargs):
+        in_flight = current.part.pulled - current.run.delivered
+        tail, following = real(source, current, **kwargs)
+        records.append((current.config.num_workers, in_flight, current.part.limit - current.run.delivered
+                        if tail else None, following.config.num_workers if following else None))
+        if kill_tail and tail and following is not None and current.config.num_workers:
+            for proc in current.run._workers:
+                proc.kill()
+            current.run._workers[0].wait(5)
+        return tail, following
+
+    real = online.hand_over
+    monkeypatch.setattr(online, "hand_over", recording)
+    return records
+
+
+def test_the_next_candidate_starts_while_the_measured_one_serves_its_tail(monkeypatch):
+    """NOTE [ Hidden switch ]: at each switch the measured candidate serves what it holds in flight (none lost or
+    loaded twice: its slice gives nothing back) while the next candidate's workers start; the epochs stay exact."""
+    records = _recording_hand_overs(monkeypatch)
+    data = Indexed(2400, latency_s=0.001)
+    torch.manual_seed(4)
+    loader = make_loader(data, 8, shuffle=True, cache=False, tuning="online", max_workers=6)
+    online = _until_decided(loader)
+    torch.manual_seed(4)
+    assert online == _epochs(DataLoader(data, 8, shuffle=True), len(online))
+    assert records, "no switch was hidden"
+    for workers, in_flight, tail, following in records:
+        assert tail is not None, "one process: every switch keeps a tail"
+        assert tail == (in_flight if workers else in_flight + 2), (workers, in_flight, tail)
+    started = [r for r in records if r[3] is not None]
+    assert started and any(r[0] > 0 and r[1] > 0 for r in started), records
+    del loader
+
+
+def test_a_worker_lost_in_the_tail_loses_no_batch_and_the_next_candidate_starts_again(monkeypatch, caplog):
+    records = _recording_hand_overs(monkeypatch, kill_tail=True)
+    data = Indexed(2400, latency_s=0.001)
+    torch.manual_seed(6)
+    loader = make_loader(data, 8, shuffle=True, cache=False, tuning="online", max_workers=6)
+    with caplog.at_level("WARNING", logger="autoloader.online"):
+        online = _until_decided(loader)
+    torch.manual_seed(6)
+    assert online == _epochs(DataLoader(data, 8, shuffle=True), len(online))
+    killed = [r for r in records if r[0] > 0 and r[3] is not None]
+    assert killed, records
+    assert "failed after it was measured" in caplog.text
+    assert loader.decisions, "the search went on"
+    del loader

@@ -352,3 +352,80 @@ def test_skip_fast_forwards_a_fresh_epoch_by_index_only():
         EpochSlicer(plain).epoch().skip(6)
     with pytest.raises(ValueError, match="int >= 0"):
         EpochSlicer(plain).epoch().skip(-1)
+
+
+# ------------------------------------------------------------------ two open slices (a hidden switch)
+
+def hidden_switch_epoch(build: Recipe, slicer: EpochSlicer, *, first_workers: int, extra: int,
+                        fail_in_tail: bool = False) -> Tuple[List[Any], EpochSource]:
+    """An epoch as online tuning's hidden switch serves it (NOTE [ Hidden switch ] in tuning/online.py): the first
+    candidate hands out 3 batches, is capped (its in-flight batches and ``extra`` more), the second one is started
+    before the first serves its tail; ``fail_in_tail``: the first stops after one tail batch (its workers died), so
+    the second is stopped unused and both give batches back, the later slice first."""
+    source, out = slicer.epoch(), []
+    first = source.take(None)
+    it = iter(build.candidate(first, first_workers))
+    out += [as_list(next(it)) for _ in range(3)]
+    limit = first.cap(extra)
+    assert limit == first.pulled + extra, "the extra batches are reserved at once"
+    second = source.take(None)
+    second_it = iter(build.candidate(second, 2))  # starts its workers: they pull batches after the first's tail
+    assert second.pulled == 4 and len(second) == len(source) - limit
+    if fail_in_tail:
+        out.append(as_list(next(it)))
+        del it, second_it
+        with pytest.raises(RuntimeError, match="close the later slice first"):
+            first.delivered(4)
+        second.delivered(0)
+        first.delivered(4)
+        rest = source.take(None)
+        out += [as_list(b) for b in build.candidate(rest, 0)]
+        rest.delivered(len(out) - 4)
+    else:
+        out += [as_list(b) for b in it]  # the tail, to its end: the capped slice ends the DataLoader
+        assert len(out) == limit
+        with pytest.raises(RuntimeError, match="taken before it"):
+            second.delivered(1)
+        first.delivered(limit)
+        out += [as_list(b) for b in second_it]
+        second.delivered(len(out) - limit)
+    assert source.done
+    return out, source
+
+
+@pytest.mark.parametrize("first_workers, extra", [(0, 2), (2, 0), (2, 3)])
+@pytest.mark.parametrize("fail_in_tail", [False, True], ids=["tail-served", "tail-failed"])
+def test_a_capped_slice_serves_its_tail_while_the_next_one_prefetches(first_workers, extra, fail_in_tail):
+    g = torch.Generator()
+    make = lambda: dict(batch_size=3, shuffle=True, generator=g.manual_seed(9))  # noqa: E731
+    dataset = Indices(61)
+    expected, _ = plain_epochs(dataset, make())
+    torch.manual_seed(GLOBAL_SEED)
+    build = Recipe(dataset, make())
+    slicer = EpochSlicer(build.plain)
+    for e in range(EPOCHS):
+        out, source = hidden_switch_epoch(build, slicer, first_workers=first_workers, extra=extra,
+                                          fail_in_tail=fail_in_tail)
+        assert out == expected[e], f"epoch {e}"
+        assert source.position == len(out)
+
+
+def test_cap_and_take_errors():
+    build = Recipe(Indices(40), dict(batch_size=4))
+    source = EpochSlicer(build.plain).epoch()
+    part = source.take(None)
+    with pytest.raises(RuntimeError, match="still open"):
+        source.take(None)
+    with pytest.raises(ValueError, match="extra must be an int >= 0"):
+        part.cap(-1)
+    assert part.cap(100) == 10 and source.unclaimed == 0, "a cap reserves no more than the epoch holds"
+    last = source.take(None)
+    assert len(last) == 0 and last.limit is None
+    last.delivered(0)
+    part.delivered(0)
+    with pytest.raises(RuntimeError, match="cap\\(\\) a slice whose DataLoader is still iterating"):
+        part.cap(0)
+    rest = source.take(None)
+    assert [as_list(b) for b in build.candidate(rest, 0)][0] == [0, 1, 2, 3], "all given back, in order"
+    rest.delivered(10)
+    assert source.done

@@ -1,0 +1,98 @@
+"""The hidden switch between two online candidates: the next one starts while the measured one serves its tail.
+
+# NOTE [ Hidden switch ]
+# A plain switch from one candidate (A) to the next (B) costs the loop B's start-up (forking its workers, then their
+# first batch: 0.1-0.5 s), and A's in-flight batches, loaded and thrown away (re-issued to B). So when A's window
+# closes and the search names B (or decides on a configuration other than A's), ``hand_over``:
+# 1. caps A's slice (``BatchSlice.cap``) at the batches its DataLoader pulled (in flight: up to num_workers x
+#    prefetch_factor) and ``tail_extra`` more: A's tail, which A serves on, measured by nobody;
+# 2. takes B's slice right after the tail and starts B's iterator (``Run.start``: its workers fork and prefetch)
+#    while A serves its tail, so that B's first batches are ready, or nearly, when the loop asks for them;
+# 3. A's run stops once the loop got its tail (orderly: its workers are reaped in a helper thread), and B serves on.
+# Measurement. A's window closed before B started: B's start-up takes no CPU from A's figures (the overlap falls in
+# A's tail, which nobody measures). B's window opens after its burst (NOTE [ Trial timing ], 2.: the batches it
+# prefetched during A's tail are part of that burst) and only once A's workers are reaped (5.). ``Decision.switch_s``
+# counts what the loop still waited for: forking B's workers (on the loop's thread: a fork from a helper thread could
+# copy a lock another thread holds), B's first batch after the tail, and stopping A.
+# The tail's length. With workers, A's in-flight batches take about prefetch_factor of a worker's batch times to
+# serve: about what B's first worker needs for its first batch. Without workers (the serial candidate) nothing is in
+# flight, so A loads ``SERIAL_TAIL`` more batches itself while B's workers start.
+# Failures while both are open (a worker of A dies in its tail, the dataset raises, Ctrl-C, the loop breaks): B is
+# stopped first and its slice closed with nothing delivered, then A as without a hidden switch (its undelivered
+# batches go back in front of B's: NOTE [ Exact epochs across candidates ] in slices.py). A worker failure in A's tail
+# does not reach the loop (A was measured and the search moved on): it is logged, and B starts again, plainly.
+# Ranks. Every rank's window ends at the same batch with the same search decision (NOTE [ Online switching ]); they
+# hide the switch only when their tails are as long (one agreement), so that B starts at the same batch everywhere and
+# the per-batch agreements of B's window pair up across ranks. Otherwise A stops at once, as before (its in-flight
+# batches re-issued). When no batch is left after the tail, A serves it to the epoch's end and B starts next epoch.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Optional, Tuple
+
+from ..agreement import Agreement, Alone
+from ..config import LoaderConfig
+from ..measure.run import Run
+from ..search.candidates import Candidate
+from .slices import BatchSlice, EpochSource
+
+log = logging.getLogger("autoloader.online")
+
+SERIAL_TAIL = 2
+"""Batches a measured candidate without workers loads after its window closed, while the next one's workers start
+(the default ``prefetch_factor``: what a worker candidate's tail holds per worker)."""
+
+
+@dataclass
+class Stage:
+    """One slice of an epoch and the run that serves it: a candidate's (``candidate``), or the decision's (None)."""
+
+    part: BatchSlice
+    run: Run
+    candidate: Optional[Candidate]
+
+    @property
+    def config(self) -> LoaderConfig:
+        return self.run.config
+
+    def abort(self, error: BaseException) -> None:
+        """Stop a stage that handed out nothing (its workers at once), and give its batches back: a later slice
+        closes before an earlier one gives batches back (NOTE [ Hidden switch ])."""
+        self.run.stop(error)
+        self.part.delivered(0)
+
+
+def tail_extra(config: LoaderConfig) -> int:
+    """Batches a measured candidate loads after its window closed, beyond those in flight (NOTE [ Hidden switch ]):
+    none with workers, ``SERIAL_TAIL`` without. Pure."""
+    return 0 if config.num_workers else SERIAL_TAIL
+
+
+def same_everywhere(agreement: Agreement, *values: int) -> bool:
+    """Whether every rank holds these ``values`` (one agreement; True alone)."""
+    if isinstance(agreement, Alone):
+        return True
+    agreed = agreement.reduce_min([float(v) for v in values] + [-float(v) for v in values])
+    return agreed[:len(values)] == [-v for v in agreed[len(values):]]
+
+
+def hand_over(source: EpochSource, current: Stage, *, agreement: Agreement,
+              stage: Callable[[EpochSource, Run], Stage]) -> Tuple[bool, Optional[Stage]]:
+    """After ``current``'s window closed and the search moved on: (whether it serves a tail, the next stage, started)
+    (NOTE [ Hidden switch ]). ``stage(source, after)`` builds the next stage over ``source``'s next slice. (False,
+    None): stop ``current`` at once, as a plain switch does."""
+    run, part = current.run, current.part
+    extra, left = tail_extra(current.config), source.unclaimed
+    last = left is not None and left <= extra  # the tail ends the epoch: nothing to start
+    if not same_everywhere(agreement, part.pulled - run.delivered, int(last)):
+        log.info("the ranks' candidates hold different numbers of batches in flight: switching without a tail")
+        return False, None
+    part.cap(extra)
+    run.keep_workers()
+    if last:
+        return True, None
+    following = stage(source, run)
+    following.run.start()
+    return True, following
