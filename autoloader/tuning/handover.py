@@ -94,5 +94,9 @@ def hand_over(source: EpochSource, current: Stage, *, agreement: Agreement,
     if last:
         return True, None
     following = stage(source, run)
-    following.run.start()
+    try:
+        following.run.start()  # an Exception is kept by the run (its failure, measured as such); not Ctrl-C
+    except BaseException as exc:  # noqa: B036 - re-raised once the stage is stopped and its slice closed
+        following.abort(exc)
+        raise
     return True, following

@@ -53,6 +53,7 @@ from ..results import Decision, EpochTrace, TrialResult, TuneResult
 from ..search.candidates import Candidate, Steps
 from ..search.retune import retune
 from ..search.search import Search
+from .face import DataLoaderFace
 from .handover import Stage, hand_over
 from .slices import EpochSlicer, EpochSource
 
@@ -65,7 +66,7 @@ MAX_ATTEMPTS = 2
 taken as it is (a window that opened and holds a few batches is taken at once, marked not steady)."""
 
 
-class OnlineLoader:
+class OnlineLoader(DataLoaderFace):
     """The epochs of one loader tuned in its own training loop (see NOTE [ Online switching ]): from scratch when
     ``decision`` is None, else re-tuning from it when an epoch's rate or stall moves away (``retune``)."""
 
@@ -94,34 +95,6 @@ class OnlineLoader:
         hardly waits does not start another one."""
         if decision is None:
             self._start_search(None, why="no tuning for this dataset and machine yet")
-
-    # -- what a DataLoader answers (NOTE [ What frameworks read ] in loader/prefetch.py) -------------------------
-    def __len__(self) -> int:
-        return len(self.plain)
-
-    def __getattr__(self, name: str) -> Any:
-        """The plain DataLoader's attributes (dataset, sampler, batch_sampler, batch_size, generator, ...)."""
-        if name.startswith("__") or name in ("plain", "_overrides"):
-            raise AttributeError(name)
-        return getattr(self.plain, name)
-
-    @property
-    def worker_init_fn(self) -> Any:
-        return self.plain.worker_init_fn
-
-    @worker_init_fn.setter
-    def worker_init_fn(self, value: Any) -> None:
-        """Set on every DataLoader this source builds from now on (Lightning's ``seed_everything(workers=True)``)."""
-        self._overrides["worker_init_fn"] = value
-        self.plain.worker_init_fn = value
-
-    @property
-    def _iterator(self) -> Any:
-        return self.plain._iterator
-
-    @_iterator.setter
-    def _iterator(self, value: Any) -> None:
-        self.plain._iterator = value
 
     @property
     def tuning(self) -> TuneResult:
@@ -179,8 +152,12 @@ class OnlineLoader:
         config = candidate.config if candidate is not None else self.decision.config
         part = source.take(None)
         part.expect(config.num_workers, config.prefetch_factor)
-        loader = self._build(config, sampling=part.sampling(), generator=part.private_generator(), in_order=True,
-                             persistent_workers=False)
+        try:
+            loader = self._build(config, sampling=part.sampling(), generator=part.private_generator(), in_order=True,
+                                 persistent_workers=False)
+        except BaseException:
+            part.delivered(0)
+            raise
         run = Run(loader, config, mode="candidate" if candidate is not None else "serve", consumer=self.consumer,
                   batch_size=self.request.batch_size, limit_s=candidate.limit_s if candidate is not None else math.inf,
                   agreement=self.agreement)

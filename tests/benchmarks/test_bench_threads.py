@@ -87,6 +87,16 @@ class Case:
     fixed: Tuple[Pair, ...] = ()
     """Empty: a sweep row (process-only sweep); else the processes x threads configurations measured."""
     needs: Optional[str] = None
+    wait_s: float = 0.0
+    """A sample's wait (the waiting rows): it sets how long a side-by-side trial may take (``limit_of``)."""
+
+
+def limit_of(case: Case) -> float:
+    """A side-by-side trial's limit: ``TRIAL_LIMIT``, or what n single-threaded workers need to get past their burst
+    (3n batches) and through the window's three waves (3n more) when a batch is ``batch_size`` waits long: 6 batch
+    times, plus a third for start-up (20 ms waits at batch 128: 2.6 s a batch, 20.5 s; within 12 s every trial of
+    that row was cut inside its burst and read a lower bound)."""
+    return max(TRIAL_LIMIT, 8.0 * case.batch_size * case.wait_s)
 
 
 WAITS_MS = (1, 4, 20)
@@ -100,7 +110,7 @@ def waiting(wait_ms: int, sample_kb: int) -> Callable[[], Any]:
 
 
 CASES: Dict[str, Case] = {
-    **{f"w{w}-s{kb}k-b{b}": Case(f"waiting {w} ms, {kb} KB/sample", waiting(w, kb), b)
+    **{f"w{w}-s{kb}k-b{b}": Case(f"waiting {w} ms, {kb} KB/sample", waiting(w, kb), b, wait_s=w / 1000)
        for w in WAITS_MS for kb in SAMPLE_KB for b in BATCHES},
     "mixed-b16": Case("mixed (3 ms wait + 0.5 ms CPU/sample)", lambda: Mixed(latency_s=0.003, cost_s=0.0005), 16),
     "mixed-b64": Case("mixed (3 ms wait + 0.5 ms CPU/sample)", lambda: Mixed(latency_s=0.003, cost_s=0.0005), 64),
@@ -166,7 +176,8 @@ def longer_windows(seconds: float) -> Iterator[None]:
         yield
 
 
-def side_by_side(dataset: Any, batch_size: int, configs: Sequence[LoaderConfig]) -> Dict[LoaderConfig, Measured]:
+def side_by_side(dataset: Any, batch_size: int, configs: Sequence[LoaderConfig], *,
+                 limit_s: float = TRIAL_LIMIT) -> Dict[LoaderConfig, Measured]:
     """Every config in interleaved rounds (forward, reverse, ...) with the same trial code and consumer; medians."""
     request = Request.checked(dataset, batch_size, device="cpu")
     consumer = Consumer(None, request.device)
@@ -174,7 +185,7 @@ def side_by_side(dataset: Any, batch_size: int, configs: Sequence[LoaderConfig])
     with longer_windows(MIN_WINDOW_S):
         for r in range(ROUNDS):
             for config in (configs if r % 2 == 0 else list(configs)[::-1]):
-                trial = run_trial(request, config, consumer=consumer, limit_s=TRIAL_LIMIT)
+                trial = run_trial(request, config, consumer=consumer, limit_s=limit_s)
                 assert_no_worker_left(f"the trial of {config.label()}")
                 runs[config].append(trial)
     out = {}
@@ -257,7 +268,7 @@ def test_threads_vs_process_only_sweep(benchmark, case_id):
     sweep = [config_of((n, 1)) for n in SWEEP]
     choice_config = measured_as(result.config)
     configs = list(dict.fromkeys(sweep + [choice_config]))
-    measured = side_by_side(dataset, case.batch_size, configs)
+    measured = side_by_side(dataset, case.batch_size, configs, limit_s=limit_of(case))
     best = max(sweep, key=lambda c: measured[c].rate)
     choice, top = measured[choice_config], measured[best]
     rate_ratio = choice.rate / top.rate if top.rate else float("nan")
