@@ -144,7 +144,7 @@ class Run:
 
     def start(self) -> None:
         """Start the loader's iterator (and its workers) now, before the run is iterated: the next candidate of a
-        hidden switch (NOTE [ Hidden switch ] in tuning/online.py). An error raised doing so is the run's, raised when
+        hidden switch (NOTE [ Hidden switch ] in tuning/handover.py). An error raised doing so is the run's, raised when
         it is iterated. Once; iterating the run calls it too."""
         if self._it is not None or self._start_error is not None:
             return

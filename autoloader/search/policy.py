@@ -16,9 +16,10 @@ from ..results import Bottleneck, TrialResult, TuneResult
 
 __all__ = [
     "DEFAULT_TOLERANCE", "FIRST_STEP_WORKERS", "HEADROOM", "SHM_MARGIN",
-    "bottleneck", "climb_cap", "cpu_saturated", "rate_ceiling", "disk_ceiling", "keep_workers_alive", "next_count_down", "next_count_near",
-    "next_worker_count", "no_longer_fits", "per_worker_bytes", "predict_from_serial", "predict_from_workers", "select",
-    "select_within_budget", "shm_need_bytes", "workers_needed", "worth_more_prefetch"]
+    "bottleneck", "climb_cap", "cpu_saturated", "disk_ceiling", "keep_workers_alive", "next_count_down",
+    "next_count_near", "next_worker_count", "no_longer_fits", "per_worker_bytes", "predict_from_serial",
+    "predict_from_workers", "rate_ceiling", "select", "select_within_budget", "shm_need_bytes", "workers_needed",
+    "worth_more_prefetch"]
 
 DEFAULT_TOLERANCE = 0.05
 HEADROOM = 1.2

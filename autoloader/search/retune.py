@@ -11,6 +11,11 @@ Why search again (``retune``, after each epoch served by the decision, ``OnlineL
 - Fewer may do: the loop hardly waited for data (at most ``IDLE_STALL`` of the epoch) with more than one worker,
   and no search has tried fewer since the decision. A decision taken cold keeps workers a warm epoch no longer
   needs; they cost memory and CPU, not speed, so the rate alone never shows them.
+- Its candidates were measured in different epochs (``spanned``: the search outlived an epoch) and it chose more
+  than one worker: the smaller counts may have been measured in a slower regime (a cold first epoch), the larger
+  ones in a faster one, so the comparison that chose it does not hold. Fewer are tried once, in one regime (the
+  online benchmark's simulated cold files: candidates 8, 20, 40 cold, 64 and 51 warm, 51 chosen where 1 worker is
+  the warm optimum, and 51 ran the warm epochs at 0.72-0.84 of its speed).
 A search that only goes down (``policy.next_count_down``) never measures more workers than the configuration in force: a
 candidate that climbs would cost a switch for nothing.
 """
@@ -39,9 +44,11 @@ class Retune:
 
 
 def retune(*, decided_samples_per_s: Optional[float], decided_stall: Optional[float], num_workers: int,
-           epoch_samples_per_s: Optional[float], epoch_stall: Optional[float], tried_fewer: bool) -> Optional[Retune]:
+           epoch_samples_per_s: Optional[float], epoch_stall: Optional[float], tried_fewer: bool,
+           spanned: bool = False) -> Optional[Retune]:
     """Whether the next epoch searches again, from the epoch just ended (steady state) and the decision in force
-    (``num_workers``; ``tried_fewer``: a search already went down from it); None keeps the decision."""
+    (``num_workers``; ``tried_fewer``: a search already went down from it; ``spanned``: its search measured
+    candidates in more than one epoch); None keeps the decision."""
     if epoch_samples_per_s is None or epoch_stall is None:
         return None
     if decided_samples_per_s:
@@ -55,4 +62,7 @@ def retune(*, decided_samples_per_s: Optional[float], decided_stall: Optional[fl
     if not tried_fewer and num_workers > 1 and epoch_stall <= IDLE_STALL:
         return Retune(f"the loop waited for data {epoch_stall:.1%} of the epoch with {num_workers} workers: trying "
                       f"fewer", down=True)
+    if not tried_fewer and num_workers > 1 and spanned:
+        return Retune(f"the {num_workers} workers were chosen among candidates measured in different epochs: "
+                      f"trying fewer in one", down=True)
     return None

@@ -11,10 +11,11 @@ which searches again when the regime changes. ``PrefetchLoader`` wraps it as it 
 #   search (``Steps.send``) and answers the run: serve on when the search chose this very configuration (no restart),
 #   else stop. The search's ``TuneResult`` becomes the decision: the plain DataLoader is rebuilt with it (the old
 #   one's persistent workers shut down), it goes to ``history`` and to the cache slot (``source="online"``).
-# - Switching. A measured candidate is stopped in a helper thread (``procs.retire``: the orderly shutdown takes a few
-#   hundred ms that the next candidate's start-up overlaps; a failed candidate is stopped at once, NOTE [ Process
-#   cleanup ]); the batches its workers prefetched but the loop did not get are re-issued to the next one. Start-up
-#   and stopping are timed apart (``Decision.switch_s``). When the search ends, the rest of the epoch runs with the
+# - Switching. The next candidate starts while the measured one serves the batches it holds in flight (NOTE [ Hidden
+#   switch ] in handover.py); then the measured one is stopped in a helper thread (``procs.retire``; a failed
+#   candidate is stopped at once, NOTE [ Process cleanup ]). A failed candidate's batches the loop did not get, and a
+#   measured one's when the ranks cannot hide the switch, are re-issued to the next one. What the loop waited for while
+#   candidates started and stopped is ``Decision.switch_s``. When the search ends, the rest of the epoch runs with the
 #   choice; later epochs use the plain DataLoader with it (``mode="serve"``). A candidate the epoch's end cuts short
 #   counts with what its window measured; one whose window had not opened yet goes on next epoch (``MAX_ATTEMPTS``).
 # - Failures. Signals are guarded as in trials (NOTE [ Asynchronous exceptions ]), with worker deaths held until our
@@ -90,6 +91,9 @@ class OnlineLoader(DataLoaderFace):
         self._next_epoch = self._epoch = self.attempts = 0
         self.search_s = self.switch_s = 0.0
         self.tuning_threads = False
+        self.spanned = False
+        """The search that made the decision in force measured candidates in more than one epoch (``search.retune``)."""
+        self._search_epochs: set = set()
         self.tried_fewer = False
         """The search that made the decision in force only tried fewer workers (``search.retune``): an epoch that
         hardly waits does not start another one."""
@@ -249,7 +253,8 @@ class OnlineLoader(DataLoaderFace):
         last = self.history[-1] if self.history else None
         again = retune(decided_samples_per_s=self.decision.samples_per_s, num_workers=self.decision.config.num_workers,
                        decided_stall=last.stall_fraction if last else _stall_of(self.decision),
-                       epoch_samples_per_s=rate, epoch_stall=stall, tried_fewer=self.tried_fewer)
+                       epoch_samples_per_s=rate, epoch_stall=stall, tried_fewer=self.tried_fewer,
+                       spanned=self.spanned)
         log.debug("epoch %d with %s: %s samples/s, stall %s; decided %s samples/s", self._epoch,
                   self.decision.config.label(), rate, stall, self.decision.samples_per_s)
         if again is not None:
@@ -264,7 +269,7 @@ class OnlineLoader(DataLoaderFace):
     def _start_search(self, start: Optional[LoaderConfig], *, why: str, down: bool = False) -> None:
         """Search from ``start`` (None: from scratch); ``down``: only fewer workers than ``start`` are tried."""
         self._why, self.tried_fewer = why, down
-        self._measured, self.search_s, self.switch_s = [], 0.0, 0.0
+        self._measured, self.search_s, self.switch_s, self._search_epochs = [], 0.0, 0.0, set()
         search = Search(self.request, self.profile, budget=math.inf, agreement=self.agreement, start=start,
                         descend=down)
         self.tuning_threads = search.tune_threads
@@ -287,6 +292,7 @@ class OnlineLoader(DataLoaderFace):
     def _advance(self, outcome: TrialResult) -> None:
         self.attempts = 0
         self._measured.append(outcome)
+        self._search_epochs.add(self._epoch)
         self._candidate = self._send(outcome)
 
     def _measured_now(self, result: TrialResult, config: LoaderConfig) -> bool:
@@ -300,6 +306,7 @@ class OnlineLoader(DataLoaderFace):
         group = self.request.group
         result = group.broadcast(result) if group is not None else result
         self._steps, self._candidate = None, None
+        self.spanned = len(self._search_epochs) > 1
         previous, self.decision = self.plain, result
         if getattr(previous, "_iterator", None) is not None:
             previous._iterator = None  # persistent workers of the old configuration: shut down

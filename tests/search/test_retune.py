@@ -61,3 +61,22 @@ def test_next_count_down_never_proposes_more_than_measured():
         seen.append(proposal)
         rates[proposal] = 100.0
     assert seen == [2, 1, 0]
+
+
+@pytest.mark.parametrize("workers, stall, tried, expected", [
+    (51, 0.21, False, ("measured in different epochs", True)),  # cold candidates, warm ones: fewer, in one regime
+    (51, 0.21, True, None),                                    # a search already went down from this decision
+    (1, 0.21, False, None),                                    # one worker: nothing but 0 below
+    (8, 0.02, False, ("8 workers: trying fewer", True)),       # the idle rule says it first
+])
+def test_a_decision_whose_search_spanned_epochs_tries_fewer_once(workers, stall, tried, expected):
+    """The online benchmark's simulated cold files: 8, 20, 40 workers measured in the cold epoch, 64 and 51 in the warm
+    one; 51 chosen (stall 21 %) ran the warm epochs at 0.72-0.84 of 1 worker's speed, and no other rule fired."""
+    again = retune(decided_samples_per_s=5643.0, decided_stall=0.21, num_workers=workers, epoch_samples_per_s=4857.0,
+                   epoch_stall=stall, tried_fewer=tried, spanned=True)
+    if expected is None:
+        assert again is None
+    else:
+        assert again is not None and expected[0] in again.why and again.down is expected[1], again
+    assert retune(decided_samples_per_s=5643.0, decided_stall=0.21, num_workers=51, epoch_samples_per_s=4857.0,
+                  epoch_stall=0.21, tried_fewer=False) is None, "the same epoch without spanning: kept"

@@ -343,3 +343,28 @@ def test_a_worker_lost_in_the_tail_loses_no_batch_and_the_next_candidate_starts_
     assert "failed after it was measured" in caplog.text
     assert loader.decisions, "the search went on"
     del loader
+
+
+def test_a_search_that_outlived_its_epoch_tries_fewer_once_after_its_decision():
+    """Candidates measured in different epochs (here: epochs of 30 batches, too short for one search) do not compare
+    as one regime (search/retune.py): the decision says so (``spanned``), and an epoch served by it that moved nothing
+    (told to the loader as ``_after_epoch`` would be, so the test does not depend on this machine's load) makes the
+    next epoch try fewer workers."""
+    loader = make_loader(Indexed(240, latency_s=0.002), 8, shuffle=True, cache=False, tuning="online", max_workers=4)
+    _until_decided(loader)
+    source = loader._loader
+    [decision] = loader.decisions
+    assert decision.epoch > 0 and source.spanned, "the search outlived its first epoch"
+    del loader, source
+
+    data = Indexed(1600, latency_s=0.0)
+    request = Request.checked(data, 16, shuffle=True, max_workers=8, dataloader_kwargs={})
+    profile = probe_machine(disk=False, gpus=False)
+    cached = TuneResult(make_config(6, fixed={}, pin_memory=False), 2000.0, None, "cache", reason="cached")
+    source = OnlineLoader(request, profile, slot=Slot(request, profile, None, None), decision=cached, retune=True)
+    source._after_epoch(2000.0, 0.08)  # the loop waited a little: no rule fires in one regime
+    assert not source.searching
+    source.spanned = True
+    source._after_epoch(2000.0, 0.08)
+    assert source.searching and source.tried_fewer
+    del source
