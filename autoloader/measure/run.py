@@ -280,7 +280,8 @@ class Run:
             self._stopped = True
             stopping = self._stopped_at = time.perf_counter()
             if error is not None and error.__traceback__ is not None:
-                traceback.clear_frames(error.__traceback__)
+                with _quiet_half_built_iterators():  # a frame may hold the only reference to one (Ctrl-C in iter())
+                    traceback.clear_frames(error.__traceback__)
             if not self.owned:  # the DataLoader's own iterator: dropping it is what a plain loop does
                 self._it = None
             else:

@@ -26,3 +26,4 @@ def test_ctrl_c_raises_keyboard_interrupt_quickly_and_leaves_no_child(mode, poin
     assert outcome["raised"] == "KeyboardInterrupt", proc.stderr[-3000:]
     assert outcome["after_s"] <= 2.0, outcome
     assert outcome["children"] == [], outcome
+    assert "Exception ignored" not in proc.stderr, proc.stderr[-3000:]
