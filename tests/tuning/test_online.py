@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import time
 
+import psutil
 import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, WeightedRandomSampler
@@ -288,6 +289,19 @@ def test_an_epoch_that_never_waits_for_data_tries_fewer_workers_once():
     del loader, source
 
 
+def _until_dead(procs, timeout=5.0):
+    """Wait until ``procs`` exited (a zombie counts: multiprocessing, not the test, reaps a worker)."""
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        while time.monotonic() < deadline:
+            try:
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.01)
+
+
 def _recording_hand_overs(monkeypatch, *, kill_tail=False):
     """Record every hidden switch (``handover.hand_over``: the batches the measured candidate still held, the
     candidate started beside it); ``kill_tail``: SIGKILL the measured candidate's workers as its tail begins."""
@@ -302,7 +316,7 @@ def _recording_hand_overs(monkeypatch, *, kill_tail=False):
         if kill_tail and tail and following is not None and current.config.num_workers:
             for proc in current.run._workers:
                 proc.kill()
-            current.run._workers[0].wait(5)
+            _until_dead(current.run._workers)
         return tail, following
 
     real = online.hand_over
