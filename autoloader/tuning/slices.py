@@ -47,9 +47,9 @@ builds it so), and ``part.delivered(n)`` closes it, re-issuing what the loop did
 # workers up to ``num_workers * prefetch_factor`` are in flight (dataloader.py:1275, 1563-1566). A slice cannot know
 # how many of its batches the loop received, so the caller says it, after it stopped iterating that candidate (end of
 # slice, switch, break, dead workers): ``slice.delivered(n)``. The ``pulled - n`` undelivered batches go back, in
-# order, to the front of the source and the next slice hands them out first. One slice is open at a time, which keeps
-# the order. Candidates are built with ``in_order=True``, so "the first n" is well defined.
-# Two open slices (a hidden switch, NOTE [ Hidden switch ] in tuning/online.py): ``cap(extra)`` ends a slice after the
+# order, to the front of the source and the next slice hands them out first. One slice is open at a time (or two,
+# below), which keeps the order. Candidates are built with ``in_order=True``, so "the first n" is well defined.
+# Two open slices (a hidden switch, NOTE [ Hidden switch ] in tuning/handover.py): ``cap(extra)`` ends a slice after the
 # batches its DataLoader pulled plus ``extra`` more, which it reserves from the source at once; the next slice may
 # then be taken while the capped one serves them, and starts right after them. Order still holds when the later
 # slice closes first: a failure while both are open closes the later one with ``delivered(0)`` (its batches go back
