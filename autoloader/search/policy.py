@@ -171,16 +171,7 @@ def next_count_near(rates: Mapping[int, Optional[float]], *, cap: int,
     one: it climbs and bisects the same way, and while the fewest workers measured are still within ``tolerance`` of
     the best, it tries half as many (a regime that got cheaper, such as files now in the page cache, needs fewer)."""
     proposal = next_worker_count(rates, cap=cap, tolerance=tolerance)
-    if proposal is not None:
-        return proposal
-    measured = {n: r for n, r in rates.items() if r is not None}
-    if not measured:
-        return None
-    lowest = min(measured)
-    if lowest > 0 and measured[lowest] >= (1.0 - tolerance) * max(measured.values()) and lowest // 2 not in rates:
-        return lowest // 2
-    return None
-
+    return proposal if proposal is not None else _half_of_fewest(rates, tolerance=tolerance)
 
 
 def next_count_down(rates: Mapping[int, Optional[float]], *, cap: int,
@@ -188,12 +179,19 @@ def next_count_down(rates: Mapping[int, Optional[float]], *, cap: int,
     """The next worker count of a search that only goes down from the configuration in force: never above the most
     workers measured; halve while the fewest measured keep within ``tolerance`` of the best, then bisect between the
     fewest that keep up and the most that do not (``policy.next_worker_count``'s descent)."""
-    measured = {n: r for n, r in rates.items() if r is not None}
+    measured = [n for n, r in rates.items() if r is not None]
     if not measured:
         return None
     proposal = next_worker_count(rates, cap=min(cap, max(measured)), tolerance=tolerance)
-    if proposal is not None:
-        return proposal
+    return proposal if proposal is not None else _half_of_fewest(rates, tolerance=tolerance)
+
+
+def _half_of_fewest(rates: Mapping[int, Optional[float]], *, tolerance: float) -> Optional[int]:
+    """Half the fewest workers measured, while they are still within ``tolerance`` of the best and half was not
+    tried; None otherwise (the searches that start from the configuration in force)."""
+    measured = {n: r for n, r in rates.items() if r is not None}
+    if not measured:
+        return None
     lowest = min(measured)
     if lowest > 0 and measured[lowest] >= (1.0 - tolerance) * max(measured.values()) and lowest // 2 not in rates:
         return lowest // 2

@@ -156,8 +156,13 @@ class Search:
         return {c.num_workers: t.samples_per_s for c, t in self.by_config.items() if c.threads == self.threads
                 and c.prefetch_factor in (None, self.prefetch) and c.pin_memory == self.pin and not self.refits(t)}
 
+    def consumer(self, consumer_s: float) -> Optional[float]:
+        """Note the consumer's measured seconds per batch: its own rate (``consumer_rate``), None when not measured."""
+        self.consumer_rate = self.batch_size / consumer_s if consumer_s > 0 else None
+        return self.consumer_rate
+
     def search_workers(self, serial: Optional[TrialResult], consumer_s: float) -> Steps[None]:
-        consumer_rate = self.consumer_rate = self.batch_size / consumer_s if consumer_s > 0 else None
+        consumer_rate = self.consumer(consumer_s)
         self.ceiling = policy.rate_ceiling(serial, batch_size=self.batch_size, usable_cpus=self.usable,
                                            consumer_samples_per_s=consumer_rate)
         if serial is not None and consumer_rate and serial.samples_per_s >= (1 - self.tolerance) * consumer_rate:
@@ -200,7 +205,7 @@ class Search:
         if self.tune_threads and math.isfinite(self.budget):
             self.stop_at = THREADS_SHARE_AT * self.budget
         consumer_s, threads_tried = yield from self.search_counts()
-        consumer_rate = self.batch_size / consumer_s if consumer_s else None
+        consumer_rate = self.consumer(consumer_s)
         self.stop_at = self.budget
         if self.tune_threads and not threads_tried:
             base = [t for t in self.trials if t.ok and t.config.threads == self.threads]
@@ -238,7 +243,7 @@ class Search:
             current = yield from self.run(self.config(self.start.num_workers,
                                                       threads=self.start.threads if threaded else None), first=True)
             consumer_s = (current.consumer_s_per_batch or 0.0) if current is not None else 0.0
-            self.consumer_rate = self.batch_size / consumer_s if consumer_s > 0 else None
+            self.consumer(consumer_s)
             if threaded and current is not None:
                 self.stop_at = self.budget
                 if (yield from search_threads_first(self, current, consumer_s, workers_needed=1.0)):
