@@ -53,7 +53,8 @@ def _stuck(nodeid: str, limit: float) -> None:
 def pytest_runtest_protocol(item, nextitem):
     """A per-test watchdog: a Python timer that reports and ends a stuck run, and faulthandler's C-level timer
     (which needs no GIL) 30 s later in case the stuck thread holds the GIL."""
-    limit = WATCHDOG_S * (10 if {"benchmarks", "stress"} & set(item.path.parts) else 1)
+    long = {"benchmarks", "stress"} | ({"properties"} if os.environ.get("AUTOLOADER_PROPERTIES") else set())
+    limit = WATCHDOG_S * (10 if long & set(item.path.parts) else 1)
     timer = threading.Timer(limit, _stuck, args=(item.nodeid, limit))
     timer.daemon = True
     timer.start()

@@ -114,7 +114,7 @@ def record_epoch(loader, epoch: int) -> dict:
     indices, configs = [], []
     for _, batch_indices in loader:
         indices += [int(i) for i in batch_indices]
-        configs.append(loader.loader.num_workers)  # in force now: the prefetcher has asked for the next batch
+        configs.append(loader.loader.num_workers)  # the DataLoader that served this batch (nothing is read ahead)
     return {"indices": indices, "configs": configs}
 
 

@@ -1,10 +1,28 @@
 """Epochs as ``PrefetchLoader`` counts them: their statistics (``EpochStats``), the loader's samplers that take
-``set_epoch``, and the rule that advances them when nobody did (see NOTE [ What frameworks read ] in prefetch.py)."""
+``set_epoch`` and the rule that advances them when nobody did (see NOTE [ What frameworks read ] in prefetch.py), and
+what starting an epoch of a DataLoader draws (``epoch_iter``) and pulls (``pulls_made``).
+
+# NOTE [ One base seed per epoch ]
+# ``iter(DataLoader)`` draws one base seed for its workers from the loader's generator (the global RNG without one):
+# ``torch.empty((), dtype=torch.int64).random_(generator=loader.generator)`` (dataloader.py:690, torch 2.13). With
+# ``persistent_workers=True`` only the first ``iter()`` makes a new iterator; later epochs reset it and draw nothing.
+# When that generator is also the sampler's (``DataLoader(shuffle=True, generator=g)``) or the sampler draws its seed
+# from the global RNG, every epoch after the first is therefore another permutation with persistent workers than
+# without: the order would depend on a performance knob that autoloader chooses (and an online search switches), and
+# a checkpoint saved with one setting would resume on another order with the other. So ``epoch_iter`` makes the draw
+# itself when a persistent iterator is reused: every epoch autoloader serves draws one base seed, as a non-persistent
+# DataLoader does, and ``EpochSource`` (tuning/slices.py), which redraws an epoch, always does. The drawn value is
+# unused (persistent workers keep their seeds). Its place differs in one case: torch draws after ``iter(sampler)``,
+# ``epoch_iter`` before it, which matters only for a batch sampler whose ``__iter__`` draws eagerly (not a generator
+# function) from the same RNG; a lazy one (torch's ``BatchSampler``, any generator function) draws nothing there.
+"""
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, List, Sequence
+from typing import Any, Iterator, List, Optional, Sequence
+
+import torch
 
 logger = logging.getLogger("autoloader.prefetch")
 
@@ -68,3 +86,26 @@ def advance_epochs(loader: Any, record: Sequence[int], *, epoch_set: bool) -> Li
         logger.debug("nobody called set_epoch since the last epoch: advanced the samplers to %s",
                      [s.epoch for s in found])
     return [s.epoch for s in found]
+
+
+def reuses_iterator(loader: Any) -> bool:
+    """``iter(loader)`` resets a persistent iterator instead of making one (and so draws no base seed)."""
+    return bool(getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0) > 0
+                and getattr(loader, "_iterator", None) is not None)
+
+
+def epoch_iter(loader: Any) -> Iterator[Any]:
+    """``iter(loader)`` for a new epoch, one base seed drawn whether or not persistent workers are reused (NOTE [ One
+    base seed per epoch ])."""
+    if reuses_iterator(loader):
+        torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+    return iter(loader)
+
+
+def pulls_made(num_workers: int, prefetch_factor: Optional[int], returned: int) -> int:
+    """Index batches a DataLoader iterator has asked of its sampler once it returned ``returned`` batches: each one
+    returned, plus ``num_workers * prefetch_factor`` sent ahead to the workers (dataloader.py:1275 and 1565, torch
+    2.13: the priming loop of ``_reset`` and ``_process_data``). A count past the epoch's batches means the sampler
+    was asked past its end (``RandomSampler`` then draws once more). Pure; tests/loader/test_epochs.py checks it
+    against torch."""
+    return returned + (num_workers * (prefetch_factor or 0) if num_workers else 0)

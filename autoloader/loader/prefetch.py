@@ -1,5 +1,6 @@
 """``PrefetchLoader``: hands out batches already on the device, copied on a side CUDA stream while the consumer
-works on the previous batch, optionally converted and normalised there. On the CPU it is a pass-through.
+works on the previous batch, optionally converted and normalised there. On the CPU it is a pass-through: it reads
+nothing ahead, so the loop sees what the plain DataLoader gives, in the same order as its own RNG draws.
 
     loader = PrefetchLoader(DataLoader(ds, batch_size=64, pin_memory=True, num_workers=4),   # uint8 images
                             normalize=((123.7, 116.3, 103.5), (58.4, 57.1, 57.4)), dtype=torch.float32)
@@ -13,12 +14,10 @@ It also answers what training frameworks read from a DataLoader (``sampler``, ``
 """
 from __future__ import annotations
 
-import collections
 import contextlib
-import copy
 import logging
 import time
-from typing import Any, Deque, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -27,9 +26,10 @@ from ..errors import quiet_worker_count_warning
 from ..results import TuneResult
 from .batch import iter_tensors, map_tensors
 from .device import resolve_device, side_stream
-from .epochs import EpochClock, EpochStats, advance_epochs, numbered_samplers, samplers
-from .resume import resumed_epoch, stream_rule
-from .state import FORMAT, capture, check, epoch_length, epochs_of, gather, own_rank, ranks, restore
+from .epochs import EpochClock, EpochStats, advance_epochs, samplers
+from .checkpoint import Checkpoints, ends_epoch
+from .resume import stream_rule
+from .state import epochs_of, gather
 from .transform import InputTransform
 
 logger = logging.getLogger("autoloader.prefetch")
@@ -65,16 +65,14 @@ class PrefetchLoader:
         self._epoch_set = False
         self._sampler_epochs: Optional[List[Any]] = None
         self._clocks: List[EpochClock] = []
-        self._start: Optional[Dict[str, Any]] = None  # the epoch's RNG at its start (NOTE [ Exact resume ])
-        self._skipped = 0  # batches of this epoch yielded before a resume
-        self._pending: Optional[Dict[str, Any]] = None  # a loaded state, applied at the next iter()
-        self._stream_states: Deque[Tuple[int, Any]] = collections.deque(maxlen=3)
+        self._checkpoints = Checkpoints()
+        self._held = False  # a batch fetched ahead, not yet yielded (with a side stream)
 
     @property
     def loader(self) -> Any:
         """The DataLoader in force: the one wrapped, or the one a source of several DataLoaders (online tuning's)
-        says is in force (``in_force``). The prefetcher reads one batch ahead, so while the loop holds a batch this
-        is the DataLoader serving the next one."""
+        says is in force (``in_force``). With a side stream the prefetcher reads one batch ahead, so while the loop
+        holds a batch this is the DataLoader serving the next one."""
         return getattr(self._loader, "in_force", self._loader)
 
     @property
@@ -187,55 +185,24 @@ class PrefetchLoader:
 
         Under a torch.distributed group of several processes it is a collective (call it on every rank, as Lightning
         and Accelerate do): it holds every rank's state, so the one file rank 0 writes resumes each rank."""
-        return gather(self._own_state())
-
-    def _own_state(self) -> Dict[str, Any]:
-        dataset, why = stream_rule(self._frame)
-        if why:
-            raise ValueError(f"state_dict(): this loader cannot be resumed exactly: {why}")
-        clock, length = (self._clocks[-1] if self._clocks else None), epoch_length(self._frame)
-        batches = self._skipped + clock.batches if clock is not None and not clock.done else 0
-        in_epoch = clock is not None and not clock.done and (length is None or batches < length)
-        batches = batches if in_epoch else 0  # after an epoch's last batch: the next epoch's start
         tuning = self.tuning
-        return {"format": FORMAT, "epoch": clock.epoch if in_epoch and clock is not None else self._next_epoch,
-                "batches": batches, "in_epoch": in_epoch, "length": length,
-                "ranks": ranks(self._frame), "sampler_epochs": epochs_of(samplers(self._frame)),
-                "sampler_record": self._sampler_epochs, "epoch_set": self._epoch_set,
-                "start": self._start if in_epoch and dataset is None else None,
-                "now": capture(self._frame, samplers=False),
-                "stream": next((st for n, st in self._stream_states if n == batches), None) if in_epoch else None,
-                "decision": tuning.config.label() if tuning is not None else None}
+        own = self._checkpoints.state(self._frame, self.loader, clock=self._clocks[-1] if self._clocks else None,
+                                      next_epoch=self._next_epoch, held=self._held,
+                                      sampler_record=self._sampler_epochs, epoch_set=self._epoch_set,
+                                      decision=tuning.config.label() if tuning is not None else None)
+        return gather(own)
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Resume from ``state_dict()``'s dict at the next ``iter()``: exactly the batches the saved run would have
-        yielded next, this epoch and the following ones, whatever this loader's workers, threads or decision."""
-        state = own_rank(state)
-        check(state, self._frame)
-        if state["in_epoch"] and state["start"] is None and state["stream"] is None:
-            raise ValueError("load_state_dict(state): the state has neither the epoch's RNG nor its stream position")
-        for sampler, epoch in zip(numbered_samplers(self._frame), state["sampler_epochs"]):
-            sampler.set_epoch(epoch)
+        yielded next, this epoch and the following ones, whatever this loader's workers, threads or decision.
+        A state that cannot resume this loader exactly (another dataset, sampler, batch size, world size, or a
+        damaged state) raises a ``ValueError`` saying what differs."""
+        parsed = self._checkpoints.load(state, self._frame)
+        number = parsed.epoch + 1 if ends_epoch(parsed) else parsed.epoch
         if callable(getattr(self._frame, "set_epoch", None)):
-            self._frame.set_epoch(state["epoch"])
-        self._next_epoch, self._epoch_set = state["epoch"], state["epoch_set"]
-        self._sampler_epochs = state["sampler_record"]
-        self._pending = state
-
-    def _begin(self, pending: Optional[Dict[str, Any]]) -> Iterator[Any]:
-        """The epoch's batches: the rest of a loaded epoch, or a fresh one (its starting RNG kept)."""
-        self._skipped, self._stream_states = 0, collections.deque(maxlen=3)
-        if pending is not None and pending["in_epoch"] and pending["stream"] is None:
-            self._skipped, self._start = pending["batches"], pending["start"]
-            return resumed_epoch(self._frame, pending)
-        if pending is not None:
-            restore(self._frame, pending["now"])
-        if pending is not None and pending["stream"] is not None:
-            self._skipped, self._start = pending["batches"], None
-            stream_rule(self._frame)[0].load_state_dict(pending["stream"])
-            return iter(self._loader)
-        self._start = capture(self._frame, samplers=True) if not stream_rule(self._frame)[0] else None
-        return iter(self._loader)
+            self._frame.set_epoch(number)
+        self._next_epoch, self._epoch_set = number, parsed.epoch_set
+        self._sampler_epochs = parsed.sampler_record
 
     def _check_single_process(self) -> None:
         if not self._single_process or not (dist.is_available() and dist.is_initialized()):
@@ -262,7 +229,10 @@ class PrefetchLoader:
     #    allocator not to reuse its memory until the consumer's queued work on it has finished.
     # The side stream is the device's one (NOTE [ One side stream per device ] in device.py): a stream per epoch or
     # per loader strands each one's cached blocks in a pool no later stream can use (timm issue 2781).
-    # On the CPU the same loop runs with ``contextlib.nullcontext()`` in place of the stream context and no copy.
+    # On the CPU the same loop runs with ``contextlib.nullcontext()`` in place of the stream context, no copy, and
+    # nothing read ahead (``reads_ahead``): the next batch is fetched when the loop asks for it. Reading ahead loads
+    # batch i+1 (and makes its RNG draws, with num_workers=0) before the loop's draws after batch i; a checkpoint
+    # taken then keeps what it needs to load that batch again (NOTE [ Exact resume ], ``ahead``, in state.py).
 
     def _tuned_workers(self) -> bool:
         """True when the loader's worker count is one autoloader measured (see quiet_worker_count_warning)."""
@@ -271,20 +241,26 @@ class PrefetchLoader:
 
     def _epoch(self) -> Iterator[Any]:
         self._check_single_process()
-        pending, self._pending = self._pending, None
-        if pending is not None and pending["in_epoch"]:
+        pending = self._checkpoints.pending
+        if pending is not None and pending.in_epoch and not ends_epoch(pending):
             self._sampler_epochs, self._epoch_set = epochs_of(samplers(self._frame)), False
         else:
             self._advance_epoch()
         stream = side_stream(self.device)
+        ahead = reads_ahead(stream)
         clock = EpochClock(self._next_epoch, time.perf_counter())
         self._next_epoch += 1
         self._clocks.append(clock)
         entered = clock.start
-        with quiet_worker_count_warning(self._tuned_workers()):
-            it = self._begin(pending)
         dataset = stream_rule(self._frame)[0]
-        batch = self._fetch(it, stream, dataset, clock.batches)
+        with quiet_worker_count_warning(self._tuned_workers()):
+            it = self._checkpoints.begin(self._frame, self._loader, stream_dataset=dataset)
+        self._held = False
+
+        def fetch() -> Any:
+            return self._fetch(it, stream, dataset, ahead)
+
+        batch = self._checkpoints.fetched(fetch)  # a resumed epoch's first batch may be loaded as its saver did
         while batch is not _END:
             if stream is not None:
                 consumer = torch.cuda.current_stream(self.device)
@@ -292,26 +268,27 @@ class PrefetchLoader:
                 for tensor in iter_tensors(batch):
                     if tensor.is_cuda:
                         tensor.record_stream(consumer)
-            following = self._fetch(it, stream, dataset, clock.batches + 1)
+            following = fetch() if ahead else None
+            self._held = ahead and following is not _END
             now = time.perf_counter()
             clock.batches += 1
             clock.wait += now - entered
             clock.end = now
             yield batch
             entered = time.perf_counter()
-            batch = following
+            batch = following if ahead else fetch()
+        self._held = False
         clock.end = time.perf_counter()
         clock.wait += clock.end - entered
         clock.done = True
         logger.debug("epoch %d: %d batches in %.3f s, stall %.1f%%", clock.epoch, clock.batches,
                      clock.end - clock.start, 100.0 * clock.snapshot().stall_fraction)
 
-    def _fetch(self, it: Iterator[Any], stream: Optional[torch.cuda.Stream], dataset: Any = None,
-               number: int = 0) -> Any:
+    def _fetch(self, it: Iterator[Any], stream: Optional[torch.cuda.Stream], dataset: Any, ahead: bool) -> Any:
         """The next batch, copied (see NOTE [ Stream synchronisation ]) and transformed; ``_END`` when exhausted.
-        ``dataset``: an IterableDataset whose state before batch ``number`` is kept for ``state_dict()``."""
-        if dataset is not None:
-            self._stream_states.append((self._skipped + number, copy.deepcopy(dataset.state_dict())))
+        ``ahead``: it will be held while the loop works on the previous one (see ``Checkpoints.before_fetch``)."""
+        if ahead:
+            self._checkpoints.before_fetch(self._frame, self.loader, dataset)
         try:
             batch = next(it)
         except StopIteration:
@@ -327,3 +304,10 @@ class PrefetchLoader:
             if self._transform.active:
                 batch = self._transform(batch)
         return batch
+
+
+def reads_ahead(stream: Optional["torch.cuda.Stream"]) -> bool:
+    """Whether the prefetcher fetches the next batch before handing out the current one: only with a side stream,
+    so that its copy overlaps the consumer's step (NOTE [ Stream synchronisation ]); on the CPU nothing would overlap,
+    and reading ahead would load (and draw for) a batch before the loop's own draws, unlike a plain DataLoader."""
+    return stream is not None

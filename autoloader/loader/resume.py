@@ -1,14 +1,16 @@
 """The rest of an interrupted epoch, exactly (NOTE [ Exact resume ] in state.py): redraw its order, skip the batches
-already yielded by index, serve the others; an IterableDataset resumes through its own ``state_dict()``."""
+already yielded by index, make the pulls the saver had made ahead, serve the others; an IterableDataset resumes
+through its own ``state_dict()``."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Iterator, Optional, Tuple
 
+import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from ..tuning.slices import EpochSlicer, EpochSource
-from .state import restore
+from .rng import RngState, parts_of
 
 log = logging.getLogger("autoloader.prefetch")
 
@@ -16,19 +18,67 @@ _COPIED = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn
            "pin_memory_device")
 
 
-def resumed_epoch(loader: Any, state: Dict[str, Any]) -> Iterator[Any]:
-    """The rest of the saved epoch, exactly (NOTE [ Exact resume ] in state.py); ``loader`` is what PrefetchLoader wraps
-    (a DataLoader, or a source with ``slicer`` and ``resume``, online tuning's)."""
+def redrawn(loader: Any, *, start: RngState, batches: int, drawn: int, now: RngState) -> EpochSource:
+    """The saved epoch drawn again from its starting RNG states ``start``, its first ``batches`` skipped and the
+    saver's other pulls made (``drawn`` in all), every RNG then as at ``state_dict()`` (``now``): NOTE [ Exact resume ]
+    in state.py. ``loader`` is what PrefetchLoader wraps: a DataLoader, or a source with a ``slicer`` (online
+    tuning's)."""
     slicer = getattr(loader, "slicer", None)
     if slicer is None and not isinstance(loader, DataLoader):
-        raise TypeError(f"load_state_dict: a wrapped {type(loader).__name__} cannot be resumed mid-epoch; wrap a "
-                        f"torch.utils.data.DataLoader (or use make_loader)")
-    restore(loader, state["start"])
-    slicer = slicer or EpochSlicer(loader)
+        raise TypeError(f"load_state_dict(state): a wrapped {type(loader).__name__} cannot be resumed mid-epoch; wrap "
+                        f"a torch.utils.data.DataLoader (or use make_loader), or start without the state")
+    parts = parts_of(loader)
+    source = same_order(slicer or EpochSlicer(loader), parts, start, min(2, batches, drawn))
+    source.skip(batches, drawn=drawn)
+    now.put(parts, samplers=False)
+    return source
+
+
+def same_order(slicer: Any, parts: Any, states: RngState, pulls: int) -> EpochSource:
+    """An epoch drawn from ``states`` whose first ``pulls`` batches were drawn twice (``states`` put back before each
+    draw); they wait in it for the next slices. An order that differs between two draws from the same states comes
+    from an RNG the state does not hold (a sampler's private ``random.Random`` without ``state_dict()``), and resuming
+    would silently serve another order: a ValueError."""
+    states.put(parts)
+    if pulls == 0:
+        return slicer.epoch()
     source = slicer.epoch()
-    source.skip(state["batches"])
-    restore(loader, {**state["now"], "samplers": {}})
-    log.info("resuming epoch %d after batch %d of %s", state["epoch"], state["batches"], state["length"])
+    probe = [source._fresh() for _ in range(pulls)]
+    states.put(parts)
+    source = slicer.epoch()
+    again = [source._fresh() for _ in range(pulls)]
+    if _listed(again) != _listed(probe):
+        raise ValueError("load_state_dict(state): this loader's sampler drew another order from the same saved RNG "
+                         "states: its randomness is not in torch's, Python's or numpy's global RNG, a generator= or "
+                         "its own state_dict(); give the sampler state_dict()/load_state_dict() (or a "
+                         "torch.Generator), or start the epoch afresh")
+    source._reissue.extend(b for b in again if b is not None)
+    return source
+
+
+def _listed(value: Any) -> Any:
+    """Index batches as plain lists, to compare two draws."""
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_listed(v) for v in value]
+    return value
+
+
+def check_next_order(loader: Any, now: RngState) -> None:
+    """For a state saved between epochs: the next epoch's first batches, drawn twice from the saved ``now``
+    (``same_order``), then every RNG put back as saved."""
+    slicer, parts = getattr(loader, "slicer", None), parts_of(loader)
+    if slicer is None and not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        now.put(parts)
+        return
+    same_order(slicer or EpochSlicer(loader), parts, now, 2)
+    now.put(parts)
+
+
+def served(loader: Any, source: EpochSource) -> Iterator[Any]:
+    """The rest of ``source``: through the wrapped source's ``resume`` (online tuning: candidates or the decision), else
+    a DataLoader with the wrapped one's settings."""
     if callable(getattr(loader, "resume", None)):
         return loader.resume(source)
     return _rest(loader, source)
@@ -44,6 +94,13 @@ def _rest(loader: DataLoader, source: EpochSource) -> Iterator[Any]:
         kwargs["prefetch_factor"] = loader.prefetch_factor
     rest = DataLoader(loader.dataset, **part.sampling(), generator=part.private_generator(), in_order=True, **kwargs)
     yield from rest
+
+
+def finish(source: EpochSource) -> None:
+    """Ask the sampler for what the saver's epoch had still to ask (after its last batch was yielded, before the
+    epoch ended): a ``RandomSampler`` asked past its end draws once more."""
+    while source._fresh() is not None:
+        pass
 
 
 def stream_rule(loader: Any) -> Tuple[Optional[Any], str]:

@@ -14,7 +14,8 @@ the epochs served by a decision; window, signal guard, pacing, rank agreement an
 #    ``MIN_WINDOW_S`` seconds (window.py). The rate is the samples consumed in the window over its wall time, the
 #    quantity an epoch's throughput is. The loop sits under the ``PrefetchLoader`` (trials and online alike), so it
 #    times the consumer from the requests it gets: the time inside our ``next()`` is waiting for data, the time
-#    between handing a batch out and the next request is the step (on the batch before: the prefetcher asks one ahead).
+#    between handing a batch out and the next request is the step (on that batch; with a side stream, on the batch
+#    before: the prefetcher then reads one ahead).
 # 3. Asynchronous devices. On CUDA the step only queues work, and so do pinned non_blocking copies: a host left alone
 #    runs ahead of the GPU by as many steps as the launch queue holds, so the window would open (and the stall
 #    fraction be read) at the host's pace while the GPU's is what training gets. So while measuring, the host may lead
@@ -60,6 +61,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from ..config import LoaderConfig
 from ..agreement import Agreement, Alone
 from ..errors import TrialTimeout, TuningError, quiet_worker_count_warning
+from ..loader.epochs import epoch_iter
 from ..results import TrialResult
 from . import advice as _advice
 from . import procs as _procs
@@ -151,7 +153,7 @@ class Run:
         began = time.perf_counter()
         try:
             with quiet_worker_count_warning(True):
-                self._it = iter(self.loader)
+                self._it = epoch_iter(self.loader)  # NOTE [ One base seed per epoch ]
         except Exception as exc:  # noqa: BLE001 - the run's own failure, raised (and classified) when it is iterated
             self._start_error = exc
         finally:

@@ -94,6 +94,9 @@ class OnlineLoader(DataLoaderFace):
         self.spanned = False
         """The search that made the decision in force measured candidates in more than one epoch (``search.retune``)."""
         self._search_epochs: set = set()
+        self.epoch_source: Optional[EpochSource] = None
+        """The redrawn epoch serving this epoch's slices; None while the plain DataLoader serves it (a checkpoint
+        then counts its pulls from its configuration: NOTE [ Exact resume ] in loader/state.py)."""
         self.tried_fewer = False
         """The search that made the decision in force only tried fewer workers (``search.retune``): an epoch that
         hardly waits does not start another one."""
@@ -132,6 +135,7 @@ class OnlineLoader(DataLoaderFace):
 
     def _searching(self, source: Optional[EpochSource] = None) -> Iterator[Any]:
         source = source if source is not None else self.slicer.epoch()
+        self.epoch_source = source
         trace = EpochTrace(self._epoch, time.perf_counter())
         if self.searching:
             self.traces.append(trace)
@@ -228,7 +232,10 @@ class OnlineLoader(DataLoaderFace):
                             startup_s=run.startup_s, elapsed_s=run.elapsed, batch_bytes=run.window.batch_bytes)
         if candidate is None:
             return None
-        if run.ended and len(run.window.marks) - run.window.skip < 3:  # the window never really opened
+        unopened = run.ended and len(run.window.marks) - run.window.skip < 3  # the window never really opened
+        if not isinstance(self.agreement, Alone):  # each rank's burst ends when its previous workers are reaped
+            unopened = self.agreement.reduce_min([0.0 if unopened else 1.0])[0] == 0.0
+        if unopened:
             self.attempts += 1
             if self.attempts < MAX_ATTEMPTS:
                 return None
@@ -236,6 +243,7 @@ class OnlineLoader(DataLoaderFace):
 
     def _steady(self) -> Iterator[Any]:
         """An epoch with the decision in force, served by the plain DataLoader, then maybe a re-tune."""
+        self.epoch_source = None
         run = Run(self.plain, self.decision.config, mode="serve", consumer=self.consumer,
                   batch_size=self.request.batch_size, owned=False)
         try:

@@ -233,6 +233,9 @@ class EpochSource:
         self._records: List[SliceRecord] = []
         self.position = 0
         """Batches the loop has received this epoch (from closed slices)."""
+        self.drawn = 0
+        """Times the index sampler was asked for a batch this epoch, the last one past its end included (NOTE
+        [ Exact resume ], ``drawn``)."""
 
     def __len__(self) -> int:
         if self._len is None:
@@ -287,31 +290,38 @@ class EpochSource:
         last = self._open[-1]
         return last._start + (last._limit or 0)
 
-    def skip(self, k: int) -> None:
+    def skip(self, k: int, *, drawn: Optional[int] = None) -> None:
         """Fast-forward a fresh epoch past its first ``k`` batches, as if delivered, without loading a sample: only
-        the index sampler is iterated (NOTE [ Exact resume ] in loader/state.py). One more batch is drawn and put
-        back, so a sampler that draws its order lazily (``RandomSampler``) has drawn it when this returns."""
+        the index sampler is iterated (NOTE [ Exact resume ] in loader/state.py). ``drawn``: then ask the sampler for
+        more, until it was asked that many times in all (or ran out), and keep them for the next slices: the pulls the
+        saver's DataLoader had made ahead of what it yielded, so their draws happen now."""
         if self._open or self.position or self._records:
             raise RuntimeError("skip() fast-forwards a fresh epoch only: call it before the first take()")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ValueError(f"skip(k): k must be an int >= 0 (batches already delivered), got {k!r}")
+        for name, value in (("k", k), ("drawn", k if drawn is None else drawn)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"skip({name}=...): {name} must be an int >= 0, got {value!r}")
         for _ in range(k):
             if self._pull() is None:
                 raise ValueError(f"skip({k}): this epoch has only {self.position} batches; the saved state does not "
                                  f"belong to this dataset and sampler")
             self.position += 1
-        following = self._pull()
-        if following is not None:
-            self._reissue.appendleft(following)
+        while drawn is not None and self.drawn < drawn and not self._exhausted:
+            batch = self._fresh()
+            if batch is not None:
+                self._reissue.append(batch)
 
     def _pull(self) -> Any:
-        if self._reissue:
-            return self._reissue.popleft()
-        if not self._exhausted:
-            try:
-                return next(self._it)
-            except StopIteration:
-                self._exhausted = True
+        return self._reissue.popleft() if self._reissue else self._fresh()
+
+    def _fresh(self) -> Any:
+        """The index sampler's next batch; None once it ran out."""
+        if self._exhausted:
+            return None
+        self.drawn += 1
+        try:
+            return next(self._it)
+        except StopIteration:
+            self._exhausted = True
         return None
 
     def _close(self, part: BatchSlice, record: SliceRecord, undelivered: List[Any]) -> SliceRecord:

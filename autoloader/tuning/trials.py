@@ -3,16 +3,14 @@ consumer step before training starts (``measure/trial.py``).
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-import random
-from typing import Any, Callable, Iterator, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import torch
 
 from ..errors import TuningError, warn_user
 from ..loader.device import release_cached
+from ..loader.rng import parts_of_kwargs, preserved
 from ..measure.consumer import Consumer, Step
 from ..measure.trial import run_trial
 from ..probe import MachineProfile, probe_machine, with_saved_disk
@@ -22,23 +20,9 @@ from ..search import policy
 from ..search.candidates import DEFAULT_BUDGET_S, Candidate, Outcome, Progress, Steps
 from ..search.search import Search
 
-__all__ = ["drive", "preserved_rng", "tune", "tune_with"]
+__all__ = ["drive", "tune", "tune_with"]
 
 log = logging.getLogger("autoloader.tuner")
-
-
-@contextlib.contextmanager
-def preserved_rng() -> Iterator[None]:
-    """Trials draw from the global RNGs (worker seeds, augmentations); put them back so tuning is invisible."""
-    torch_state = torch.random.get_rng_state()
-    py_state = random.getstate()
-    np_state = np.random.get_state()
-    try:
-        yield
-    finally:
-        torch.random.set_rng_state(torch_state)
-        random.setstate(py_state)
-        np.random.set_state(np_state)
 
 
 def drive(steps: Steps[TuneResult], measure: Callable[[Candidate], TrialResult]) -> TuneResult:
@@ -81,7 +65,8 @@ def tune(
     ``budget`` is in seconds (default 30); the result is the best found when it runs out, at most one trial's limit
     later. ``threads``: False (default), an int (every candidate fetches with that many threads per process) or True
     (the tuner chooses threads per process, see ``make_loader``). ``memory_budget``: bytes, or a fraction of the
-    available memory (default 0.5), as ``make_loader``. The global RNG states are left as they were. Raises
+    available memory (default 0.5), as ``make_loader``. Every RNG state is left as it was: torch's, Python's and
+    numpy's global ones, the GPUs', the generators and ``state_dict()`` of the sampler and batch sampler. Raises
     ``TuningError`` when autoloader itself fails.
     """
     request = Request.checked(dataset, batch_size, shuffle=shuffle, step=step, device=device, normalize=normalize,
@@ -114,7 +99,7 @@ def tune_with(request: Request, profile: Optional[MachineProfile] = None, *, pro
             raise
 
     try:
-        with preserved_rng():
+        with preserved(parts_of_kwargs(request.loader_kwargs)):  # trials iterate the user's sampler, run their step
             result = drive(search.steps(), measure)
     finally:
         release_cached(request.device)

@@ -192,19 +192,23 @@ def test_a_save_between_epochs_and_a_broken_state():
     assert _loop(resumed, 2)[0] == whole[1:]
     torch.manual_seed(0)
     _, at_last = _loop(_plain(shuffle=True)(), 2, stop_after=len(whole[1]))  # inside the loop, after its last batch
-    assert at_last["epoch"] == 2 and not at_last["in_epoch"], "the next epoch's start"
+    assert at_last["epoch"] == 1 and at_last["batches"] == len(whole[1]), "after the epoch's last batch"
     torch.manual_seed(5)
     resumed = _plain(shuffle=True)()
     resumed.load_state_dict(at_last)
     assert _loop(resumed, 1)[0] == whole[2:]
     with pytest.raises(ValueError, match="format"):
         resumed.load_state_dict({"format": 99})
+    with pytest.raises(ValueError, match="digest"):
+        resumed.load_state_dict({**state, "batches": 1})
     with pytest.raises(ValueError, match="saved by world_size=2 processes but this run has world_size=1"):
         resumed.load_state_dict({"format": state["format"], "world_size": 2, "per_rank": [state, state]})
     with pytest.raises(ValueError, match="pass the same generator="):
         _plain(shuffle=True, generator=torch.Generator())().load_state_dict(state)
-    with pytest.raises(ValueError, match="batch_size, drop_last or sampler changed"):
+    with pytest.raises(ValueError, match="saved with sampler='RandomSampler' but this loader has sampler="):
         PrefetchLoader(DataLoader(Indexed(N), 5)).load_state_dict(state)
+    with pytest.raises(ValueError, match="saved with batch_size=10 but this loader has batch_size=5"):
+        PrefetchLoader(DataLoader(Indexed(N), 5, shuffle=True)).load_state_dict(state)
 
 
 def test_iterable_dataset_resumes_through_its_state_dict_else_a_clear_error():

@@ -1,0 +1,151 @@
+"""A ``PrefetchLoader``'s checkpoint bookkeeping: what each epoch keeps so that ``state_dict()`` can say where the
+loop is (``Checkpoints.state``), and how the first epoch after ``load_state_dict()`` starts (``Checkpoints.begin``).
+NOTE [ Exact resume ] in state.py says what the state holds and why."""
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any, Callable, Dict, Iterator, Optional
+
+from torch.utils.data import DataLoader
+
+from .epochs import EpochClock, epoch_iter, numbered_samplers, pulls_made, samplers
+from .resume import check_next_order, finish, redrawn, served, stream_rule
+from .rng import Ambient, RngState, parts_of
+from .state import LoaderState, check, epoch_length, epochs_of, own_rank, ranks, sampling_of
+
+log = logging.getLogger("autoloader.prefetch")
+
+
+class Checkpoints:
+    """Per epoch: its starting RNG states, the batches a resume skipped, the redrawn epoch serving the rest (its
+    pulls are then counted exactly), and what was taken before the batch held ahead was loaded; a loaded state until
+    the next ``iter()``."""
+
+    def __init__(self) -> None:
+        self._start: Optional[RngState] = None
+        self._skipped = 0
+        self._source: Any = None
+        self._ahead_rng: Optional[Ambient] = None
+        self._ahead_stream: Any = None
+        self._pending: Optional[LoaderState] = None
+        self._pending_json: Optional[Dict[str, Any]] = None
+        self._replay: Optional[LoaderState] = None
+
+    @property
+    def pending(self) -> Optional[LoaderState]:
+        """A loaded state not applied yet (the next ``iter()`` applies it)."""
+        return self._pending
+
+    # -- saving -----------------------------------------------------------------------------------------------------
+    def state(self, frame: Any, in_force: Any, *, clock: Optional[EpochClock], next_epoch: int, held: bool,
+              sampler_record: Any, epoch_set: bool, decision: Optional[str]) -> Dict[str, Any]:
+        """This rank's state, JSON-safe. ``frame`` is what PrefetchLoader wraps, ``in_force`` the DataLoader serving
+        (online: the candidate's), ``held`` whether a batch was fetched ahead and not yet yielded."""
+        if self._pending_json is not None:
+            return self._pending_json  # loaded, not iterated yet: the loaded position (torchdata's rule)
+        dataset, why = stream_rule(frame)
+        if why:
+            raise ValueError(f"state_dict(): this loader cannot be resumed exactly: {why}")
+        in_epoch = clock is not None and not clock.done
+        batches = self._skipped + clock.batches if in_epoch and clock is not None else 0
+        stream = None
+        if in_epoch and dataset is not None:
+            stream = self._ahead_stream if held else copy.deepcopy(dataset.state_dict())
+        return LoaderState(
+            epoch=clock.epoch if in_epoch and clock is not None else next_epoch, batches=batches, in_epoch=in_epoch,
+            length=epoch_length(frame), sampling=sampling_of(frame), ranks=ranks(frame),
+            sampler_epochs=epochs_of(samplers(frame)), sampler_record=sampler_record, epoch_set=epoch_set,
+            start=self._start if in_epoch and dataset is None else None,
+            now=RngState.take(parts_of(frame), samplers=not in_epoch), ahead=self._ahead_rng if held else None,
+            drawn=self._drawn(frame, in_force, clock.batches + held) if in_epoch and clock is not None else None,
+            stream=stream, decision=decision).to_json()
+
+    def _drawn(self, frame: Any, in_force: Any, returned: int) -> Optional[int]:
+        source = self._source if self._source is not None else getattr(frame, "epoch_source", None)
+        if source is not None:
+            return source.drawn
+        if not isinstance(in_force, DataLoader):
+            return None
+        return pulls_made(in_force.num_workers, in_force.prefetch_factor, returned)
+
+    def before_fetch(self, frame: Any, in_force: Any, dataset: Any) -> None:
+        """Before fetching a batch that will be held ahead: the stream's state and, when the main process loads it,
+        the ambient RNGs (NOTE [ Exact resume ], ``ahead``)."""
+        self._ahead_stream = copy.deepcopy(dataset.state_dict()) if dataset is not None else None
+        self._ahead_rng = Ambient.take() if getattr(in_force, "num_workers", 0) == 0 else None
+
+    # -- loading ----------------------------------------------------------------------------------------------------
+    def load(self, state: Any, frame: Any) -> LoaderState:
+        """Check ``state`` (this rank's part) against ``frame`` and keep it for the next ``iter()``."""
+        own = own_rank(state)
+        parsed = LoaderState.from_json(own)
+        check(parsed, frame)
+        if parsed.stream is not None:
+            dataset, why = stream_rule(frame)
+            if dataset is None:
+                raise ValueError(f"load_state_dict(state): the state resumes an IterableDataset's stream, but this "
+                                 f"loader cannot: {why or 'its dataset is not an IterableDataset'}")
+        for sampler, epoch in zip(numbered_samplers(frame), parsed.sampler_epochs):
+            sampler.set_epoch(epoch)
+        self._pending, self._pending_json = parsed, own
+        return parsed
+
+    def begin(self, frame: Any, loader: Any, *, stream_dataset: Any) -> Iterator[Any]:
+        """The epoch's batches (raw, from ``loader``: what PrefetchLoader wraps): the rest of a loaded epoch, or a
+        fresh one with its starting RNG states kept."""
+        pending, self._pending, self._pending_json = self._pending, None, None
+        self._skipped, self._source, self._replay = 0, None, None
+        self._ahead_rng = self._ahead_stream = None
+        parts = parts_of(frame)
+        if pending is not None and pending.rest_of_epoch and not ends_epoch(pending):
+            self._skipped, self._start = pending.batches, pending.start
+            self._source = _redrawn(frame, pending)
+            self._replay = pending if pending.ahead is not None else None
+            return served(frame, self._source)
+        if pending is not None and pending.rest_of_epoch:
+            finish(_redrawn(frame, pending))  # after the last batch: the pulls the saver still had to make
+        elif pending is not None and pending.stream is not None:
+            self._skipped, self._start = pending.batches, None
+            _load_stream(stream_dataset, pending.stream)
+            it = epoch_iter(loader) if isinstance(loader, DataLoader) else iter(loader)
+            pending.now.put(parts, samplers=False)  # iter() drew a base seed the saver drew at its epoch's start
+            self._replay = pending if pending.ahead is not None else None
+            return it
+        elif pending is not None:
+            check_next_order(frame, pending.now)  # puts every saved state back
+        self._start = RngState.take(parts, samplers=True) if stream_dataset is None else None
+        return epoch_iter(loader) if isinstance(loader, DataLoader) else iter(loader)
+
+    def fetched(self, fetch: Callable[[], Any]) -> Any:
+        """``fetch()``, the epoch's first batch: a resumed one whose saver had loaded it ahead in the main process is
+        loaded from the ambient RNGs it was loaded from, then the loop's are put back (NOTE [ Exact resume ])."""
+        replay, self._replay = self._replay, None
+        if replay is None or replay.ahead is None:
+            return fetch()
+        replay.ahead.put()
+        try:
+            return fetch()
+        finally:
+            replay.now.ambient.put()
+
+
+def _redrawn(frame: Any, state: LoaderState) -> Any:
+    if state.start is None or state.drawn is None:
+        raise ValueError("load_state_dict(state): the state holds no epoch to redraw; start without the state")
+    log.info("resuming epoch %d after batch %d of %s", state.epoch, state.batches, state.length)
+    return redrawn(frame, start=state.start, batches=state.batches, drawn=state.drawn, now=state.now)
+
+
+def ends_epoch(state: LoaderState) -> bool:
+    """Saved after the epoch's last batch, before the epoch ended: the first pass after the load is the next epoch."""
+    return state.in_epoch and state.length is not None and state.batches >= state.length
+
+
+def _load_stream(dataset: Any, stream: Any) -> None:
+    try:
+        dataset.load_state_dict(copy.deepcopy(stream))
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise ValueError(f"load_state_dict(state): the IterableDataset's load_state_dict() rejected the saved stream "
+                         f"position ({type(exc).__name__}: {exc}): the state is damaged or belongs to another "
+                         f"dataset; load the saved state unchanged, or start without the state") from exc

@@ -1,0 +1,54 @@
+"""Every counterexample hypothesis found while the contract properties were written, as an explicit test. Each was a
+configuration where the property's first statement of the README's contract was wrong (not the library): the README
+and ``contracts.agree`` now say what holds there, and these keep it so."""
+from __future__ import annotations
+
+import pytest
+
+from contracts import Data, Mode
+from helpers import wait_no_children
+from test_resume_contract import check_resume
+from test_tuning_contract import check_tuned
+
+pytestmark = pytest.mark.filterwarnings("ignore::autoloader.AutoloaderWarning", "ignore::UserWarning")
+
+PLAIN = Mode("plain", 0)
+
+
+def test_a_stream_saved_after_its_short_last_batch_resumes_where_its_own_state_says():
+    """torch's fetcher asked the stream past its end for the short last batch, so the dataset reset its position: the
+    resumed pass starts the stream over (README: its own state says whether that pass is empty or starts over)."""
+    data = Data(n=21, batch_size=6, drop_last=False, sampler="sequential", rng="generator", augment=True, stream=True,
+                seed=194)
+    check_resume(data, PLAIN, PLAIN, epoch=1, k=4, how="torch", chain="chained", j=3)
+    check_resume(data, PLAIN, PLAIN, epoch=1, k=4, how="json", chain="once")
+
+
+@pytest.mark.parametrize("data, resumer, epoch, k", [
+    (Data(n=5, batch_size=7, drop_last=False, sampler="sequential", rng="global", augment=False, stream=True,
+          seed=1028), PLAIN, 1, 1),
+    (Data(n=45, batch_size=7, drop_last=False, sampler="sequential", rng="global", augment=True, stream=True,
+          seed=150), Mode("trials", 0), 0, 7)])
+def test_a_stream_that_started_over_draws_no_new_base_seed(data, resumer, epoch, k):
+    """The pass that starts the stream over is a new epoch in the uninterrupted run, which drew a base seed there; the
+    resumer cannot tell, so the loop's draws and the stream's augmentation are one draw apart (README)."""
+    check_resume(data, PLAIN, resumer, epoch=epoch, k=k, how="json", chain="after-load")
+    assert wait_no_children() == []
+
+
+def test_augmentation_moving_the_global_rng_differently_changes_a_global_order_later():
+    """A sampler drawing its order from the global RNG, a dataset augmenting from it in the main process before the
+    save and in a worker after: the rest of the epoch is exact, the next epoch's order may differ (README)."""
+    data = Data(n=36, batch_size=6, drop_last=False, sampler="global-rng", rng="sampler-generator", augment=True,
+                seed=294)
+    check_resume(data, PLAIN, Mode("plain", 1, prefetch=1), epoch=0, k=0, how="json", chain="once")
+    assert wait_no_children() == []
+
+
+def test_an_online_epoch_over_a_distributed_sampler_is_the_plain_loaders_with_set_epoch():
+    """A PrefetchLoader advances a sampler's epoch when nobody did; the plain DataLoader it equals is the one whose
+    loop calls set_epoch (README "Distributed")."""
+    data = Data(n=9, batch_size=4, drop_last=False, sampler="distributed", rng="generator", augment=True, replicas=3,
+                rank=0, seed=9756)
+    check_tuned(data, Mode("online", None), 3)
+    assert wait_no_children() == []
