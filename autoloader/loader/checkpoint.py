@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, Iterator, Optional
 from torch.utils.data import DataLoader
 
 from .epochs import EpochClock, epoch_iter, numbered_samplers, pulls_made, samplers
-from .resume import check_next_order, finish, redrawn, served, stream_rule
+from .resume import check_next_order, redrawn, served, stream_rule
 from .rng import Ambient, RngState, parts_of
 from .state import LoaderState, check, epoch_length, epochs_of, own_rank, ranks, sampling_of
 
@@ -104,7 +104,7 @@ class Checkpoints:
             self._replay = pending if pending.ahead is not None else None
             return served(frame, self._source)
         if pending is not None and pending.rest_of_epoch:
-            finish(_redrawn(frame, pending))  # after the last batch: the pulls the saver still had to make
+            _redrawn(frame, pending).finish()  # after the last batch: the pulls the saver still had to make
         elif pending is not None and pending.stream is not None:
             self._skipped, self._start = pending.batches, None
             _load_stream(stream_dataset, pending.stream)

@@ -96,13 +96,6 @@ def _rest(loader: DataLoader, source: EpochSource) -> Iterator[Any]:
     yield from rest
 
 
-def finish(source: EpochSource) -> None:
-    """Ask the sampler for what the saver's epoch had still to ask (after its last batch was yielded, before the
-    epoch ended): a ``RandomSampler`` asked past its end draws once more."""
-    while source._fresh() is not None:
-        pass
-
-
 def stream_rule(loader: Any) -> Tuple[Optional[Any], str]:
     """For an IterableDataset: the dataset whose ``state_dict`` resumes it, or why it cannot be resumed."""
     dataset = getattr(loader, "dataset", None)

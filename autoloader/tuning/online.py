@@ -152,6 +152,8 @@ class OnlineLoader(DataLoaderFace):
                 break
             if candidate is None and staged is None:
                 break
+        if source.done:
+            source.finish()  # the sampler asked past its end, as the plain DataLoader's epoch ends
         self.in_force = self.plain
 
     def _stage(self, source: EpochSource, after: Optional[Run]) -> Stage:

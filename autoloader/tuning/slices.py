@@ -37,7 +37,8 @@ builds it so), and ``part.delivered(n)`` closes it, re-issuing what the loop did
 # 2. Samplers draw when iterated: ``RandomSampler.__iter__`` (sampler.py:160-183) is a generator that, at the first
 #    ``next()``, draws its seed from the global RNG (no generator) or uses its generator; Weighted/SubsetRandomSampler
 #    draw there too; a batch sampler whose ``__iter__`` is eager draws at ``iter()``, before the base seed. The source
-#    pulls from that one index iterator, in order, so the same draws happen in the same order. (A sampler that kept
+#    pulls from that one index iterator, in order, so the same draws happen in the same order; when the epoch is
+#    served, ``finish`` asks it past its end, as the plain loader's last ``next()`` does. (A sampler that kept
 #    drawing from the global RNG while it iterates could interleave differently with the loop's own draws, as prefetch
 #    depth already makes it do between plain loaders of different num_workers.)
 # 3. Candidates never touch the user's RNG: ``slicer.loader`` gives each a private ``torch.Generator`` (seeded from
@@ -260,6 +261,13 @@ class EpochSource:
         """No slice open, nothing to re-issue, and the sampler is used up (or, with a len(), fully delivered)."""
         spent = self._exhausted or (self._len is not None and self.position >= self._len)
         return not self._open and not self._reissue and spent
+
+    def finish(self) -> None:
+        """Ask the index sampler past its end, as a plain DataLoader's epoch does before it ends (a ``RandomSampler``
+        draws once more then: NOTE [ Exact epochs across candidates ], 2.). Call it once the epoch is served; a
+        sampler already run out is not asked again."""
+        while self._fresh() is not None:
+            pass
 
     @property
     def slices(self) -> Sequence[SliceRecord]:

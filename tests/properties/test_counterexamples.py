@@ -52,3 +52,12 @@ def test_an_online_epoch_over_a_distributed_sampler_is_the_plain_loaders_with_se
                 rank=0, seed=9756)
     check_tuned(data, Mode("online", None), 3)
     assert wait_no_children() == []
+
+
+@pytest.mark.parametrize("mode", [Mode("online", None), Mode("trials", None)])
+def test_an_epoch_without_a_batch_draws_what_the_plain_loaders_draws(mode):
+    """Two samples in batches of three with drop_last: no batch, but the plain DataLoader's sampler still drew its
+    permutation and was asked past its end; the online epoch drew nothing (found by the large profile)."""
+    data = Data(n=2, batch_size=3, drop_last=True, sampler="shuffle", rng="generator", augment=False, seed=0)
+    check_tuned(data, mode, 2)
+    assert wait_no_children() == []
