@@ -103,7 +103,8 @@ def tuned_result(**kw):
     trials = (trial(0, 500.0), trial(2, 980.0), trial(4, 1000.0),
               trial(8, None, status="skipped", reason="memory: 8 workers x 900 MiB exceed the budget"),
               trial(16, None, status="failed", reason="worker died: killed"))
-    knobs = dict(num_workers=2, prefetch_factor=2, pin_memory=False, persistent_workers=True, threads=1)
+    knobs = dict(num_workers=2, prefetch_factor=2, pin_memory=False, persistent_workers=True, threads=1,
+                 native_threads=None)
     knobs.update({k: kw.pop(k) for k in list(kw) if k in knobs})
     base = dict(config=LoaderConfig(**knobs), samples_per_s=980.0, bottleneck="cpu", source="tuned", trials=trials,
                 consumer_samples_per_s=2000.0, seconds=6.5, reason="fewest workers within 5% of the best",
