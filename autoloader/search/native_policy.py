@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from ..config import LoaderConfig
 from ..probe._pools import NativePool
 from ..results import TrialResult
 
-__all__ = ["NATIVE_CPU_LEVEL", "fallback_limit", "keep_limit", "limit_changes", "limit_for", "native_in_use", "share",
-           "without_losers", "worth_comparing"]
+__all__ = ["NATIVE_CPU_LEVEL", "decision_words", "fallback_limit", "keep_limit", "limit_changes", "limit_for",
+           "native_in_use", "pair", "share", "without_losers", "worth_comparing"]
 
 Setting = Union[None, bool, int]
 """``make_loader(native_threads=)`` as ``_validate.check_native_threads`` returns it."""
@@ -95,22 +96,34 @@ def keep_limit(limited: TrialResult, unlimited: TrialResult, *, tolerance: float
 
 def without_losers(trials: Sequence[TrialResult], *, tolerance: float) -> List[TrialResult]:
     """``trials`` less the losing side of every configuration measured both with and without the limit
-    (``keep_limit`` on the latest measurement of each side): what the selection chooses among."""
-    sides: Dict[Tuple[object, bool], TrialResult] = {}
+    (``keep_limit`` on the latest measurement of each side, ``pair``): what the selection chooses among."""
+    def loses(trial: TrialResult) -> bool:
+        measured = pair(trials, trial.config) if trial.config.num_workers > 0 else None
+        if measured is None:
+            return False
+        return (trial.config.native_threads is None) == keep_limit(*measured, tolerance=tolerance)
+
+    return [t for t in trials if not loses(t)]
+
+
+def pair(trials: Sequence[TrialResult], config: LoaderConfig) -> Optional[Tuple[TrialResult, TrialResult]]:
+    """The latest (limited, unlimited) measurements of ``config`` with and without its native limit; None unless
+    both sides were measured."""
+    base = dataclasses.replace(config, native_threads=None)
+    sides: Dict[bool, TrialResult] = {}
     for trial in trials:
-        if trial.config.num_workers > 0:
-            sides[(_unlimited(trial), trial.config.native_threads is None)] = trial
-    losers = set()
-    for (base, unlimited), trial in sides.items():
-        other = sides.get((base, not unlimited))
-        if other is None:
-            continue
-        limited_trial, unlimited_trial = (other, trial) if unlimited else (trial, other)
-        kept = keep_limit(limited_trial, unlimited_trial, tolerance=tolerance)
-        losers.add((base, kept))  # the unlimited side loses when the limit is kept, and the other way round
-    return [t for t in trials if t.config.num_workers == 0 or
-            (_unlimited(t), t.config.native_threads is None) not in losers]
+        if trial.config.num_workers > 0 and dataclasses.replace(trial.config, native_threads=None) == base:
+            sides[trial.config.native_threads is None] = trial
+    return (sides[False], sides[True]) if len(sides) == 2 else None
 
 
-def _unlimited(trial: TrialResult) -> object:
-    return dataclasses.replace(trial.config, native_threads=None)
+def decision_words(trials: Sequence[TrialResult], config: LoaderConfig, *, tolerance: float) -> Optional[str]:
+    """Why ``config`` keeps (or drops) its native limit, when it was measured both ways; None otherwise."""
+    measured = pair(trials, config)
+    if measured is None:
+        return None
+    limited, unlimited = measured
+    if keep_limit(limited, unlimited, tolerance=tolerance):
+        return (f"native pools limited to {limited.config.native_threads} thread(s) per worker: measured at least as "
+                f"fast as without (within {tolerance:.0%})")
+    return f"native pools not limited: faster without than limited to {limited.config.native_threads} per worker"

@@ -322,6 +322,8 @@ class Search:
         fewest = "fewest workers, then threads per process," if self.tune_threads else "fewest workers"
         why = (f"{fewest} within {self.tolerance:.0%} of the best measured rate ({best:,.0f} samples/s) "
                f"in {len(self.trials)} trials" + (f"; {self.cap_reason}" if self.cap_reason else ""))
+        native = native_policy.decision_words(self.trials, chosen.config, tolerance=self.tolerance)
+        why += f"; {native}" if native else ""
         per_sample = chosen.read_bytes_per_batch / self.batch_size if chosen.read_bytes_per_batch else None
         ceiling = policy.disk_ceiling(read_bytes_per_sample=per_sample, seq_read_mb_s=self.disk_mb_s) \
             if neck == "io" else None

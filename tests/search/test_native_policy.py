@@ -106,3 +106,14 @@ def test_without_losers_reads_the_latest_measurement_of_each_side():
 def test_without_losers_leaves_different_prefetch_alone():
     trials = [workers(2, 900.0), workers(2, 2000.0, native=None, prefetch=4)]
     assert policy.without_losers(trials, tolerance=0.05) == trials
+
+
+def test_pair_and_decision_words_say_why_the_limit_stays_or_goes():
+    limited, without = workers(2, 1000.0), workers(2, 980.0, native=None)
+    assert policy.pair([workers(2, 500.0), without, limited], limited.config) == (limited, without)
+    assert policy.pair([limited], limited.config) is None and policy.decision_words([limited], limited.config,
+                                                                                    tolerance=0.05) is None
+    kept = policy.decision_words([limited, without], limited.config, tolerance=0.05)
+    assert kept == "native pools limited to 1 thread(s) per worker: measured at least as fast as without (within 5%)"
+    dropped = policy.decision_words([limited, workers(2, 1500.0, native=None)], without.config, tolerance=0.05)
+    assert dropped == "native pools not limited: faster without than limited to 1 per worker"

@@ -69,13 +69,13 @@ def test_the_limit_is_measured_against_none_and_kept_when_as_fast():
     assert after == dataclasses.replace(without[0], native_threads=native_policy.share(CPUS, after.num_workers)), \
         "the limited one is measured again beside it"
     assert result.native_threads == native_policy.share(CPUS, result.num_workers), "within the tie: the limit stays"
-    assert "measured without a limit" in str(result)
+    assert "measured without a limit" in str(result) and "measured at least as fast as without" in result.reason
 
 
 def test_the_limit_is_dropped_when_measured_slower():
     asked, result = drive(model(unlimited_gain=1.5))
     assert unlimited_asked(asked) and result.num_workers > 0 and result.native_threads is None, result
-    assert "not limited" in str(result)
+    assert "not limited" in str(result) and "faster without than limited to" in result.reason
 
 
 @pytest.mark.parametrize("setting, expected", [(2, 2), (False, None)])
