@@ -29,12 +29,18 @@ def test_memory_budget_accepts_bytes_or_a_fraction(value, expected):
     (8e9, ValueError, ["memory_budget=8000000000.0", "memory_budget=8000000000"]),
 ])
 def test_memory_budget_errors_name_the_argument_and_the_fix(value, error, words):
+    refused_naming_the_fix("memory_budget", value, error, words)
+
+
+def refused_naming_the_fix(argument, value, error, words):
+    """``argument=value`` raises ``error`` with every one of ``words`` in it, from ``Request.checked`` and from
+    ``make_loader`` alike."""
     with pytest.raises(error) as info:
-        Request.checked(InMemory(n=10), 2, device="cpu", memory_budget=value)
+        Request.checked(InMemory(n=10), 2, device="cpu", **{argument: value})
     for word in words:
         assert word in str(info.value), str(info.value)
-    with pytest.raises(error, match="memory_budget"):
-        make_loader(InMemory(n=10), 2, device="cpu", cache=False, memory_budget=value)
+    with pytest.raises(error, match=argument):
+        make_loader(InMemory(n=10), 2, device="cpu", cache=False, **{argument: value})
 
 
 @pytest.mark.parametrize("value, expected", [(None, None), (False, False), (1, 1), (8, 8), (np.int64(2), 2)])
@@ -51,9 +57,4 @@ def test_native_threads_accepts_none_false_or_a_positive_int(value, expected):
     ("1", TypeError, ["native_threads", "'1'"]),
 ])
 def test_native_threads_errors_name_the_argument_and_the_fix(value, error, words):
-    with pytest.raises(error) as info:
-        Request.checked(InMemory(n=10), 2, device="cpu", native_threads=value)
-    for word in words:
-        assert word in str(info.value), str(info.value)
-    with pytest.raises(error, match="native_threads"):
-        make_loader(InMemory(n=10), 2, device="cpu", cache=False, native_threads=value)
+    refused_naming_the_fix("native_threads", value, error, words)

@@ -210,9 +210,9 @@ def check_native_pools(pools: Optional[Sequence[NativePool]], *, usable_cpus: Op
                        "the BLAS and OpenMP pools (numpy's OpenBLAS or MKL), only OpenCV, numexpr and libraries a "
                        "worker loads later", 'pip install threadpoolctl (or "autoloader[native]")')
     shown = ", ".join(p.label() for p in pools) or "none loaded"
-    detail = (f"in this process {shown}; autoloader limits each worker's to max(1, {usable_cpus or '?'} usable CPUs - "
-              f"1) // workers threads unless measured slower without (make_loader(native_threads=N or False) to "
-              f"choose)")
+    detail = (f"in this process {shown}; autoloader limits each worker's to max(1, ({usable_cpus or '?'} usable CPUs - "
+              f"1) // workers) threads unless measured slower than without (make_loader(native_threads=N or False) "
+              f"to choose)")
     for entry in cached[:3]:
         result = entry.result
         if result is not None and result.num_workers > 0:

@@ -151,7 +151,7 @@ class Search:
             self.batch_bytes = trial.batch_bytes
         self.per_worker_bytes = policy.per_worker_bytes(self.trials)
         elapsed = self.elapsed()
-        log.info("%s %-26s %-24s %5.1f s%s", "trial" if math.isfinite(self.budget) else "candidate",
+        log.info("%s %-34s %-24s %5.1f s%s", "trial" if math.isfinite(self.budget) else "candidate",
                  config.label(),
                  f"{trial.samples_per_s:,.0f} samples/s" if trial.ok else f"{trial.status}: {trial.reason}",
                  elapsed, f" of {self.budget:.0f} s budget" if math.isfinite(self.budget) else " (online)")

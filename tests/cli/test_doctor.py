@@ -102,7 +102,7 @@ def test_native_pools_check_shows_the_pools_and_each_cached_choice():
     limited = tuned_result(native_threads=7, trials=(measured,))
     finding = check_native_pools(pools, usable_cpus=16, cached=[entry(limited), entry(None)])
     assert finding.status == "ok" and "libscipy_openblas (blas) 16, libgomp (openmp) 16" in finding.detail
-    assert "max(1, 16 usable CPUs - 1) // workers" in finding.detail and "native_threads=" in finding.detail
+    assert "max(1, (16 usable CPUs - 1) // workers)" in finding.detail and "native_threads=" in finding.detail
     assert "cached Fake workers=2 prefetch=2 native=7: libscipy_openblas (blas) 16 -> 7" in finding.detail
     missing = check_native_pools(None, usable_cpus=16)
     assert missing.status == "warn" and "threadpoolctl is not installed" in missing.detail
