@@ -79,9 +79,10 @@ def make_loader(
     names the fix). See NOTE [ Memory budget ] in ``search/budget.py``.
 
     ``native_threads``: the native thread pools (numpy's OpenBLAS/MKL, OpenMP, OpenCV, numexpr) inside each worker,
-    never the main process's. None (default): limited to the worker's share of the usable CPUs (``max(1, CPUs //
-    num_workers)``), and when the serial trial shows native threads in use, the choice is measured without the limit
-    too and the limit kept only when at least as fast; ``loader.tuning.native_threads`` is the limit (None: none).
+    never the main process's. None (default): limited to the worker's share of the usable CPUs, one left to the main
+    process (``max(1, (CPUs - 1) // num_workers)``), and when the serial trial shows native threads in use, the choice
+    is measured without the limit too and the limit kept only when at least as fast; ``loader.tuning.native_threads``
+    is the limit (None: none).
     An int N limits every worker's pools to N threads; False leaves them alone. Your ``worker_init_fn`` runs after
     the limit, so its own limits win. Needs ``threadpoolctl`` for the BLAS/OpenMP pools (``autoloader[native]``);
     without it only OpenCV, numexpr and libraries loaded later are limited. See NOTE [ Native thread pools ] in

@@ -23,8 +23,9 @@ from ._holders import (DAEMON, INIT, ORPHAN, ORPHAN_NOT_PYTHON, OTHER_USER, RUNN
                        executable_name, find_nvidia_holders, is_worker)
 
 __all__ = ["Finding", "DeviceHolder", "ShmNeed", "run_checks", "check_shm", "check_open_files", "check_cpus",
-           "check_start_method", "check_thread_env", "check_native_pools", "check_memory_budget", "check_gpu_holders", "check_gpus",
-           "check_saved_profile", "check_cache", "shm_needs", "find_nvidia_holders", "classify_holder", "format_findings"]
+           "check_start_method", "check_thread_env", "check_native_pools", "check_memory_budget", "check_gpu_holders",
+           "check_gpus", "check_saved_profile", "check_cache", "shm_needs", "find_nvidia_holders", "classify_holder",
+           "format_findings"]
 
 Status = Literal["ok", "warn", "fail", "info"]
 MIB = 1 << 20

@@ -35,8 +35,9 @@ def share(usable_cpus: int, num_workers: int) -> Optional[int]:
     threads than there are CPUs, the rule torch keeps for its own pool in workers (1 thread) and Lightning for the
     worker count (cores - 1). Few workers doing BLAS still use the other CPUs (1 worker on 8 CPUs keeps 7 threads,
     where a fixed 1 would leave 6 idle). Rounded down, never up, and at least 1. On this project's 2-CPU machine it is
-    1 for any worker count: there, under load, numpy's OpenBLAS ran 256x256 matmuls 10-20x slower with 2 threads
-    than with 1 (README, "Native thread pools"), where ``usable // workers`` would have kept 2 threads for 1 worker."""
+    1 for any worker count: there, under load, numpy's OpenBLAS ran 256x256 matmuls 2-20x slower with 2 threads
+    than with 1 (tests/benchmarks/results/native_threads.md), where ``usable // workers`` would have kept 2 threads for
+    1 worker."""
     if num_workers <= 0:
         return None
     return max(1, (max(1, usable_cpus) - 1) // num_workers)

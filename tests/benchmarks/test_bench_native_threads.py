@@ -100,7 +100,8 @@ def comparison(result: TuneResult) -> str:
     if result.native_threads is None and not pairs:
         return "pools left alone"
     if not pairs:
-        return f"limit {result.native_threads} kept unmeasured (the serial trial's CPU time did not exceed its wall time)"
+        return (f"limit {result.native_threads} kept unmeasured (the serial trial's CPU time did not exceed its wall "
+                f"time)")
     return result.reason.split("; ")[-1]
 
 
