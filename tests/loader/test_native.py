@@ -181,7 +181,7 @@ def test_spawned_workers_are_limited_too(tmp_path):
 
 
 def test_online_candidates_are_limited_and_record_the_pools_their_workers_found(wide_parent):
-    loader = make_loader(PoolsInWorker(2000), 8, collate_fn=list, cache=False, tuning="online")
+    loader = make_loader(PoolsInWorker(1200), 8, collate_fn=list, cache=False, tuning="online")
     seen = []
     for _ in range(4):
         seen += [s for batch in loader for s in batch if s["pid"] != os.getpid()]
