@@ -164,6 +164,27 @@ def check_threads(threads: Any, dataset: Any) -> Union[bool, int]:
     return mode
 
 
+def check_native_threads(native_threads: Any) -> Union[None, bool, int]:
+    """``native_threads=`` of ``make_loader``/``tune``: None (autoloader limits each worker's native pools to its share
+    of the CPUs, and measures without the limit when they are in use), False (never touched) or an int >= 1 (every
+    worker's pools limited to that many threads, never tuned). Raises ``TypeError``/``ValueError`` naming the fix."""
+    if native_threads is None or native_threads is False:
+        return native_threads
+    if native_threads is True:
+        raise ValueError("native_threads=True is not a setting: leave it out (None) to let autoloader limit each "
+                         "worker's native thread pools and measure whether the limit pays, pass an int such as "
+                         "native_threads=1 to fix the limit, or native_threads=False to leave the pools alone")
+    if not _is_int(native_threads):
+        raise TypeError(f"native_threads must be None (autoloader decides), False (pools left alone) or an int >= 1 "
+                        f"(threads per worker for numpy's BLAS, OpenMP, OpenCV, numexpr), got {native_threads!r} "
+                        f"({type(native_threads).__name__})")
+    if native_threads < 1:
+        raise ValueError(f"native_threads={native_threads} must be >= 1 (threads each worker's native pools keep): "
+                         f"native_threads=1 for single-threaded workers, or native_threads=False to leave the pools "
+                         f"alone")
+    return int(native_threads)
+
+
 def check_common(*, batch_size: Any, step: Any, budget: Any, max_workers: Any, key: Any, cache: Any) -> None:
     check_tuning_arguments(batch_size=batch_size, step=step, budget=budget, max_workers=max_workers)
     if key is not None and not isinstance(key, str):

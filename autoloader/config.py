@@ -55,6 +55,7 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("num_workers", 0, tuned=True, label=lambda n: f"workers={n}", always=True),
     Knob("prefetch_factor", 2, worker_only=True, tuned=True, label=lambda p: f"prefetch={p}", always=True),
     Knob("threads", 1, tuned=True, loader_arg=False, label=lambda t: f"threads={t}"),
+    Knob("native_threads", None, worker_only=True, tuned=True, loader_arg=False, label=lambda n: f"native={n}"),
     Knob("pin_memory", False, tuned=True, label=lambda _: "pin"),
     Knob("persistent_workers", False, worker_only=True, tuned=True, off=False),
     Knob("multiprocessing_context", None, worker_only=True, normalize=_start_method_name, label=lambda m: f"start={m}"),
@@ -86,12 +87,20 @@ class LoaderConfig:
     """Threads fetching a batch's samples inside each process (see ``autoloader.loader.threads``); 1: none."""
     multiprocessing_context: Optional[str] = None
     """How the workers start ('fork', 'spawn', 'forkserver'), when the user chose; None: the platform's default."""
+    native_threads: Optional[int] = None
+    """The most threads each worker's native pools (BLAS, OpenMP, OpenCV, numexpr) keep (see NOTE [ Native thread
+    pools ] in loader/native.py); None: not limited, and always None without workers (the main process is never
+    touched)."""
 
     def __post_init__(self) -> None:
-        if self.num_workers == 0 and (self.prefetch_factor is not None or self.persistent_workers):
-            raise ValueError("prefetch_factor and persistent_workers need num_workers > 0")
+        if self.num_workers == 0 and (self.prefetch_factor is not None or self.persistent_workers
+                                      or self.native_threads is not None):
+            raise ValueError("prefetch_factor, persistent_workers and native_threads need num_workers > 0")
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        native = self.native_threads
+        if native is not None and (isinstance(native, bool) or not isinstance(native, int) or native < 1):
+            raise ValueError(f"native_threads must be None or an int >= 1, got {native!r}")
 
     def loader_kwargs(self) -> dict:
         """The keywords to pass to ``torch.utils.data.DataLoader`` for this configuration; the worker-only ones only

@@ -18,6 +18,8 @@ from .measure.consumer import Step
 from .probe import MachineProfile, probe_machine, remembered_gpus, with_saved_disk
 from .request import Request
 from .results import TuneResult
+from .search.bounds import usable_cpus
+from .search.native_policy import fallback_limit
 from .search.candidates import fallback_result
 from .tuning.online import OnlineLoader
 from .tuning.trials import tune_with
@@ -49,6 +51,7 @@ def make_loader(
     distributed: Optional[bool] = None,
     threads: Union[bool, int] = False,
     memory_budget: Union[None, int, float] = None,
+    native_threads: Optional[Union[bool, int]] = None,
     **dataloader_kwargs: Any,
 ) -> PrefetchLoader:
     """A DataLoader tuned for this machine, dataset and training step, wrapped in a ``PrefetchLoader``.
@@ -74,6 +77,16 @@ def make_loader(
     divided among the ranks of a node); default half of it. A candidate that would exceed it is not tried, and the
     choice stays under it, also as forecast for the end of an epoch when workers grow by copy-on-read (a warning then
     names the fix). See NOTE [ Memory budget ] in ``search/budget.py``.
+
+    ``native_threads``: the native thread pools (numpy's OpenBLAS/MKL, OpenMP, OpenCV, numexpr) inside each worker,
+    never the main process's. None (default): limited to the worker's share of the usable CPUs, one left to the main
+    process (``max(1, (CPUs - 1) // num_workers)``), and when the serial trial shows native threads in use, the choice
+    is measured without the limit too and the limit kept only when at least as fast; ``loader.tuning.native_threads``
+    is the limit (None: none).
+    An int N limits every worker's pools to N threads; False leaves them alone. Your ``worker_init_fn`` runs after
+    the limit, so its own limits win. Needs ``threadpoolctl`` for the BLAS/OpenMP pools (``autoloader[native]``);
+    without it only OpenCV, numexpr and libraries loaded later are limited. See NOTE [ Native thread pools ] in
+    ``loader/native.py``.
     """
     started = time.perf_counter()
     for name, value in (("refresh", refresh), ("retune", retune)):
@@ -85,7 +98,7 @@ def make_loader(
     request = Request.checked(dataset, batch_size, shuffle=shuffle, step=step, device=device, normalize=normalize,
                               dtype=dtype, input_key=input_key, cache=cache, budget=budget, max_workers=max_workers,
                               key=key, distributed=distributed, threads=threads, memory_budget=memory_budget,
-                              dataloader_kwargs=dataloader_kwargs)
+                              native_threads=native_threads, dataloader_kwargs=dataloader_kwargs)
     profile = with_saved_disk(dataclasses.replace(probe_machine(disk=False, gpus=False), gpus=remembered_gpus()))
     if request.group is not None:
         profile = request.group.share_profile(profile)
@@ -124,7 +137,7 @@ def _tune(request: Request, profile: MachineProfile) -> TuneResult:
     except TuningError as err:
         warn_user(f"autoloader could not tune ({err}); using a safe default configuration")
         result = fallback_result(request.fixed, device=request.device, reason=str(err),
-                                 threads=request.fixed_threads)
+                                 threads=request.fixed_threads, native_threads=fallback_limit(request, usable_cpus=usable_cpus(profile)))
     return result if group is None else group.broadcast(result)
 
 

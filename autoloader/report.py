@@ -117,11 +117,13 @@ def bottleneck_words(bottleneck: Optional[str]) -> str:
 
 
 def config_kwargs(result: TuneResult) -> str:
-    """The chosen knobs as the DataLoader keywords a user would type (those that apply to ``num_workers``), and the
-    threads per process (``make_loader``'s ``threads=``) when more than one."""
+    """The chosen knobs as the DataLoader keywords a user would type (those that apply to ``num_workers``), the
+    threads per process (``make_loader``'s ``threads=``) when more than one, and the limit of each worker's native
+    thread pools (``native_threads=``) when there is one."""
     config = result.config
     text = ", ".join(f"{k}={v}" for k, v in config.loader_kwargs().items())
-    return text + (f"; threads={config.threads} per process" if config.threads > 1 else "")
+    text += f"; threads={config.threads} per process" if config.threads > 1 else ""
+    return text + (f"; native_threads={config.native_threads} per worker" if config.native_threads else "")
 
 
 def _source_words(result: TuneResult) -> str:
@@ -143,7 +145,7 @@ def _is_chosen(trial: TrialResult, result: TuneResult) -> bool:
         (result.samples_per_s is None or trial.samples_per_s == result.samples_per_s)  # measured twice: the one chosen
 
 
-def _trial_row(trial: TrialResult, best: Optional[float], chosen: bool, *, threads: bool,
+def _trial_row(trial: TrialResult, best: Optional[float], chosen: bool, *, threads: bool, native: bool,
                memory: bool, footprint: bool) -> List[str]:
     c = trial.config
     if trial.ok:
@@ -154,13 +156,43 @@ def _trial_row(trial: TrialResult, best: Optional[float], chosen: bool, *, threa
     used = trial.worker_memory_bytes if trial.ok else None
     return ["*" if chosen else "", str(c.num_workers), *([str(c.threads)] if threads else []),
             "-" if c.prefetch_factor is None else str(c.prefetch_factor),
-            "yes" if c.pin_memory else "no", rate(trial.samples_per_s if trial.ok else None),
+            "yes" if c.pin_memory else "no", *([_native_cell(c)] if native else []),
+            rate(trial.samples_per_s if trial.ok else None),
             f"{100 * trial.samples_per_s / best:.0f}%" if trial.ok and best else "-",
             "-" if trial.startup_s is None else f"{trial.startup_s:.2f}",
             pct(trial.stall_fraction if trial.ok else None),
             pct(trial.worker_cpu_util if c.num_workers else None),
             *([("-" if used is None else f"{used / (1 << 20):,.0f}")] if memory else []),
             *([_mib_cell(trial.footprint_bytes)] if footprint else []), status]
+
+
+def _native_cell(config: Any) -> str:
+    """The native threads column: the limit, ``off`` for workers without one, ``-`` without workers."""
+    if config.num_workers == 0:
+        return "-"
+    return "off" if config.native_threads is None else str(config.native_threads)
+
+
+def native_words(result: TuneResult) -> Optional[str]:
+    """The native thread pools a worker of the chosen configuration found and the limit chosen, with the measurement
+    without it when the search made one (NOTE [ Native thread pools ] in loader/native.py); None without workers."""
+    config = result.config
+    if config.num_workers == 0:
+        return None
+    pools = result.native_pools
+    found = UNKNOWN + " (not measured, or threadpoolctl is not installed)" if pools is None else \
+        (", ".join(p.label() for p in pools) or "none")
+    limit = "not limited" if config.native_threads is None else f"limited to {config.native_threads} thread(s) each"
+    text = f"native thread pools per worker: {found}; {limit}"
+    sides = {}
+    for trial in result.trials:
+        if trial.ok and trial.config.num_workers == config.num_workers and trial.config.threads == config.threads \
+                and trial.config.prefetch_factor == config.prefetch_factor and \
+                trial.config.pin_memory == config.pin_memory:
+            sides[trial.config.native_threads is None] = trial.samples_per_s
+    if len(sides) == 2:
+        text += f" (measured without a limit: {rate(sides[True])} samples/s, with it: {rate(sides[False])})"
+    return text
 
 
 def _mib_cell(n: Optional[int]) -> str:
@@ -204,9 +236,9 @@ def format_tune_result(result: TuneResult) -> str:
         lines.append(f"  {disk}")
     if result.reason and result.source != "fallback" and not (result.source == "online" and not result.trials):
         lines.append(f"  why: {result.reason}")
-    budget = _budget_words(result)
-    if budget is not None:
-        lines.append(f"  {budget}")
+    for words in (_budget_words(result), native_words(result)):
+        if words is not None:
+            lines.append(f"  {words}")
     if not result.trials:
         lines.append("  (no trials recorded)")
         return "\n".join(lines)
@@ -215,13 +247,16 @@ def format_tune_result(result: TuneResult) -> str:
     marked = False
     rows = []
     threads = any(t.config.threads > 1 for t in result.trials)
+    native = any(t.config.num_workers > 0 for t in result.trials)
     memory = any(t.ok and t.config.num_workers and t.worker_memory_bytes is not None for t in result.trials)
     footprint = any(t.footprint_bytes is not None for t in result.trials)
     for trial in result.trials:
         chosen = not marked and _is_chosen(trial, result)
         marked = marked or chosen
-        rows.append(_trial_row(trial, best, chosen, threads=threads, memory=memory, footprint=footprint))
-    headers = ["", "workers", *(["threads"] if threads else []), "prefetch", "pin", "samples/s", "vs best",
+        rows.append(_trial_row(trial, best, chosen, threads=threads, native=native, memory=memory,
+                               footprint=footprint))
+    headers = ["", "workers", *(["threads"] if threads else []), "prefetch", "pin", *(["native"] if native else []),
+               "samples/s", "vs best",
                "startup s", "stall %", "worker CPU %", *(["worker MiB"] if memory else []),
                *(["footprint MiB"] if footprint else []), "status"]
     lines.append("")

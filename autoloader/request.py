@@ -9,11 +9,12 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from . import distributed as _distributed
-from ._validate import (check_common, check_dataset, check_loader_kwargs, check_memory_budget, check_picklable,
-                        check_threads)
+from ._validate import (check_common, check_dataset, check_loader_kwargs, check_memory_budget,
+                        check_native_threads, check_picklable, check_threads)
 from .config import BY_NAME, USER_KNOBS, LoaderConfig, without_worker_only
 from .errors import quiet_worker_count_warning
 from .loader.device import resolve_device
+from .loader.native import worker_init
 from .loader.threads import fixed_threads, loader_dataset
 from .measure.consumer import Step
 from .probe import start_method
@@ -47,6 +48,9 @@ class Request:
     memory_budget: Union[None, int, float] = None
     """As ``check_memory_budget`` returns it: None (default), bytes or a fraction; ``search.budget.resolve_budget``
     makes it the budget."""
+    native_threads: Union[None, bool, int] = None
+    """As ``check_native_threads`` returns it: None (autoloader decides), False (never touched) or an int >= 1
+    (fixed): the limit of each worker's native thread pools (NOTE [ Native thread pools ] in loader/native.py)."""
 
     @property
     def fixed_threads(self) -> int:
@@ -66,7 +70,7 @@ class Request:
                 device: Any = None, normalize: Any = None, dtype: Any = None, input_key: Any = None,
                 cache: Any = False, budget: Any = None, max_workers: Any = None, key: Any = None,
                 distributed: Any = False, threads: Any = False, memory_budget: Any = None,
-                dataloader_kwargs: Optional[Dict[str, Any]] = None) -> "Request":
+                native_threads: Any = None, dataloader_kwargs: Optional[Dict[str, Any]] = None) -> "Request":
         """Check every argument (each error names the fix) and split the knobs the user fixed from the rest;
         ``distributed=None`` follows ``torch.distributed.is_initialized()`` and shards the data."""
         dataloader_kwargs = dict(dataloader_kwargs or {})
@@ -74,6 +78,7 @@ class Request:
         check_dataset(dataset)
         threads = check_threads(threads, dataset)
         memory_budget = check_memory_budget(memory_budget)
+        native_threads = check_native_threads(native_threads)
         check_loader_kwargs(dataset, batch_size=batch_size, shuffle=shuffle, kwargs=dataloader_kwargs)
         kwargs = dict(dataloader_kwargs)
         fixed = {k: BY_NAME[k].recorded_value(kwargs.pop(k)) for k in USER_KNOBS if k in kwargs}
@@ -90,15 +95,17 @@ class Request:
                      and kwargs.get("sampler") is None and kwargs.get("batch_sampler") is None)
         return cls(dataset, batch_size, shuffle, step, resolve_device(device),
                    dict(normalize=normalize, dtype=dtype, input_key=input_key), budget, max_workers, key, kwargs,
-                   fixed, group, unsharded, threads, memory_budget)
+                   fixed, group, unsharded, threads, memory_budget, native_threads)
 
     def data_loader(self, config: LoaderConfig, *, sampling: Optional[Mapping[str, Any]] = None,
-                    **forced: Any) -> DataLoader:
+                    measured: bool = False, **forced: Any) -> DataLoader:
         """The user's DataLoader with ``config``'s knobs (theirs where they fixed one) over ``loader_dataset``.
 
         ``sampling`` replaces the user's ``SAMPLING`` arguments (a trial's endless sampler, an online slice);
         ``forced`` overrides anything (a private generator, ``in_order``, no persistent workers for a trial). The
-        knobs that need workers are dropped from a configuration without them (``config.KNOBS``)."""
+        knobs that need workers are dropped from a configuration without them (``config.KNOBS``). With workers, the
+        ``worker_init_fn`` limits their native thread pools to ``config.native_threads`` before the user's own runs
+        (``native.worker_init``); ``measured``: they report the pools they found (``native.worker_pools``)."""
         user = dict(self.loader_kwargs)
         if sampling is None:
             sampling = {"batch_size": self.batch_size, "shuffle": self.shuffle}
@@ -107,5 +114,8 @@ class Request:
         kwargs = {**user, **sampling, **config.loader_kwargs(), **self.fixed, **forced}
         if kwargs.get("num_workers", 0) == 0:
             kwargs = without_worker_only(kwargs)
+        else:
+            kwargs["worker_init_fn"] = worker_init(config.native_threads, kwargs.get("worker_init_fn"),
+                                                   report=measured)
         with quiet_worker_count_warning("num_workers" not in self.fixed):
             return DataLoader(loader_dataset(self.dataset, config), **kwargs)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Literal, Mapping, Optional, Tuple
 
 from .config import RECORDED, LoaderConfig
+from .probe._pools import NativePool
 from .report import format_tune_result
 
 Bottleneck = Literal["consumer", "cpu", "io", "ipc", "memory"]
@@ -62,6 +63,9 @@ class TrialResult:
     footprint_bytes: Optional[int] = None
     """What the configuration takes of the memory budget (NOTE [ Memory budget ] in search/budget.py): from its own
     measurements when it ran, predicted when it was skipped; None when unknown."""
+    native_pools: Optional[Tuple[NativePool, ...]] = None
+    """The native thread pools one of its workers found, and kept under ``config.native_threads`` (NOTE [ Native
+    thread pools ] in loader/native.py); None without workers, or when unknown (no threadpoolctl)."""
 
     @property
     def ok(self) -> bool:
@@ -80,12 +84,17 @@ class TrialResult:
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
         data["config"] = self.config.to_dict()
+        data["native_pools"] = None if self.native_pools is None else [p.to_dict() for p in self.native_pools]
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TrialResult":
         data = dict(data)
         data["config"] = LoaderConfig.from_dict(data["config"])
+        if data.get("native_pools") is not None:
+            if not isinstance(data["native_pools"], (list, tuple)):
+                raise ValueError(f"native_pools must be a list of pools, got {data['native_pools']!r}")
+            data["native_pools"] = tuple(NativePool.from_dict(p) for p in data["native_pools"])
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         if unknown:
@@ -125,6 +134,14 @@ class TuneResult:
         if name in RECORDED:  # only called for names that are not fields: the knobs, read off ``config``
             return getattr(self.config, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def native_pools(self) -> Optional[Tuple[NativePool, ...]]:
+        """The native thread pools a worker of the chosen configuration found, and kept under its
+        ``native_threads``; None when not measured (no workers, no threadpoolctl, a fallback)."""
+        same = [t for t in self.trials if t.ok and t.config.same_candidate(self.config)]
+        chosen = next((t for t in same if t.samples_per_s == self.samples_per_s), same[-1] if same else None)
+        return chosen.native_pools if chosen is not None else None
 
     def with_source(self, source: Source) -> "TuneResult":
         return dataclasses.replace(self, source=source)
@@ -208,8 +225,10 @@ def _check_config(config: Mapping[str, Any]) -> None:
     for name in ("pin_memory", "persistent_workers"):
         if name in config and not isinstance(config[name], bool):
             raise TypeError(f"{name} must be a bool")
-    if "threads" in config and (not _is_int(config["threads"]) or config["threads"] < 1):
-        raise ValueError(f"threads must be an int >= 1, got {config['threads']!r}")
+    for name in ("threads", "native_threads"):
+        value = config.get(name, 1)
+        if (name == "threads" or value is not None) and (not _is_int(value) or value < 1):
+            raise ValueError(f"{name} must be an int >= 1{' or None' if name != 'threads' else ''}, got {value!r}")
 
 
 def _check_types(result: TuneResult) -> None:

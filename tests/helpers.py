@@ -4,12 +4,17 @@ conftest.py holds only hooks and fixtures; what a test calls goes here.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
 import os
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Iterator
+from unittest import mock
 
 import psutil
 
@@ -103,7 +108,8 @@ def tuned_result(**kw):
     trials = (trial(0, 500.0), trial(2, 980.0), trial(4, 1000.0),
               trial(8, None, status="skipped", reason="memory: 8 workers x 900 MiB exceed the budget"),
               trial(16, None, status="failed", reason="worker died: killed"))
-    knobs = dict(num_workers=2, prefetch_factor=2, pin_memory=False, persistent_workers=True, threads=1)
+    knobs = dict(num_workers=2, prefetch_factor=2, pin_memory=False, persistent_workers=True, threads=1,
+                 native_threads=None)
     knobs.update({k: kw.pop(k) for k in list(kw) if k in knobs})
     base = dict(config=LoaderConfig(**knobs), samples_per_s=980.0, bottleneck="cpu", source="tuned", trials=trials,
                 consumer_samples_per_s=2000.0, seconds=6.5, reason="fewest workers within 5% of the best",
@@ -157,6 +163,22 @@ def selected_workloads(default: str, known) -> list:
     if unknown:
         raise ValueError(f"AUTOLOADER_BENCH_WORKLOADS: unknown {unknown}; known: {sorted(known)}")
     return selected
+
+
+def measured_as(config: LoaderConfig) -> LoaderConfig:
+    """``config`` as a trial runs it: trials never keep workers alive (``TuneResult.config`` may say they will), so
+    a tuner's choice and the same sweep point are one configuration."""
+    return dataclasses.replace(config, persistent_workers=False)
+
+
+@contextlib.contextmanager
+def longer_windows(seconds: float) -> Iterator[None]:
+    """Trials timed at least ``seconds`` (``measure.window.Window``'s ``min_window_s``): ``run_trial`` takes no
+    such argument, so the benchmark's trials build their windows with it while this lasts (tune() never does)."""
+    from autoloader.measure import run as measure_run
+
+    with mock.patch.object(measure_run, "Window", functools.partial(measure_run.Window, min_window_s=seconds)):
+        yield
 
 
 def emit_table(text: str) -> None:

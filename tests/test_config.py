@@ -68,6 +68,20 @@ def test_invalid_configurations_are_refused():
         LoaderConfig(0, prefetch_factor=2)
     with pytest.raises(ValueError, match="threads must be >= 1"):
         LoaderConfig(1, 2, threads=0)
+    with pytest.raises(ValueError, match="native_threads need num_workers > 0"):
+        LoaderConfig(0, native_threads=1)       # the main process's pools are never limited
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValueError, match="native_threads must be None or an int >= 1"):
+            LoaderConfig(2, 2, native_threads=bad)
+
+
+def test_native_threads_is_a_worker_only_knob_shown_when_limited():
+    limited = make_config(2, fixed={}, native_threads=1)
+    assert limited.label() == "workers=2 prefetch=2 native=1" and "native_threads" not in limited.loader_kwargs()
+    assert make_config(2, fixed={}).native_threads is None and make_config(0, fixed={}, native_threads=3).label() == \
+        "workers=0", "off without workers"
+    assert not limited.same_candidate(dataclasses.replace(limited, native_threads=None))
+    assert LoaderConfig.from_dict(json.loads(json.dumps(limited.to_dict()))) == limited
 
 
 def test_a_start_method_is_recorded_by_name():

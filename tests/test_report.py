@@ -6,6 +6,7 @@ from dataclasses import replace
 from autoloader.probe import DiskInfo, MachineProfile, probe_machine
 from autoloader.report import BOTTLENECK_WORDS, format_profile, format_tune_result
 from autoloader.config import LoaderConfig
+from autoloader.probe._pools import NativePool
 from autoloader.results import TuneResult
 from helpers import full_profile, trial, tuned_result
 
@@ -79,3 +80,23 @@ def test_the_table_shows_each_footprint_and_the_budget_line():
     plain = format_tune_result(tuned_result())
     assert "footprint MiB" not in plain and "memory budget" not in plain
     assert TuneResult.from_dict(result.to_dict()) == result
+
+
+def test_the_native_pools_a_worker_found_and_the_limit_chosen_are_shown():
+    pools = (NativePool("libscipy_openblas", "blas", "openblas", 8, 7), NativePool("libgomp", "openmp", "openmp", 1, 1))
+    limited = trial(2, 1000.0, native_pools=pools)
+    limited = replace(limited, config=replace(limited.config, native_threads=7))
+    without = replace(trial(2, 700.0), native_pools=tuple(replace(p, limited_to=None) for p in pools))
+    result = tuned_result(trials=(trial(0, 500.0), limited, without), native_threads=7, samples_per_s=1000.0)
+    text = format_tune_result(result)
+    assert "native_threads=7 per worker" in text.splitlines()[0] and result.native_pools == pools
+    assert "native thread pools per worker: libscipy_openblas (blas) 8 -> 7, libgomp (openmp) 1; limited to 7" in text
+    assert "measured without a limit: 700 samples/s, with it: 1,000" in text
+    header = next(line for line in text.splitlines() if "vs best" in line)
+    assert header.split()[:4] == ["workers", "prefetch", "pin", "native"]
+    rows = [line.split() for line in text.splitlines()[text.splitlines().index(header) + 1:]]
+    assert [r[4 if r[0] == "*" else 3] for r in rows] == ["-", "7", "off"], rows  # no workers, the limit, none
+    unknown = format_tune_result(tuned_result(native_threads=1))
+    assert "native thread pools per worker: unknown" in unknown and "limited to 1" in unknown
+    assert "native thread pools" not in format_tune_result(tuned_result(num_workers=0, prefetch_factor=None,
+                                                                        persistent_workers=False))

@@ -119,3 +119,30 @@ class GilBound(Dataset):
         while time.thread_time() - start < self.cost_s:
             pass
         return torch.full((self.dim,), float(i))
+
+
+class Matmul(Dataset):
+    """Per sample, a 256x256 float32 matrix multiplied by itself ``rounds`` times (scaled in between): with
+    ``backend="numpy"`` by numpy's BLAS (OpenBLAS or MKL, one thread per core unless limited), with ``"torch"`` by
+    torch's own pool (torch sets it to 1 thread in DataLoader workers; the main process keeps all its cores)."""
+
+    def __init__(self, n=100000, size=256, rounds=4, backend="numpy"):
+        if backend not in ("numpy", "torch"):
+            raise ValueError(f"backend must be 'numpy' or 'torch', got {backend!r}")
+        self.n, self.size, self.rounds, self.backend = n, size, rounds, backend
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        a = np.random.default_rng(i).standard_normal((self.size, self.size), dtype=np.float32)
+        if self.backend == "torch":
+            t = torch.from_numpy(a)
+            for _ in range(self.rounds):
+                t = t @ t
+                t = t / t.abs().max()
+            return t[:4, :4].clone()
+        for _ in range(self.rounds):
+            a = a @ a
+            a /= np.abs(a).max()
+        return torch.from_numpy(a[:4, :4].copy())

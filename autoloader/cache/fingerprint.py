@@ -20,9 +20,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-SCHEMA_VERSION = 3
-"""The format of a cache entry (3: ``TuneResult`` holds a ``LoaderConfig``). An entry in an older one is tuned again
-and replaced, with one log line (``store.TuneCache.get``)."""
+SCHEMA_VERSION = 4
+"""The format of a cache entry (3: ``TuneResult`` holds a ``LoaderConfig``; 4: with ``native_threads``, and trials
+with the native pools their workers found). An entry in an older one is tuned again and replaced, with one log line
+(``store.TuneCache.get``): its configuration was measured without the workers' native pools limited."""
 KEY_FORMAT = 2
 """The format of the cache key's payload: unchanged by a new entry schema, so an old entry is found (and replaced)
 rather than left behind under a key nothing asks for. Bump it when the key's inputs change."""

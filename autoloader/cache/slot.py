@@ -15,8 +15,9 @@ from ..probe import MachineProfile
 from ..request import Request
 from ..results import TuneResult
 from ..search import policy
-from ..search.bounds import worker_bounds
 from ..search.budget import resolve_budget
+from ..search.bounds import usable_cpus, worker_bounds
+from ..search.native_policy import fallback_limit
 from ..search.candidates import fallback_result, trial_limit
 from .fingerprint import cache_key, dataset_fingerprint, dataset_length, machine_fingerprint, step_descriptor
 from .store import TuneCache
@@ -51,7 +52,9 @@ class Slot:
                       f"num_workers=... to choose one)")
             return cls(request, profile, None, None,
                        fallback=fallback_result(request.fixed, device=request.device, reason=str(timeout),
-                                                threads=request.fixed_threads))
+                                                threads=request.fixed_threads,
+                                                native_threads=fallback_limit(request,
+                                                                              usable_cpus=usable_cpus(profile))))
         kwargs, transform = request.loader_kwargs, request.transform
         key = cache_key(
             dataset_fp=fingerprint, batch_size=request.batch_size, loader_kwargs=kwargs, step=request.step,
@@ -61,7 +64,8 @@ class Slot:
                    "dtype": _jsonable(transform["dtype"]), "input_key": _jsonable(transform["input_key"]),
                    "shuffle": request.shuffle, "max_workers": request.max_workers,
                    **_node_facts(request.group),
-                   **({"threads": request.threads} if request.threads is not False else {})})
+                   **({"threads": request.threads} if request.threads is not False else {}),
+                   **({"native_threads": request.native_threads} if request.native_threads is not None else {})})
         return cls(request, profile, store, key)
 
     def look_up(self) -> Optional[TuneResult]:

@@ -17,13 +17,15 @@ from ..cache import CacheEntry, resolve_cache
 from ..search.budget import resolve_budget, shm_need_bytes
 from ..probe import (THREAD_ENV_VARS, CpuInfo, GpuInfo, MachineProfile, MemoryInfo, ShmInfo, load_profile,
                      open_files_limit, probe_machine)
+from ..probe._pools import NativePool, pools_here
 from ..report import mib
 from ._holders import (DAEMON, INIT, ORPHAN, ORPHAN_NOT_PYTHON, OTHER_USER, RUNNING, DeviceHolder, classify_holder,
                        executable_name, find_nvidia_holders, is_worker)
 
 __all__ = ["Finding", "DeviceHolder", "ShmNeed", "run_checks", "check_shm", "check_open_files", "check_cpus",
-           "check_start_method", "check_thread_env", "check_memory_budget", "check_gpu_holders", "check_gpus",
-           "check_saved_profile", "check_cache", "shm_needs", "find_nvidia_holders", "classify_holder", "format_findings"]
+           "check_start_method", "check_thread_env", "check_native_pools", "check_memory_budget", "check_gpu_holders",
+           "check_gpus", "check_saved_profile", "check_cache", "shm_needs", "find_nvidia_holders", "classify_holder",
+           "format_findings"]
 
 Status = Literal["ok", "warn", "fail", "info"]
 MIB = 1 << 20
@@ -181,8 +183,9 @@ def check_start_method(method: Optional[str]) -> Finding:
 # -- thread variables -----------------------------------------------------------------------------------------------
 def check_thread_env(env: Mapping[str, str], *, usable_cpus: Optional[int]) -> Finding:
     name = "thread variables"
-    fix = ("set OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 for the workers, e.g. in worker_init_fn "
-           "with threadpoolctl.threadpool_limits(1) and cv2.setNumThreads(0), which leaves the main process alone")
+    fix = ("autoloader's loaders limit these pools in each worker (see native thread pools); for another DataLoader "
+           "call threadpoolctl.threadpool_limits(1) and cv2.setNumThreads(0) in its worker_init_fn, which leaves the "
+           "main process alone")
     set_vars = {k: v for k, v in env.items() if k in THREAD_ENV_VARS}
     if set_vars:
         shown = ", ".join(f"{k}={v}" for k, v in sorted(set_vars.items()))
@@ -195,6 +198,29 @@ def check_thread_env(env: Mapping[str, str], *, usable_cpus: Optional[int]) -> F
               f"(OpenBLAS/MKL), OpenCV or numexpr in a dataset may start one thread per core in every worker "
               f"({cores} per worker here): oversubscription")
     return Finding(name, "warn" if cores >= 4 else "info", detail, fix)
+
+
+def check_native_pools(pools: Optional[Sequence[NativePool]], *, usable_cpus: Optional[int],
+                       cached: Sequence[CacheEntry] = ()) -> Finding:
+    """The native thread pools of this process (what a forked worker starts with; ``probe._pools.pools_here``: None
+    without threadpoolctl), and per cached configuration with workers the pools a worker found and the limit chosen."""
+    name = "native thread pools"
+    if pools is None:
+        return Finding(name, "warn" if (usable_cpus or 1) >= 2 else "info",
+                       "threadpoolctl is not installed: in DataLoader workers autoloader can neither see nor limit "
+                       "the BLAS and OpenMP pools (numpy's OpenBLAS or MKL), only OpenCV, numexpr and libraries a "
+                       "worker loads later", 'pip install threadpoolctl (or "autoloader[native]")')
+    shown = ", ".join(p.label() for p in pools) or "none loaded"
+    detail = (f"in this process {shown}; autoloader limits each worker's to max(1, ({usable_cpus or '?'} usable CPUs - "
+              f"1) // workers) threads unless measured slower than without (make_loader(native_threads=N or False) "
+              f"to choose)")
+    for entry in cached[:3]:
+        result = entry.result
+        if result is not None and result.num_workers > 0:
+            found = result.native_pools
+            detail += (f"; cached {entry.meta.get('dataset', entry.key[:12])} {result.config.label()}: "
+                       f"{'pools unknown' if found is None else ', '.join(p.label() for p in found) or 'no pool'}")
+    return Finding(name, "ok", detail)
 
 
 # -- processes holding NVIDIA device files ------------------------------------------------------------------------
@@ -317,6 +343,7 @@ def run_checks(*, profile: Optional[MachineProfile] = None,
                          max_cached_workers=max(workers) if workers else None),
         check_start_method(profile.start_method),
         check_thread_env(profile.thread_env, usable_cpus=profile.cpu.usable),
+        check_native_pools(pools_here(), usable_cpus=profile.cpu.usable, cached=entries),
         check_gpus(profile.gpus),
         check_gpu_holders(holders, device_files=device_files, denied=denied, uid=os.getuid()),
         check_saved_profile(load_profile(), profile),

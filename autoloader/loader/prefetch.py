@@ -28,6 +28,7 @@ from .batch import iter_tensors, map_tensors
 from .device import resolve_device, side_stream
 from .epochs import EpochClock, EpochStats, advance_epochs, samplers
 from .checkpoint import Checkpoints, ends_epoch
+from .native import rewrap, users_init
 from .resume import stream_rule
 from .state import epochs_of, gather
 from .transform import InputTransform
@@ -136,11 +137,12 @@ class PrefetchLoader:
 
     @property
     def worker_init_fn(self) -> Any:
-        return getattr(self._frame, "worker_init_fn", None)
+        """The user's (None when none): autoloader's limit of native pools is not shown (loader/native.py)."""
+        return users_init(getattr(self._frame, "worker_init_fn", None))
 
     @worker_init_fn.setter
     def worker_init_fn(self, value: Any) -> None:
-        setattr(self._frame, "worker_init_fn", value)
+        setattr(self._frame, "worker_init_fn", rewrap(getattr(self._frame, "worker_init_fn", None), value))
 
     @property
     def _iterator(self) -> Any:

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from ..config import LoaderConfig
 from ..errors import quiet_worker_count_warning
+from ..loader.native import worker_pools
 from ..loader.prefetch import PrefetchLoader
 from ..probe import start_method
 from ..request import Request
@@ -60,7 +61,8 @@ def _private_generator(generator: Optional[torch.Generator]) -> torch.Generator:
 
 def trial_loader(request: Request, config: LoaderConfig, *, limit_s: float) -> DataLoader:
     """The DataLoader a trial iterates (``Request.data_loader``): the user's arguments, the candidate's knobs, a
-    private generator, no persistent workers, a worker ``timeout``, and a sampler that never ends."""
+    private generator, no persistent workers, a worker ``timeout``, a sampler that never ends, and workers that
+    report their native thread pools (``native.worker_pools``)."""
     kwargs = request.loader_kwargs
     generator = _private_generator(kwargs.get("generator"))
     forced: dict = {"generator": generator, "persistent_workers": False}
@@ -79,7 +81,7 @@ def trial_loader(request: Request, config: LoaderConfig, *, limit_s: float) -> D
         sampling = {"batch_size": request.batch_size, "sampler": _Cycle(sampler),
                     "drop_last": kwargs.get("drop_last", False)}
     with quiet_worker_count_warning(True):
-        return request.data_loader(config, sampling=sampling, **forced)
+        return request.data_loader(config, sampling=sampling, measured=True, **forced)
 
 
 def run_trial(request: Request, config: LoaderConfig, *, consumer: Consumer, limit_s: float = 5.0,
@@ -94,8 +96,10 @@ def run_trial(request: Request, config: LoaderConfig, *, consumer: Consumer, lim
     """
     spawned = config.num_workers > 0 and start_method(request.setting("multiprocessing_context")) != "fork"
     limit_s += SPAWN_STARTUP_S if spawned else 0.0
-    run = Run(trial_loader(request, config, limit_s=limit_s), config, mode="trial", consumer=consumer,
-              batch_size=request.batch_size, limit_s=limit_s)
+    loader = trial_loader(request, config, limit_s=limit_s)
+    init = loader.worker_init_fn  # what the workers report their native pools through (the run lets go of loader)
+    run = Run(loader, config, mode="trial", consumer=consumer, batch_size=request.batch_size, limit_s=limit_s)
+    del loader
     error: Optional[BaseException] = None
     try:
         with run.guard:  # its hard limit covers every step, the last one's and measure_consumer's too
@@ -120,7 +124,7 @@ def run_trial(request: Request, config: LoaderConfig, *, consumer: Consumer, lim
     copy_on_read = _advice.copy_on_read_advice(result, dataset_name=type(request.dataset).__name__)
     if copy_on_read is not None:
         _advice.warn_once(request.dataset, "copy-on-read", copy_on_read)
-    return dataclasses.replace(result, elapsed_s=run.elapsed)
+    return dataclasses.replace(result, elapsed_s=run.elapsed, native_pools=worker_pools(init))
 
 
 def _consume(prefetcher: PrefetchLoader, run: Run, consumer: Consumer, *, measure_consumer: bool) -> None:

@@ -34,10 +34,15 @@ class Bounds:
     by_open_files: bool = False
 
 
+def usable_cpus(profile: MachineProfile) -> int:
+    """The CPUs a search sizes workers (and their native pools) by: the usable ones, else the logical ones, else 1."""
+    return profile.cpu.usable or profile.cpu.logical or 1
+
+
 def worker_bounds(profile: MachineProfile, *, max_workers: Optional[int], dataset: Any) -> Bounds:
     """The user's ``max_workers``, else ``default_max_workers`` from the usable CPUs and the open-files limit;
     never more than the shards an IterableDataset reads (``_shards.shard_count``)."""
-    usable = profile.cpu.usable or profile.cpu.logical or 1
+    usable = usable_cpus(profile)
     nofile = open_files_limit()[0]
     cap = default_max_workers(usable_cpus=usable, nofile=nofile)
     by_nofile = cap < default_max_workers(usable_cpus=usable, nofile=None)

@@ -7,7 +7,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Generator, Mapping, TypeVar, Union
+from typing import Any, Callable, Dict, Generator, Mapping, Optional, TypeVar, Union
 
 import torch
 
@@ -42,11 +42,14 @@ def trial_limit(budget: Any) -> float:
     return min(8.0, max(1.5, (DEFAULT_BUDGET_S if budget is None else budget) / 5.0))
 
 
-def fallback_result(fixed: Mapping[str, Any], *, device: torch.device, reason: str, threads: int = 1) -> TuneResult:
+def fallback_result(fixed: Mapping[str, Any], *, device: torch.device, reason: str, threads: int = 1,
+                    native_threads: Optional[int] = None) -> TuneResult:
     """The safe configuration when tuning cannot run: the user's knobs (and ``threads``, when they fixed it), else no
-    workers (nothing to go wrong)."""
+    workers (nothing to go wrong); with workers, their native pools limited to ``native_threads``
+    (``native_policy.limit_for``)."""
     n = int(fixed.get("num_workers", 0))
-    config = make_config(n, fixed=fixed, pin_memory=fixed.get("pin_memory", device.type == "cuda"), threads=threads)
+    config = make_config(n, fixed=fixed, pin_memory=fixed.get("pin_memory", device.type == "cuda"), threads=threads,
+                         native_threads=native_threads if n > 0 else None)
     return TuneResult(config, None, None, "fallback", reason=reason, created=time.time())
 
 

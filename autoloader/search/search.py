@@ -25,10 +25,11 @@ from ..errors import TuningError, warn_user
 from ..probe import MachineProfile
 from ..request import Request
 from ..results import TrialResult, TuneResult
-from . import policy, threads_policy
+from . import native_policy, policy, threads_policy
 from .bounds import worker_bounds
 from .budget import budget_guard, footprint, resolve_budget, trial_footprint
 from .candidates import Candidate, Progress, Steps, agree_trial, fallback_result, trial_limit
+from .native_search import compare_native
 from .thread_search import search_threads, search_threads_first
 
 log = logging.getLogger("autoloader.tuner")
@@ -83,16 +84,29 @@ class Search:
         """Threads per process of every process-only candidate (the user's ``threads=N``, else 1)."""
         self.stop_at = self.budget
         """Seconds after which no candidate starts: the budget, less a share kept for thread candidates."""
+        self.native_setting = request.native_threads
+        """``native_threads=`` (None: the limit of each worker's native pools is autoloader's, ``native_policy``)."""
+        self.limited = start is None or start.num_workers == 0 or start.native_threads is not None
+        """Candidates limit their workers' native pools, unless the configuration in force searched from does not."""
+        self.serial: Optional[TrialResult] = None
+        """The serial candidate once measured (None without one: a fixed ``num_workers``, or from ``start``)."""
 
     # -- budget -------------------------------------------------------------------------------------------------
     def elapsed(self) -> float:
         return -self.agreement.reduce_min([-(time.monotonic() - self.started)])[0]
 
     def config(self, n: int, prefetch: Optional[int] = None, pin: Optional[bool] = None,
-               threads: Optional[int] = None) -> LoaderConfig:
+               threads: Optional[int] = None, limited: Optional[bool] = None) -> LoaderConfig:
+        """A candidate with ``n`` workers; ``limited``: their native pools limited (``native_policy.limit_for``;
+        None: as ``self.limited``)."""
         return make_config(n, fixed=self.fixed, prefetch_factor=prefetch or self.prefetch,
                            pin_memory=self.pin if pin is None else pin, persistent_workers=False,
-                           threads=self.threads if threads is None else threads)
+                           threads=self.threads if threads is None else threads,
+                           native_threads=self.native_limit(n, limited))
+
+    def native_limit(self, n: int, limited: Optional[bool] = None) -> Optional[int]:
+        return native_policy.limit_for(self.native_setting, usable_cpus=self.usable, num_workers=n,
+                                       limited=self.limited if limited is None else limited)
 
     # -- one candidate ------------------------------------------------------------------------------------------
     def guard(self, config: LoaderConfig, per_worker_bytes: Optional[int]) -> Optional[str]:
@@ -137,7 +151,7 @@ class Search:
             self.batch_bytes = trial.batch_bytes
         self.per_worker_bytes = policy.per_worker_bytes(self.trials)
         elapsed = self.elapsed()
-        log.info("%s %-26s %-24s %5.1f s%s", "trial" if math.isfinite(self.budget) else "candidate",
+        log.info("%s %-34s %-24s %5.1f s%s", "trial" if math.isfinite(self.budget) else "candidate",
                  config.label(),
                  f"{trial.samples_per_s:,.0f} samples/s" if trial.ok else f"{trial.status}: {trial.reason}",
                  elapsed, f" of {self.budget:.0f} s budget" if math.isfinite(self.budget) else " (online)")
@@ -154,7 +168,8 @@ class Search:
 
     def rates(self) -> Dict[int, Optional[float]]:
         return {c.num_workers: t.samples_per_s for c, t in self.by_config.items() if c.threads == self.threads
-                and c.prefetch_factor in (None, self.prefetch) and c.pin_memory == self.pin and not self.refits(t)}
+                and c.prefetch_factor in (None, self.prefetch) and c.pin_memory == self.pin and not self.refits(t)
+                and c.native_threads == self.native_limit(c.num_workers)}
 
     def consumer(self, consumer_s: float) -> Optional[float]:
         """Note the consumer's measured seconds per batch: its own rate (``consumer_rate``), None when not measured."""
@@ -213,19 +228,28 @@ class Search:
             if chosen is not None:
                 yield from search_threads(self, chosen, consumer_rate)
         chosen = policy.select(self.trials, tolerance=self.tolerance)
+        if chosen is not None:
+            yield from compare_native(self, chosen)
+            chosen = policy.select(self.candidates(), tolerance=self.tolerance)
+        limited = chosen is None or chosen.config.native_threads is not None
         if chosen is not None and "prefetch_factor" not in self.fixed and \
                 policy.worth_more_prefetch(chosen, consumer_samples_per_s=consumer_rate):
             yield from self.run(self.config(chosen.config.num_workers, prefetch=2 * self.prefetch,
-                                            threads=chosen.config.threads))
+                                            threads=chosen.config.threads, limited=limited))
         if chosen is not None and self.device.type == "cuda" and "pin_memory" not in self.fixed:
             yield from self.run(self.config(chosen.config.num_workers, chosen.config.prefetch_factor,
-                                            pin=not self.pin, threads=chosen.config.threads))
+                                            pin=not self.pin, threads=chosen.config.threads, limited=limited))
         return self.result(self.choose(), consumer_rate)
+
+    def candidates(self) -> List[TrialResult]:
+        """The trials the selection chooses among: the losing side of a configuration measured with and without its
+        native limit left out (``native_policy.without_losers``)."""
+        return native_policy.without_losers(self.trials, tolerance=self.tolerance)
 
     def choose(self) -> Optional[TrialResult]:
         """The selection among candidates that fit the memory budget, now and (copy-on-read growth forecast) by the
         end of an epoch; warns when the forecast made it choose fewer workers or still crosses the budget."""
-        chosen, warning = policy.select_within_budget(self.trials, tolerance=self.tolerance,
+        chosen, warning = policy.select_within_budget(self.candidates(), tolerance=self.tolerance,
                                                       budget_bytes=self.memory_budget,
                                                       epoch_samples=self.epoch_samples)
         if warning is not None:
@@ -254,7 +278,7 @@ class Search:
         if fixed_n is not None:
             serial = yield from self.run(self.config(fixed_n), first=True)
             return (serial.consumer_s_per_batch or 0.0) if serial is not None else 0.0, False
-        serial = yield from self.run(self.config(0), first=True)
+        serial = self.serial = yield from self.run(self.config(0), first=True)
         consumer_s = (serial.consumer_s_per_batch or 0.0) if serial is not None else 0.0
         if self.cap <= 0:
             return consumer_s, False
@@ -276,6 +300,7 @@ class Search:
         if chosen is None:
             reasons = "; ".join(sorted({t.reason or t.status for t in self.trials})) or "no trial ran"
             fallback = fallback_result(self.fixed, device=self.device, threads=self.threads,
+                                       native_threads=self.native_limit(int(self.fixed.get("num_workers", 0))),
                                        reason=f"no trial measured a rate: {reasons}")
             warn_user(f"autoloader could not measure any configuration ({reasons}); using "
                       f"num_workers={fallback.num_workers}")
@@ -297,6 +322,8 @@ class Search:
         fewest = "fewest workers, then threads per process," if self.tune_threads else "fewest workers"
         why = (f"{fewest} within {self.tolerance:.0%} of the best measured rate ({best:,.0f} samples/s) "
                f"in {len(self.trials)} trials" + (f"; {self.cap_reason}" if self.cap_reason else ""))
+        native = native_policy.decision_words(self.trials, chosen.config, tolerance=self.tolerance)
+        why += f"; {native}" if native else ""
         per_sample = chosen.read_bytes_per_batch / self.batch_size if chosen.read_bytes_per_batch else None
         ceiling = policy.disk_ceiling(read_bytes_per_sample=per_sample, seq_read_mb_s=self.disk_mb_s) \
             if neck == "io" else None

@@ -33,6 +33,7 @@ which searches again when the regime changes. ``PrefetchLoader`` wraps it as it 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -44,6 +45,7 @@ from ..cache.slot import Slot
 from ..config import LoaderConfig, make_config
 from ..agreement import Agreement, Alone
 from ..errors import TuningError, warn_user
+from ..loader.native import worker_pools
 from ..measure.consumer import Consumer
 from ..measure.failures import classify, failure_reason
 from ..measure.run import Measured, Run
@@ -164,7 +166,7 @@ class OnlineLoader(DataLoaderFace):
         part.expect(config.num_workers, config.prefetch_factor)
         try:
             loader = self._build(config, sampling=part.sampling(), generator=part.private_generator(), in_order=True,
-                                 persistent_workers=False)
+                                 persistent_workers=False, measured=candidate is not None)
         except BaseException:
             part.delivered(0)
             raise
@@ -181,6 +183,7 @@ class OnlineLoader(DataLoaderFace):
         epoch's end cut short), else None; and the next stage, when a hidden switch started it (NOTE [ Hidden
         switch ] in handover.py)."""
         run, part, config, candidate = stage.run, stage.part, stage.config, stage.candidate
+        init = run.loader.worker_init_fn  # its workers' native pools (``with_pools``), read after the run let go
         self.in_force, self._last_run = run.loader, run
         serving = span_start = time.perf_counter()
         rate, handed, error = None, False, None
@@ -193,7 +196,7 @@ class OnlineLoader(DataLoaderFace):
                 reply = None
                 if isinstance(item, Measured):
                     handed, rate = True, item.result.samples_per_s
-                    reply = self._measured_now(item.result, config)
+                    reply = self._measured_now(with_pools(item.result, init), config)
                     if reply:
                         span_start = trace.span(span_start, config, rate)
                     else:
@@ -217,6 +220,7 @@ class OnlineLoader(DataLoaderFace):
             self.switch_s += run.switch_s
             self.search_s += time.perf_counter() - serving
         outcome = self._outcome(run, candidate if not handed else None, error, tail=tail)
+        outcome = None if outcome is None else with_pools(outcome, init)
         trace.span(span_start, config, outcome.samples_per_s if outcome is not None and outcome.ok else rate)
         return outcome, following if error is None else None
 
@@ -329,6 +333,12 @@ class OnlineLoader(DataLoaderFace):
         log.info("decided online: %s, %s samples/s", result.config.label(),
                  "-" if result.samples_per_s is None else f"{result.samples_per_s:,.0f}")
         self.slot.store(result)
+
+
+def with_pools(result: TrialResult, init: Any) -> TrialResult:
+    """A candidate's measurement with the native pools its workers reported through ``init``, its DataLoader's
+    ``worker_init_fn`` (``native.worker_pools``)."""
+    return dataclasses.replace(result, native_pools=worker_pools(init))
 
 
 def _stall_of(result: TuneResult) -> Optional[float]:

@@ -55,6 +55,7 @@ def tune(
     max_workers: Optional[int] = None,
     threads: Union[bool, int] = False,
     memory_budget: Union[None, int, float] = None,
+    native_threads: Optional[Union[bool, int]] = None,
     **dataloader_kwargs: Any,
 ) -> TuneResult:
     """Find the DataLoader configuration that feeds ``step`` fastest with the fewest workers, as ``make_loader``
@@ -65,13 +66,15 @@ def tune(
     ``budget`` is in seconds (default 30); the result is the best found when it runs out, at most one trial's limit
     later. ``threads``: False (default), an int (every candidate fetches with that many threads per process) or True
     (the tuner chooses threads per process, see ``make_loader``). ``memory_budget``: bytes, or a fraction of the
-    available memory (default 0.5), as ``make_loader``. Every RNG state is left as it was: torch's, Python's and
+    available memory (default 0.5), as ``make_loader``. ``native_threads``: None (default), an int or False, as
+    ``make_loader``. Every RNG state is left as it was: torch's, Python's and
     numpy's global ones, the GPUs', the generators and ``state_dict()`` of the sampler and batch sampler. Raises
     ``TuningError`` when autoloader itself fails.
     """
     request = Request.checked(dataset, batch_size, shuffle=shuffle, step=step, device=device, normalize=normalize,
                               dtype=dtype, input_key=input_key, budget=budget, max_workers=max_workers,
-                              threads=threads, memory_budget=memory_budget, dataloader_kwargs=dataloader_kwargs)
+                              threads=threads, memory_budget=memory_budget, native_threads=native_threads,
+                              dataloader_kwargs=dataloader_kwargs)
     return tune_with(request)
 
 

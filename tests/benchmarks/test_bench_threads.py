@@ -32,15 +32,12 @@ default all: the 27 matrix rows, mixed-b16, mixed-b64, gil-bound, jpeg (needs Pi
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
 import os
 import statistics
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
-from unittest import mock
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 import torch
@@ -51,10 +48,9 @@ from autoloader.search.threads_policy import busy_fraction
 from autoloader.probe import probe_machine
 from autoloader.config import LoaderConfig
 from autoloader.results import TrialResult, TuneResult
-from autoloader.measure import run as measure_run
 from autoloader.measure.trial import run_trial
 from autoloader.request import Request
-from helpers import emit_table, live_children, selected_workloads
+from helpers import emit_table, live_children, longer_windows, measured_as, selected_workloads
 from workloads import GilBound, JpegDecode, LatencyBound, Mixed
 
 pytestmark = [pytest.mark.benchmark_suite, pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -135,12 +131,6 @@ def config_of(pair: Pair) -> LoaderConfig:
     return LoaderConfig(workers, 2 if workers else None, threads=threads)
 
 
-def measured_as(config: LoaderConfig) -> LoaderConfig:
-    """``config`` as a trial runs it: trials never keep workers alive (``TuneResult.config`` may say they will), so
-    a tuner's choice and the same sweep point are one configuration."""
-    return dataclasses.replace(config, persistent_workers=False)
-
-
 def pt(config: LoaderConfig) -> str:
     """processes x threads, with a prefetch_factor other than 2 said."""
     text = f"{config.num_workers}x{config.threads}"
@@ -166,14 +156,6 @@ class Measured:
     cpu: Optional[float]
     steady: bool
     failed: int
-
-
-@contextlib.contextmanager
-def longer_windows(seconds: float) -> Iterator[None]:
-    """Trials timed at least ``seconds`` (``measure.window.Window``'s ``min_window_s``): ``run_trial`` takes no
-    such argument, so the benchmark's trials build their windows with it while this lasts (tune() never does)."""
-    with mock.patch.object(measure_run, "Window", functools.partial(measure_run.Window, min_window_s=seconds)):
-        yield
 
 
 def side_by_side(dataset: Any, batch_size: int, configs: Sequence[LoaderConfig], *,

@@ -16,6 +16,7 @@ import pytest
 from autoloader.cache import SCHEMA_VERSION, CacheEntry, TuneCache, resolve_cache
 from autoloader.errors import AutoloaderWarning
 from autoloader.config import LoaderConfig
+from autoloader.probe._pools import NativePool
 from autoloader.results import TrialResult, TuneResult
 
 KEY = "0123456789abcdef0123456789abcdef"
@@ -46,6 +47,35 @@ def autoloader_warnings(call, *args, **kwargs):
         warnings.simplefilter("always")
         value = call(*args, **kwargs)
     return value, [w for w in caught if issubclass(w.category, AutoloaderWarning)]
+
+
+NATIVE_TRIALS = (
+    TrialResult(config=LoaderConfig(2, 2, True, False, native_threads=1), samples_per_s=1234.5,
+                native_pools=(NativePool("libscipy_openblas", "blas", "openblas", 2, 1),
+                              NativePool("libgomp", "openmp", "openmp", 1, 1))),
+    TrialResult(config=LoaderConfig(2, 2, True, False), samples_per_s=1000.0, native_pools=()),
+)
+"""A configuration measured with and without the limit of its workers' native pools (issue 35)."""
+
+
+def test_the_native_limit_and_the_pools_found_round_trip_through_the_store(tmp_path):
+    cache = TuneCache(tmp_path)
+    result = make_result(config=LoaderConfig(2, 2, True, False, native_threads=1), trials=NATIVE_TRIALS)
+    cache.put(KEY, result)
+    loaded, caught = autoloader_warnings(cache.get, KEY, max_workers=4)
+    assert caught == [] and loaded == result.with_source("cache")
+    assert loaded.native_threads == 1 and loaded.native_pools == NATIVE_TRIALS[0].native_pools
+    assert loaded.trials[1].native_pools == () and loaded.trials[0].native_pools[0].label() == \
+        "libscipy_openblas (blas) 2 -> 1"
+
+
+@pytest.mark.parametrize("pools", ["blas", [{"library": "x"}], [{"library": "x", "user_api": "blas",
+                                   "internal_api": "openblas", "found": -1, "limited_to": None}]])
+def test_malformed_native_pools_are_refused(pools):
+    data = make_result(trials=NATIVE_TRIALS).to_dict()
+    data["trials"][0]["native_pools"] = pools
+    with pytest.raises((ValueError, TypeError)):
+        TuneResult.from_dict(data)
 
 
 def entry_payload(key=KEY, **result_changes):
@@ -190,7 +220,7 @@ def test_an_entry_in_the_old_schema_is_a_miss_logged_once_then_replaced(tmp_path
     assert entry.result is None and "schema is 2" in entry.error
 
     assert cache.put(KEY, make_result()) == path
-    assert json.loads(path.read_text())["schema"] == SCHEMA_VERSION == 3
+    assert json.loads(path.read_text())["schema"] == SCHEMA_VERSION == 4
     caplog.clear()
     with caplog.at_level(logging.DEBUG, logger="autoloader"):
         loaded, caught = autoloader_warnings(cache.get, KEY, max_workers=4)
@@ -201,7 +231,8 @@ def test_an_entry_in_the_old_schema_is_a_miss_logged_once_then_replaced(tmp_path
 def test_tune_result_round_trips_through_a_dict_with_a_nested_config():
     for result in (make_result(), make_result(num_workers=0, trials=()),
                    make_result(config=LoaderConfig(4, 3, True, True, threads=8), disk_ceiling_samples_per_s=900.0,
-                               read_bytes_per_sample=4096.0, bottleneck="io", source="online")):
+                               read_bytes_per_sample=4096.0, bottleneck="io", source="online"),
+                   make_result(config=LoaderConfig(2, 2, True, False, native_threads=1), trials=NATIVE_TRIALS)):
         data = result.to_dict()
         assert data["config"] == dataclasses.asdict(result.config)
         assert "num_workers" not in data and "threads" not in data   # the knobs live in config only

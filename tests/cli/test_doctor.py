@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import os
 import re
 from pathlib import Path
@@ -12,10 +13,12 @@ import autoloader.cli.main as cli
 from autoloader.cache import CacheEntry
 from autoloader.cli.doctor import (INIT, ORPHAN, OTHER_USER, RUNNING, DeviceHolder, ShmNeed, check_cache, check_cpus,
                                    check_gpu_holders, check_open_files, check_saved_profile, check_shm,
-                                   check_memory_budget, check_start_method, check_thread_env, classify_holder,
+                                   check_memory_budget, check_native_pools, check_start_method, check_thread_env,
+                                   classify_holder,
                                    find_nvidia_holders,
                                    format_findings, shm_needs)
 from autoloader.probe import CpuInfo, MemoryInfo, ShmInfo, probe_machine
+from autoloader.probe._pools import NativePool
 from helpers import MIB, run_cli, tuned_result
 
 
@@ -24,7 +27,9 @@ def test_doctor_runs_here(work):
     findings = json.loads(proc.stdout)["findings"]
     names = {f["name"] for f in findings}
     assert {"shared memory", "memory budget", "open files", "usable CPUs", "start method", "thread variables", "GPUs",
-            "GPU device holders", "machine profile", "cache"} <= names
+            "GPU device holders", "machine profile", "cache", "native thread pools"} <= names
+    pools = next(f for f in findings if f["name"] == "native thread pools")
+    assert pools["status"] == "ok" and "(blas)" in pools["detail"], pools   # threadpoolctl: the test extra has it
     budget = next(f for f in findings if f["name"] == "memory budget")
     assert budget["status"] in ("ok", "info") and "memory_budget=" in budget["detail"] + budget["fix"]
     assert all(f["status"] in ("ok", "warn", "fail", "info") and f["detail"] for f in findings)
@@ -87,6 +92,24 @@ def test_start_method_and_thread_checks():
     assert check_thread_env({}, usable_cpus=2).status == "info"
     assert check_thread_env({"OMP_NUM_THREADS": "1"}, usable_cpus=16).status == "ok"
     assert check_thread_env({"OMP_NUM_THREADS": "64"}, usable_cpus=8).status == "warn"
+
+
+def test_native_pools_check_shows_the_pools_and_each_cached_choice():
+    pools = [NativePool("libscipy_openblas", "blas", "openblas", 16), NativePool("libgomp", "openmp", "openmp", 16)]
+    worker = (NativePool("libscipy_openblas", "blas", "openblas", 16, 7),)
+    measured = tuned_result().trials[1]
+    measured = replace(measured, native_pools=worker, config=replace(measured.config, native_threads=7))
+    limited = tuned_result(native_threads=7, trials=(measured,))
+    finding = check_native_pools(pools, usable_cpus=16, cached=[entry(limited), entry(None)])
+    assert finding.status == "ok" and "libscipy_openblas (blas) 16, libgomp (openmp) 16" in finding.detail
+    assert "max(1, (16 usable CPUs - 1) // workers)" in finding.detail and "native_threads=" in finding.detail
+    assert "cached Fake workers=2 prefetch=2 native=7: libscipy_openblas (blas) 16 -> 7" in finding.detail
+    missing = check_native_pools(None, usable_cpus=16)
+    assert missing.status == "warn" and "threadpoolctl is not installed" in missing.detail
+    assert "OpenCV" in missing.detail and "pip install threadpoolctl" in missing.fix
+    assert check_native_pools(None, usable_cpus=1).status == "info"
+    assert "fix" not in format_findings([check_native_pools([], usable_cpus=2)]) and \
+        "none loaded" in check_native_pools([], usable_cpus=2).detail
 
 
 def test_nvidia_holders_found_from_fd_links(tmp_path):

@@ -19,6 +19,7 @@ from autoloader import PrefetchLoader, make_loader
 from autoloader.cache.slot import Slot
 from autoloader.cache.store import TuneCache
 from autoloader.config import make_config
+from autoloader.loader.native import users_init
 from autoloader.probe import probe_machine
 from autoloader.request import Request
 from autoloader.results import TuneResult
@@ -224,10 +225,10 @@ def test_a_prefetch_loader_wraps_it_as_it_wraps_a_dataloader():
         100 + e for e in range(len(epochs))], "set_epoch numbers the source's epochs"
     candidates = {id(dl): dl for seen in in_force for dl in seen}.values()
     assert len(candidates) >= 2 and all(isinstance(dl.batch_sampler, BatchSlice) for dl in in_force[0])
-    assert all(dl is not online.plain and dl.worker_init_fn is mark_initialised for dl in candidates)
+    assert all(dl is not online.plain and users_init(dl.worker_init_fn) is mark_initialised for dl in candidates)
     assert loader.loader is online.plain and type(online.plain.batch_sampler) is BatchSampler
     assert online.plain.num_workers == decision.config.num_workers == loader.tuning.num_workers
-    assert loader.worker_init_fn is mark_initialised and online.plain.worker_init_fn is mark_initialised
+    assert loader.worker_init_fn is mark_initialised and users_init(online.plain.worker_init_fn) is mark_initialised
     batches, served = [], set()
     for batch in loader:
         batches.append(batch.view(-1).tolist())
