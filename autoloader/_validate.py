@@ -9,6 +9,7 @@ from typing import Any, Mapping, Optional, Union
 from torch.utils.data import DataLoader, IterableDataset
 
 from .measure.consumer import check_step
+from .config import BY_NAME, check_knobs
 from .errors import warn_user
 from .loader.threads import ThreadedDataset, has_own_getitems, refuse_iterable
 
@@ -106,21 +107,9 @@ def check_loader_kwargs(dataset: Any, *, batch_size: int, shuffle: Any, kwargs: 
                                                  or kwargs.get("batch_sampler") is not None):
         raise ValueError("an IterableDataset decides its own order: use shuffle=False and no sampler/batch_sampler "
                          "(shuffle inside the dataset's __iter__ instead)")
-    workers = kwargs.get("num_workers")
-    if workers is not None and (not _is_int(workers) or workers < 0):
-        raise ValueError(f"num_workers={workers!r} must be an int >= 0; leave it out to let autoloader tune it")
-    prefetch = kwargs.get("prefetch_factor")
-    if prefetch is not None:
-        if not _is_int(prefetch) or prefetch < 1:
-            raise ValueError(f"prefetch_factor={prefetch!r} must be an int >= 1; leave it out to let autoloader "
-                             f"tune it")
-        if workers == 0:
-            raise ValueError("prefetch_factor needs num_workers > 0; drop prefetch_factor or num_workers=0")
-    for name in ("pin_memory", "persistent_workers", "drop_last"):
-        if name in kwargs and not isinstance(kwargs[name], bool):
-            raise TypeError(f"{name} must be True or False, got {kwargs[name]!r}")
-    if kwargs.get("persistent_workers") and workers == 0:
-        raise ValueError("persistent_workers=True needs num_workers > 0; drop one of them")
+    check_knobs({k: v for k, v in kwargs.items() if k in BY_NAME}, hint="; leave it out to let autoloader tune it")
+    if "drop_last" in kwargs and not isinstance(kwargs["drop_last"], bool):
+        raise TypeError(f"drop_last must be True or False, got {kwargs['drop_last']!r}")
 
 
 def check_tuning_arguments(*, batch_size: Any, step: Any, budget: Any, max_workers: Any) -> None:

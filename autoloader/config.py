@@ -1,9 +1,13 @@
 """The knobs of a DataLoader autoloader decides or records, defined once: ``KNOBS`` and the ``LoaderConfig`` they make.
 
-Each knob says its default, whether DataLoader accepts it without workers, whether the search chooses it (unless the
-user fixed it), whether it is recorded in a configuration (and so in the cache), and how it reads in a label. Every
-DataLoader autoloader builds, every cache entry and every report reads these rows: a new knob is one row here (plus,
-for a tuned one, the search's rule for choosing it).
+Each knob says its default, the values it accepts (``check_knobs``: the one validation, for the user's arguments, a
+configuration and a cache entry), whether DataLoader accepts it without workers, whether the search chooses it
+(unless the user fixed it), whether it is recorded in a configuration (and so in the cache), and how it reads in a
+label. Every DataLoader autoloader builds, every cache entry and every report reads these rows: a new knob is one row
+here (plus, for a tuned one, the search's rule for choosing it).
+
+What a configuration holds in flight is one formula too (``in_flight``); the start-up burst a window skips, the
+batches in /dev/shm and what one worker's memory holds in batches are derived from it (``LoaderConfig`` methods).
 """
 from __future__ import annotations
 
@@ -21,6 +25,28 @@ def _start_method_name(value: Any) -> Optional[str]:
         raise TypeError(f"multiprocessing_context must be a start method name ('fork', 'spawn', 'forkserver') or a "
                         f"multiprocessing context, got {value!r}")
     return str(get())
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _at_least(low: int, *, none: bool = False) -> Callable[[Any], Optional[str]]:
+    def check(value: Any) -> Optional[str]:
+        if (none and value is None) or (_is_int(value) and value >= low):
+            return None
+        return f"an int >= {low}" + (" or None" if none else "")
+    return check
+
+
+def _boolean(value: Any) -> Optional[str]:
+    return None if isinstance(value, bool) else "True or False"
+
+
+def _start_method(value: Any) -> Optional[str]:
+    if value is None or isinstance(value, str) or callable(getattr(value, "get_start_method", None)):
+        return None
+    return "a start method name ('fork', 'spawn', 'forkserver') or a multiprocessing context"
 
 
 @dataclass(frozen=True)
@@ -44,6 +70,8 @@ class Knob:
     """How the value reads in ``LoaderConfig.label()`` when it is not ``off`` and not the default (``always``: when
     not ``off``); None: never shown."""
     always: bool = False
+    check: Callable[[Any], Optional[str]] = lambda value: None
+    """What the knob accepts: None when ``value`` is valid, else the values it takes, as words."""
 
     def recorded_value(self, value: Any) -> Any:
         """The user's ``value`` as a configuration records it (``normalize``: JSON-able, e.g. a start method's
@@ -52,13 +80,16 @@ class Knob:
 
 
 KNOBS: Tuple[Knob, ...] = (
-    Knob("num_workers", 0, tuned=True, label=lambda n: f"workers={n}", always=True),
-    Knob("prefetch_factor", 2, worker_only=True, tuned=True, label=lambda p: f"prefetch={p}", always=True),
-    Knob("threads", 1, tuned=True, loader_arg=False, label=lambda t: f"threads={t}"),
-    Knob("native_threads", None, worker_only=True, tuned=True, loader_arg=False, label=lambda n: f"native={n}"),
-    Knob("pin_memory", False, tuned=True, label=lambda _: "pin"),
-    Knob("persistent_workers", False, worker_only=True, tuned=True, off=False),
-    Knob("multiprocessing_context", None, worker_only=True, normalize=_start_method_name, label=lambda m: f"start={m}"),
+    Knob("num_workers", 0, tuned=True, label=lambda n: f"workers={n}", always=True, check=_at_least(0)),
+    Knob("prefetch_factor", 2, worker_only=True, tuned=True, label=lambda p: f"prefetch={p}", always=True,
+         check=_at_least(1, none=True)),
+    Knob("threads", 1, tuned=True, loader_arg=False, label=lambda t: f"threads={t}", check=_at_least(1)),
+    Knob("native_threads", None, worker_only=True, tuned=True, loader_arg=False, label=lambda n: f"native={n}",
+         check=_at_least(1, none=True)),
+    Knob("pin_memory", False, tuned=True, label=lambda _: "pin", check=_boolean),
+    Knob("persistent_workers", False, worker_only=True, tuned=True, off=False, check=_boolean),
+    Knob("multiprocessing_context", None, worker_only=True, normalize=_start_method_name, label=lambda m: f"start={m}",
+         check=_start_method),
     Knob("timeout", 0, worker_only=True, recorded=False),  # the single-process iterator asserts timeout == 0
 )
 BY_NAME: Dict[str, Knob] = {k.name: k for k in KNOBS}
@@ -67,6 +98,39 @@ USER_KNOBS = tuple(k.name for k in KNOBS if k.recorded and k.loader_arg)
 """The DataLoader keywords whose user value is kept apart from the user's other arguments (``Request.fixed``)."""
 NOT_A_CANDIDATE = ("persistent_workers",)
 """Set on a decision after the search, never measured: two configurations differing only here are one candidate."""
+DEFAULT_PREFETCH: int = BY_NAME["prefetch_factor"].default
+"""torch's default ``prefetch_factor`` with workers, and the search's first."""
+
+
+def check_knobs(values: Mapping[str, Any], *, hint: str = "") -> None:
+    """Each knob in ``values`` holds a value it accepts (``Knob.check``), and the worker-only ones are off without
+    workers; a ``TypeError`` (a flag that is not a bool) or ``ValueError`` naming the knob, its value and ``hint``
+    (the fix, in the caller's words) otherwise. The one validation of knob values."""
+    for name, value in values.items():
+        knob = BY_NAME.get(name)
+        expected = knob.check(value) if knob is not None else None
+        if expected is not None:
+            kind = TypeError if knob is not None and knob.check in (_boolean, _start_method) else ValueError
+            raise kind(f"{name}={value!r} must be {expected}{hint}")
+    if values.get("num_workers") == 0:
+        needing = [k.name for k in KNOBS if k.worker_only and k.recorded and k.name in values
+                   and values[k.name] not in (None, k.off)]
+        if needing:
+            raise ValueError(f"{' and '.join(needing)} need num_workers > 0: drop {' and '.join(needing)} or set "
+                             f"num_workers")
+
+
+def default_pin(fixed: Mapping[str, Any], device_type: str) -> bool:
+    """``pin_memory`` before anything is measured: the user's, else pinned for a CUDA device."""
+    return bool(fixed.get("pin_memory", device_type == "cuda"))
+
+
+def in_flight(num_workers: int, prefetch_factor: Optional[int]) -> int:
+    """Batches a DataLoader's workers hold beyond what it returned, queued or being loaded: ``num_workers *
+    prefetch_factor`` (dataloader.py's priming loop, torch 2.13), torch's default prefetch when None; 0 without
+    workers. THE formula: a slice keeps this many to give back, a checkpoint counts these pulls, the burst and the
+    /dev/shm batches follow from it."""
+    return num_workers * (prefetch_factor or DEFAULT_PREFETCH) if num_workers else 0
 
 
 def without_worker_only(kwargs: Mapping[str, Any]) -> dict:
@@ -93,14 +157,26 @@ class LoaderConfig:
     touched)."""
 
     def __post_init__(self) -> None:
-        if self.num_workers == 0 and (self.prefetch_factor is not None or self.persistent_workers
-                                      or self.native_threads is not None):
-            raise ValueError("prefetch_factor, persistent_workers and native_threads need num_workers > 0")
-        if self.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {self.threads}")
-        native = self.native_threads
-        if native is not None and (isinstance(native, bool) or not isinstance(native, int) or native < 1):
-            raise ValueError(f"native_threads must be None or an int >= 1, got {native!r}")
+        check_knobs(dataclasses.asdict(self))
+
+    def in_flight(self) -> int:
+        """Batches its workers hold beyond what the DataLoader returned (``in_flight``)."""
+        return in_flight(self.num_workers, self.prefetch_factor)
+
+    def burst_batches(self) -> int:
+        """Batches consumed before a measuring window opens: the start-up burst (what is in flight when the first
+        batch comes, then one more wave of ``num_workers``; NOTE [ Trial timing ], 2. in measure/run.py); 1
+        without workers (the first batch, start-up included)."""
+        return self.in_flight() + self.num_workers if self.num_workers else 1
+
+    def shm_batches(self) -> int:
+        """Batches in /dev/shm at most: those in flight, plus the one being pinned and the one the loop holds; 0
+        without workers (batches are made in the main process)."""
+        return self.in_flight() + 2 if self.num_workers else 0
+
+    def worker_batches(self) -> int:
+        """Batches one worker's memory may hold: its share of those in flight, queued, and as many being built."""
+        return 2 * self.in_flight() // self.num_workers if self.num_workers else 2 * DEFAULT_PREFETCH
 
     def loader_kwargs(self) -> dict:
         """The keywords to pass to ``torch.utils.data.DataLoader`` for this configuration; the worker-only ones only

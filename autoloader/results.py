@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, List, Literal, Mapping, Optional, Tuple
 
-from .config import RECORDED, LoaderConfig
+from .config import RECORDED, LoaderConfig, check_knobs
 from .probe._pools import NativePool
 from .report import format_tune_result
 
@@ -214,21 +214,10 @@ def _is_int(v: Any) -> bool:
 
 
 def _check_config(config: Mapping[str, Any]) -> None:
-    """A stored configuration's types (``LoaderConfig`` checks its own invariants)."""
-    workers, prefetch = config.get("num_workers"), config.get("prefetch_factor")
-    if not _is_int(workers) or workers < 0:
-        raise ValueError(f"num_workers must be an int >= 0, got {workers!r}")
-    if prefetch is not None and (not _is_int(prefetch) or prefetch < 1):
-        raise ValueError(f"prefetch_factor must be None or an int >= 1, got {prefetch!r}")
-    if (workers == 0) != (prefetch is None):
+    """A stored configuration's values (``config.check_knobs``), prefetch_factor set exactly with workers."""
+    check_knobs(config)
+    if (config.get("num_workers") == 0) != (config.get("prefetch_factor") is None):
         raise ValueError("prefetch_factor must be None exactly when num_workers == 0")
-    for name in ("pin_memory", "persistent_workers"):
-        if name in config and not isinstance(config[name], bool):
-            raise TypeError(f"{name} must be a bool")
-    for name in ("threads", "native_threads"):
-        value = config.get(name, 1)
-        if (name == "threads" or value is not None) and (not _is_int(value) or value < 1):
-            raise ValueError(f"{name} must be an int >= 1{' or None' if name != 'threads' else ''}, got {value!r}")
 
 
 def _check_types(result: TuneResult) -> None:

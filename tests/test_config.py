@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from autoloader.config import BY_NAME, KNOBS, NOT_A_CANDIDATE, RECORDED, USER_KNOBS, LoaderConfig, make_config, \
-    without_worker_only
+    without_worker_only, DEFAULT_PREFETCH, check_knobs, in_flight
 from autoloader.request import Request
 
 
@@ -66,13 +66,34 @@ def test_label_and_json_round_trip():
 def test_invalid_configurations_are_refused():
     with pytest.raises(ValueError, match="need num_workers > 0"):
         LoaderConfig(0, prefetch_factor=2)
-    with pytest.raises(ValueError, match="threads must be >= 1"):
+    with pytest.raises(ValueError, match="threads=0 must be an int >= 1"):
         LoaderConfig(1, 2, threads=0)
     with pytest.raises(ValueError, match="native_threads need num_workers > 0"):
         LoaderConfig(0, native_threads=1)       # the main process's pools are never limited
     for bad in (0, True, 1.5):
-        with pytest.raises(ValueError, match="native_threads must be None or an int >= 1"):
+        with pytest.raises(ValueError, match="native_threads=.* must be an int >= 1 or None"):
             LoaderConfig(2, 2, native_threads=bad)
+
+
+def test_what_is_in_flight_is_one_formula():
+    """The burst a window skips, the batches in /dev/shm and a worker's batches all follow from ``in_flight``."""
+    for workers, prefetch in ((0, None), (1, 1), (3, 2), (4, 4)):
+        config = LoaderConfig(workers, prefetch)
+        assert config.in_flight() == in_flight(workers, prefetch) == workers * (prefetch or 0)
+        assert config.burst_batches() == (config.in_flight() + workers if workers else 1)
+        assert config.shm_batches() == (config.in_flight() + 2 if workers else 0)
+        assert config.worker_batches() == 2 * (prefetch or DEFAULT_PREFETCH)
+    assert in_flight(2, None) == 2 * DEFAULT_PREFETCH == 4, "torch's default prefetch_factor"
+
+
+def test_one_validation_for_arguments_configurations_and_cache_entries():
+    with pytest.raises(TypeError, match="pin_memory=1 must be True or False; fix it"):
+        check_knobs({"pin_memory": 1}, hint="; fix it")
+    with pytest.raises(ValueError, match="prefetch_factor and persistent_workers need num_workers > 0"):
+        check_knobs({"num_workers": 0, "prefetch_factor": 2, "persistent_workers": True})
+    check_knobs({"num_workers": 0, "prefetch_factor": None, "persistent_workers": False, "unknown": object()})
+    with pytest.raises(ValueError, match="num_workers=-1 must be an int >= 0"):
+        LoaderConfig.from_dict({"num_workers": -1})
 
 
 def test_native_threads_is_a_worker_only_knob_shown_when_limited():

@@ -67,7 +67,7 @@ def shm_needs(entries: Iterable[CacheEntry]) -> List[ShmNeed]:
         batch = next((t.batch_bytes for t in result.trials if t.batch_bytes), None)
         if batch is None:
             continue
-        need = shm_need_bytes(result.num_workers, result.prefetch_factor, batch)
+        need = shm_need_bytes(result.config, batch)
         label = f"{entry.meta.get('dataset', entry.key[:12])} {result.config.label()}, {mib(batch)} batches"
         needs.append(ShmNeed(label, need))
     return needs

@@ -24,6 +24,8 @@ from typing import Any, Iterator, List, Optional, Sequence
 
 import torch
 
+from ..config import in_flight
+
 logger = logging.getLogger("autoloader.prefetch")
 
 
@@ -108,4 +110,4 @@ def pulls_made(num_workers: int, prefetch_factor: Optional[int], returned: int) 
     2.13: the priming loop of ``_reset`` and ``_process_data``). A count past the epoch's batches means the sampler
     was asked past its end (``RandomSampler`` then draws once more). Pure; tests/loader/test_epochs.py checks it
     against torch."""
-    return returned + (num_workers * (prefetch_factor or 0) if num_workers else 0)
+    return returned + in_flight(num_workers, prefetch_factor)

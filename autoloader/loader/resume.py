@@ -9,6 +9,8 @@ from typing import Any, Iterator, Optional, Tuple
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from ..config import in_flight
+
 from ..tuning.slices import EpochSlicer, EpochSource
 from .rng import RngState, parts_of
 
@@ -88,7 +90,7 @@ def _rest(loader: DataLoader, source: EpochSource) -> Iterator[Any]:
     """The source's remaining batches through a DataLoader with ``loader``'s settings (in order, not persistent)."""
     part = source.take(None)
     workers = loader.num_workers
-    part.expect(workers, loader.prefetch_factor if workers else None)
+    part.expect(in_flight(workers, loader.prefetch_factor))
     kwargs = {name: getattr(loader, name) for name in _COPIED}
     if workers:
         kwargs["prefetch_factor"] = loader.prefetch_factor

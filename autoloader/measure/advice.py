@@ -19,7 +19,7 @@ Two mistakes show up only once workers run, and both cost silently rather than f
 # - at least 32 MiB: far above that noise, yet reached by a few hundred thousand objects read in a short trial;
 # - at least a quarter of the worker's USS at the end: for a worker that legitimately holds gigabytes (a decoder's
 #   buffers) tens of MiB of churn are noise, while a copy-on-read worker's USS is mostly the growth;
-# - more than two batches in flight (2 x prefetch_factor x batch bytes): batches built in shared memory count as the
+# - more than the batches a worker holds (``LoaderConfig.worker_batches`` x batch bytes): batches built in shared memory count as the
 #   worker's own until the main process maps them, so big batches alone move USS by that much.
 # The trial sees only part of an epoch, so the growth it measures is a lower bound of what an epoch costs. A full
 # collection in a worker copies pages too (the collector writes to every tracked object it scans, the inherited ones
@@ -49,7 +49,7 @@ def copy_on_read_advice(trial: TrialResult, *, dataset_name: str = "the dataset"
     growth, uss = trial.worker_uss_growth_bytes, trial.worker_uss_bytes
     if trial.config.num_workers == 0 or growth is None or uss is None:
         return None
-    in_flight = 2 * (trial.config.prefetch_factor or 2) * (trial.batch_bytes or 0)
+    in_flight = trial.config.worker_batches() * (trial.batch_bytes or 0)
     if growth < max(COPY_ON_READ_MIN_BYTES, COPY_ON_READ_MIN_SHARE * uss, in_flight):
         return None
     return (

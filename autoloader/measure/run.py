@@ -9,7 +9,7 @@ the epochs served by a decision; window, signal guard, pacing, rank agreement an
 #    arrives, up to N * prefetch_factor batches sit ready in the queue and arrive at memory speed. Workers that started
 #    together also finish together, so batches then come in waves of N. A window that starts at batch 0, or spans
 #    less than a few waves, overstates the rate, by 2x and more.
-#    So the window opens only after N * prefetch_factor + N batches (``window.burst_batches``: the queue drained plus
+#    So the window opens only after N * prefetch_factor + N batches (``LoaderConfig.burst_batches``: the queue drained plus
 #    one more wave), and it must cover at least ``MIN_ROUNDS`` waves of N batches, ``MIN_BATCHES`` batches and
 #    ``MIN_WINDOW_S`` seconds (window.py). The rate is the samples consumed in the window over its wall time, the
 #    quantity an epoch's throughput is. The loop sits under the ``PrefetchLoader`` (trials and online alike), so it

@@ -2,7 +2,7 @@
 the lighter ``Tally`` of an epoch served by the configuration in force.
 
 ``run.Run`` drives the loop; this module only records and computes, following NOTE [ Trial timing ] in run.py. The
-window's constants and the start-up burst rule (``burst_batches``) are defined here and nowhere else.
+window's constants are defined here and nowhere else; the start-up burst it skips is ``LoaderConfig.burst_batches``.
 """
 from __future__ import annotations
 
@@ -27,13 +27,6 @@ MIN_ROUNDS = 3
 """... and at least this many waves of ``num_workers`` batches ..."""
 MIN_BATCHES = 6
 """... and at least this many batches (see NOTE [ Trial timing ] in run.py)."""
-
-
-def burst_batches(config: LoaderConfig) -> int:
-    """Batches consumed before a window opens: the start-up burst (``num_workers * prefetch_factor`` batches ready in
-    the queue) plus one wave of ``num_workers``; 1 without workers (NOTE [ Trial timing ], 2.)."""
-    n = config.num_workers
-    return n * (config.prefetch_factor or 0) + n if n else 1
 
 
 @dataclass(frozen=True)
@@ -96,7 +89,7 @@ class Window:
         n = config.num_workers
         self.settled = settled
         self.config, self.started, self.batch_size, self.min_window_s = config, started, batch_size, min_window_s
-        self.skip = burst_batches(config)
+        self.skip = config.burst_batches()
         self.need = max(min_batches, min_rounds * n)
         self.marks: List[BatchMark] = []
         self.startup_s: Optional[float] = None
@@ -224,7 +217,7 @@ class Tally:
     its steady rate and stall after the same start-up burst a window skips, for the re-tune check."""
 
     def __init__(self, config: LoaderConfig, batch_size: int) -> None:
-        self.skip, self.batch_size = burst_batches(config), batch_size
+        self.skip, self.batch_size = config.burst_batches(), batch_size
         self.count = self.samples = 0
         self.opened: Optional[float] = None
         self.waited = 0.0

@@ -9,7 +9,7 @@ the machine's facts and of what trials measured (tested on tables).
 # ``ram_budget``: the training process itself (model, optimizer, CUDA context, the batches it holds) needs the rest.
 # A candidate's footprint (``footprint``) is what autoloader adds to the process tree:
 #   workers      num_workers x one worker's private memory (USS) measured, plus its growth during the trial;
-#   in flight    (num_workers x prefetch_factor + 2) batches in /dev/shm (tmpfs: RAM, charged to the cgroup), which
+#   in flight    ``LoaderConfig.shm_batches``: those in flight + 2, in /dev/shm (tmpfs: RAM, charged to the cgroup), which
 #                is also checked against free /dev/shm as a limit of its own (``shm_need_bytes``);
 #   pinned       as many page-locked copies when pin_memory (the pin thread copies every batch it takes);
 #   threads      with threads > 1, each loading process holds a batch's samples in its threads' hands before collate
@@ -109,17 +109,16 @@ class Footprint:
         return " + ".join(f"{mib(v)} {name}" for name, v in parts if v)
 
 
-def shm_need_bytes(num_workers: int, prefetch_factor: Optional[int], batch_bytes: int) -> int:
-    """/dev/shm the batches in flight take: up to ``num_workers * prefetch_factor`` queued, plus the one being pinned
-    and the one being consumed."""
-    return (num_workers * (prefetch_factor or 2) + 2) * batch_bytes
+def shm_need_bytes(config: LoaderConfig, batch_bytes: int) -> int:
+    """/dev/shm the batches in flight take (``LoaderConfig.shm_batches``)."""
+    return config.shm_batches() * batch_bytes
 
 
 def footprint(config: LoaderConfig, *, per_worker_bytes: Optional[int], batch_bytes: Optional[int]) -> Footprint:
     """THE footprint of ``config`` when one worker takes ``per_worker_bytes`` (USS plus growth) and a batch
     ``batch_bytes`` (unknown: 0 for the batch parts)."""
     n, batch = config.num_workers, batch_bytes or 0
-    shm = shm_need_bytes(n, config.prefetch_factor, batch) if n else 0
+    shm = shm_need_bytes(config, batch)
     pinned = (shm if n else 2 * batch) if config.pin_memory else 0
     threads = max(1, n) * config.threads * math.ceil(batch / config.threads) if config.threads > 1 else 0
     workers = 0 if n == 0 else (None if per_worker_bytes is None else n * per_worker_bytes)
@@ -152,9 +151,9 @@ def budget_guard(config: LoaderConfig, *, per_worker_bytes: Optional[int], batch
 
 
 def growth_noise_bytes(trial: TrialResult) -> int:
-    """Growth any worker shows once during a trial: ``GROWTH_NOISE_BYTES``, or two batches in flight per prefetch slot
-    when more (a batch built in shared memory counts as the worker's own until the main process maps it)."""
-    return max(GROWTH_NOISE_BYTES, 2 * (trial.config.prefetch_factor or 2) * (trial.batch_bytes or 0))
+    """Growth any worker shows once during a trial: ``GROWTH_NOISE_BYTES``, or the batches a worker holds
+    (``LoaderConfig.worker_batches``) when more (a batch built in shared memory counts as the worker's own until the main process maps it)."""
+    return max(GROWTH_NOISE_BYTES, trial.config.worker_batches() * (trial.batch_bytes or 0))
 
 
 def growth_per_sample(trial: TrialResult) -> Optional[float]:
@@ -167,8 +166,7 @@ def growth_per_sample(trial: TrialResult) -> Optional[float]:
         else None
     if not batch_size:
         return None
-    burst = n * (trial.config.prefetch_factor or 0) + n
-    per_worker = (trial.batches + burst) * batch_size / n
+    per_worker = (trial.batches + trial.config.burst_batches()) * batch_size / n
     return max(0, growth - growth_noise_bytes(trial)) / per_worker
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Generator, Mapping, Optional, TypeVar, U
 import torch
 
 from ..agreement import Agreement, Alone
-from ..config import LoaderConfig, make_config
+from ..config import LoaderConfig, default_pin, make_config
 from ..errors import TuningError
 from ..results import TrialResult, TuneResult
 
@@ -48,7 +48,7 @@ def fallback_result(fixed: Mapping[str, Any], *, device: torch.device, reason: s
     workers (nothing to go wrong); with workers, their native pools limited to ``native_threads``
     (``native_policy.limit_for``)."""
     n = int(fixed.get("num_workers", 0))
-    config = make_config(n, fixed=fixed, pin_memory=fixed.get("pin_memory", device.type == "cuda"), threads=threads,
+    config = make_config(n, fixed=fixed, pin_memory=default_pin(fixed, device.type), threads=threads,
                          native_threads=native_threads if n > 0 else None)
     return TuneResult(config, None, None, "fallback", reason=reason, created=time.time())
 

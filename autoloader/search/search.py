@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import psutil
 
-from ..config import LoaderConfig, make_config
+from ..config import DEFAULT_PREFETCH, LoaderConfig, default_pin, make_config
 from ..agreement import Agreement, Alone
 from ..errors import TuningError, warn_user
 from ..probe import MachineProfile
@@ -76,8 +76,8 @@ class Search:
         self.memory_limited = False
         self.batch_bytes: Optional[int] = None
         self.per_worker_bytes: Optional[int] = None
-        self.pin = bool(self.fixed.get("pin_memory", self.device.type == "cuda"))
-        self.prefetch = int(self.fixed.get("prefetch_factor") or 2)
+        self.pin = default_pin(self.fixed, self.device.type)
+        self.prefetch = int(self.fixed.get("prefetch_factor") or DEFAULT_PREFETCH)
         self.tune_threads = request.threads is True
         """``threads=True``: (processes, threads) candidates, first or after the process-only search."""
         self.threads = request.fixed_threads

@@ -33,14 +33,14 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
 from ..agreement import Agreement, Alone
-from ..config import LoaderConfig
+from ..config import DEFAULT_PREFETCH, LoaderConfig
 from ..measure.run import Run
 from ..search.candidates import Candidate
 from .slices import BatchSlice, EpochSource
 
 log = logging.getLogger("autoloader.online")
 
-SERIAL_TAIL = 2
+SERIAL_TAIL = DEFAULT_PREFETCH
 """Batches a measured candidate without workers loads after its window closed, while the next one's workers start
 (the default ``prefetch_factor``: what a worker candidate's tail holds per worker)."""
 

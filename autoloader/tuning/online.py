@@ -42,7 +42,7 @@ from typing import Any, Generator, Iterator, List, Optional, Tuple
 from torch.utils.data import DataLoader
 
 from ..cache.slot import Slot
-from ..config import LoaderConfig, make_config
+from ..config import LoaderConfig, default_pin, make_config
 from ..agreement import Agreement, Alone
 from ..errors import TuningError, warn_user
 from ..loader.native import worker_pools
@@ -163,7 +163,7 @@ class OnlineLoader(DataLoaderFace):
         candidate = self._candidate
         config = candidate.config if candidate is not None else self.decision.config
         part = source.take(None)
-        part.expect(config.num_workers, config.prefetch_factor)
+        part.expect(config.in_flight())
         try:
             loader = self._build(config, sampling=part.sampling(), generator=part.private_generator(), in_order=True,
                                  persistent_workers=False, measured=candidate is not None)
@@ -347,7 +347,6 @@ def _stall_of(result: TuneResult) -> Optional[float]:
 
 
 def _undecided(request: Request) -> TuneResult:
-    config = make_config(0, fixed=request.fixed, pin_memory=request.fixed.get("pin_memory",
-                                                                            request.device.type == "cuda"),
+    config = make_config(0, fixed=request.fixed, pin_memory=default_pin(request.fixed, request.device.type),
                          threads=request.fixed_threads)
     return TuneResult(config, None, None, "online", reason="deciding online during the first epoch")

@@ -2,7 +2,7 @@
 
 ``EpochSlicer`` holds the plain DataLoader whose epochs it serves. Each epoch, ``slicer.epoch()`` draws that epoch's
 randomness exactly as ``iter(plain)`` would and returns an ``EpochSource``; ``source.take(k)`` hands out the next
-``k`` batches as a ``BatchSlice``; a candidate DataLoader iterates it (``part.expect(workers, prefetch)``, then
+``k`` batches as a ``BatchSlice``; a candidate DataLoader iterates it (``part.expect(config.in_flight())``, then
 ``DataLoader(..., **part.sampling(), generator=part.private_generator(), in_order=True)``: ``Request.data_loader``
 builds it so), and ``part.delivered(n)`` closes it, re-issuing what the loop did not receive::
 
@@ -12,7 +12,7 @@ builds it so), and ``part.delivered(n)`` closes it, re-issuing what the loop did
         source = slicer.epoch()                      # len(source) == len(plain)
         for limit, workers in ((20, 0), (20, 4), (None, 2)):    # None: the rest of the epoch
             part = source.take(limit)
-            part.expect(workers, 2 if workers else None)
+            part.expect(in_flight(workers, None))
             loader = DataLoader(dataset, num_workers=workers, collate_fn=collate, **part.sampling(),
                                 generator=part.private_generator(), in_order=True)
             it, n = iter(loader), 0
@@ -141,14 +141,14 @@ class BatchSlice(Sampler):
         self._limit, self.capped = self._pulled + len(self._reserved), True
         return self._limit
 
-    def expect(self, num_workers: int, prefetch_factor: Optional[int]) -> None:
-        """Keep as many batches as a DataLoader with these settings may pull ahead (its undelivered batches are given
-        back from them): call it before the DataLoader iterates the slice."""
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    def expect(self, in_flight: int) -> None:
+        """Keep as many batches as the DataLoader iterating the slice holds in flight (``config.in_flight``): its
+        undelivered batches are given back from them. Call it before the DataLoader iterates the slice."""
+        if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 0:
+            raise ValueError(f"expect(in_flight): in_flight must be an int >= 0 (batches), got {in_flight!r}")
         if self.pulled:
             raise RuntimeError("call expect() before iterating the slice")
-        self.lookahead = num_workers * (prefetch_factor or 0)
+        self.lookahead = in_flight
         self._recent = collections.deque(maxlen=self.lookahead + 2)
 
     def sampling(self) -> Dict[str, Any]:

@@ -23,7 +23,7 @@ from autoloader.measure.consumer import Consumer
 from autoloader.measure.failures import classify
 from autoloader.measure.run import Measured, Run
 from autoloader.measure.trial import trial_loader
-from autoloader.measure.window import burst_batches
+
 from autoloader.request import Request
 from helpers import live_children, wait_no_children
 from workloads import LatencyBound
@@ -97,14 +97,14 @@ def test_a_trial_stops_once_its_window_is_complete_and_stop_reaps_its_workers():
               limit_s=FAR)
     batches = list(run)  # the sampler never ends: only the window's rule ends the loop
     window = run.window
-    assert len(batches) == run.delivered == len(window.marks) > burst_batches(WORKERS)
+    assert len(batches) == run.delivered == len(window.marks) > WORKERS.burst_batches()
     assert window.complete(deadline=math.inf), "stopped before the window was complete"
     marks, window.marks = window.marks, window.marks[:-1]
     assert not window.complete(deadline=math.inf), "went on after the window was complete"
     window.marks = marks
     result = run.result
     assert result is not None and result.ok and result.steady and result.config == WORKERS
-    assert result.batches == len(marks) - burst_batches(WORKERS) and result.samples_per_s > 0
+    assert result.batches == len(marks) - WORKERS.burst_batches() and result.samples_per_s > 0
     assert not run.ended and not run.user and run.startup_s is not None and run.startup_s > 0
     # The driver still runs the step on the last batch: the workers are stopped by stop(), not by the loop's end.
     workers = {p.pid for p in window.tracker.procs}

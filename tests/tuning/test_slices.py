@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, SequentialSampler, SubsetRandomSampler,
                               WeightedRandomSampler)
 
-from autoloader.config import LoaderConfig
+from autoloader.config import LoaderConfig, in_flight
 from autoloader.request import Request
 from autoloader.tuning.slices import BatchSlice, EpochSlicer, EpochSource
 from slice_data import CountingSampler, DieInWorker, EagerChunks, Indices, Stream
@@ -56,7 +56,7 @@ class Recipe:
     def candidate(self, part: BatchSlice, num_workers: int, prefetch_factor: Optional[int] = None,
                   **extra: Any) -> DataLoader:
         prefetch = (prefetch_factor or 2) if num_workers else None
-        part.expect(num_workers, prefetch)
+        part.expect(in_flight(num_workers, prefetch))
         return DataLoader(self.dataset, num_workers=num_workers, prefetch_factor=prefetch, **self.other, **extra,
                           **part.sampling(), generator=part.private_generator(), in_order=True)
 
@@ -73,7 +73,7 @@ class ThroughRequest:
 
     def candidate(self, part: BatchSlice, num_workers: int, prefetch_factor: Optional[int] = None) -> DataLoader:
         config = LoaderConfig(num_workers, (prefetch_factor or 2) if num_workers else None)
-        part.expect(config.num_workers, config.prefetch_factor)
+        part.expect(config.in_flight())
         return self.request.data_loader(config, sampling=part.sampling(), generator=part.private_generator(),
                                         in_order=True, persistent_workers=False)
 
@@ -315,12 +315,12 @@ def test_misuse_says_the_fix():
     part = source.take(2)
     with pytest.raises(RuntimeError, match="still open"):
         source.take(1)
-    with pytest.raises(ValueError, match="num_workers must be >= 0"):
-        part.expect(-1, None)
+    with pytest.raises(ValueError, match="in_flight must be an int >= 0"):
+        part.expect(-1)
     it = iter(build.candidate(part, num_workers=0))
     next(it)
     with pytest.raises(RuntimeError, match="call expect"):
-        part.expect(2, 2)
+        part.expect(4)
     with pytest.raises(ValueError, match="handed out only 1"):
         part.delivered(2)
     part.delivered(1)
