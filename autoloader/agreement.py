@@ -5,12 +5,50 @@ across ranks ] in distributed.py.
 """
 from __future__ import annotations
 
+import atexit
 import sys
-from typing import Any, List, Protocol, Sequence
+import threading
+import time
+from typing import Any, List, Optional, Protocol, Sequence
 
 import torch.distributed as dist
 
-__all__ = ["Agreement", "Alone", "MinAcrossRanks", "gather_checked"]
+__all__ = ["Agreement", "Alone", "MinAcrossRanks", "all_gather", "gather_checked"]
+
+# NOTE [ An exchange right before exit ]
+# ``all_gather_object`` returns once its work is complete, but gloo's worker thread drops its own reference to the
+# work (and to the tensors holding the pickles) just after. When Python let go of those tensors first, that thread
+# must take the GIL to free them; if the interpreter has begun to finalize by then, the thread exits inside C++ code
+# that may not unwind and the process aborts ("terminate called without an active exception", SIGABRT, after every
+# line of the script ran). autoloader's last exchange (an online decision, a checkpoint's gather) often comes a few
+# milliseconds before a script ends: measured with an Accelerate script on 2 gloo ranks, 2 of 8 launches aborted so.
+# So every exchange goes through ``all_gather``, which notes when it ran, and an exit handler (atexit handlers run
+# before the interpreter starts to finalize) gives the other threads the GIL for a moment when an exchange ran within
+# ``_EXIT_GRACE_S``: the gloo thread frees the tensors then, while it still may.
+
+_EXIT_GRACE_S = 0.2
+_last_exchange: List[float] = []
+_exit_hook = threading.Lock()
+
+
+def _let_exchanges_finish() -> None:
+    if _last_exchange:
+        left = _EXIT_GRACE_S - (time.monotonic() - _last_exchange[0])
+        if left > 0:
+            time.sleep(left)
+
+
+def all_gather(obj: Any, *, size: int, group: Any = None) -> List[Any]:
+    """Every rank's ``obj`` (``all_gather_object`` over ``group`` of ``size`` ranks; None: the default group). The one
+    call through which autoloader exchanges anything (NOTE [ An exchange right before exit ])."""
+    gathered: List[Optional[Any]] = [None] * size
+    dist.all_gather_object(gathered, obj, group=group)
+    with _exit_hook:
+        if not _last_exchange:
+            atexit.register(_let_exchanges_finish)
+            _last_exchange.append(0.0)
+        _last_exchange[0] = time.monotonic()
+    return gathered
 
 
 class Agreement(Protocol):
@@ -49,8 +87,7 @@ def gather_checked(obj: Any, *, size: int, group: Any, site: str) -> List[Any]:
     its rank called from. Ranks whose searches took different paths get a clear error here, naming where each one
     was, instead of a silent mismatch (two calls that exchange alike values) or a hang (a broadcast on one rank met by
     a gather on another): every autoloader exchange within a node goes through this one function."""
-    gathered: List[Any] = [None] * size
-    dist.all_gather_object(gathered, (site, obj), group=group)
+    gathered = all_gather((site, obj), size=size, group=group)
     sites = [g[0] if isinstance(g, tuple) and len(g) == 2 else None for g in gathered]
     if any(other != site for other in sites):
         raise RuntimeError(

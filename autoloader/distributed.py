@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from .agreement import Agreement, Alone, MinAcrossRanks, gather_checked
+from .agreement import Agreement, Alone, MinAcrossRanks, all_gather, gather_checked
 from .results import TuneResult
 
 log = logging.getLogger("autoloader.distributed")
@@ -113,8 +113,7 @@ class Group:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.backend = str(dist.get_backend())
-        identities: List[Any] = [None] * self.world_size
-        dist.all_gather_object(identities, (_node_from_env(), socket.gethostname()))
+        identities = all_gather((_node_from_env(), socket.gethostname()), size=self.world_size)
         self.nodes = _node_layout(identities)
         index = next(i for i, ranks in enumerate(self.nodes) if self.rank in ranks)
         ranks = self.nodes[index]
@@ -170,8 +169,8 @@ class Group:
         if not theirs:  # a sharding of the user's (pre-sharded data, a sampler of theirs) may differ by rank
             facts.update({"batch_size": batch_size, "len(dataset)": len(dataset), "shuffle": shuffle,
                           "drop_last": drop_last})
-        gathered: List[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, (facts, int(generator.initial_seed()) if generator is not None else 0))
+        gathered = all_gather((facts, int(generator.initial_seed()) if generator is not None else 0),
+                              size=self.world_size)
         _check_same([f for f, _ in gathered], self.nodes)
         if theirs:
             return kwargs, shuffle
@@ -231,8 +230,7 @@ def node_decisions(loader: Any) -> List[Dict[str, Any]]:
     mine = None if tuning is None else {
         "config": tuning.config.label(), "num_workers": tuning.config.num_workers, "source": tuning.source,
         "samples_per_s": tuning.samples_per_s, "reason": tuning.reason}
-    gathered: List[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (_node_from_env(), socket.gethostname(), mine))
+    gathered = all_gather((_node_from_env(), socket.gethostname(), mine), size=dist.get_world_size())
     nodes = _node_layout([(env, host) for env, host, _ in gathered])
     found = [dict(gathered[ranks[0]][2] or {}, node=i, ranks=list(ranks), host=gathered[ranks[0]][1])
              for i, ranks in enumerate(nodes)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import time
 from typing import Any, Dict, Optional
 
 from torch.utils.data import Dataset
@@ -33,15 +34,18 @@ def pools() -> Optional[Dict[str, int]]:
 
 class PoolsInWorker(Dataset):
     """Sample ``i``: the native pools of the process that loads it (``pools()``), ``SEEN``, the worker's
-    ``OMP_NUM_THREADS``, the fake OpenCV's threads when one is imported, and the pid."""
+    ``OMP_NUM_THREADS``, the fake OpenCV's threads when one is imported, and the pid. ``wait_s``: each sample first
+    sleeps so long (waiting-bound data, for which any search tries workers whatever the machine's CPU count)."""
 
-    def __init__(self, n: int = 8) -> None:
-        self.n = n
+    def __init__(self, n: int = 8, wait_s: float = 0.0) -> None:
+        self.n, self.wait_s = n, wait_s
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> dict:
+        if self.wait_s:
+            time.sleep(self.wait_s)
         cv2 = sys.modules.get("cv2")
         return {"pools": pools(), "seen": dict(SEEN), "omp": os.environ.get("OMP_NUM_THREADS"), "pid": os.getpid(),
                 "cv2": cv2.getNumThreads() if cv2 is not None else None}

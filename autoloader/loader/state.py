@@ -46,6 +46,7 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch.distributed as dist
 from torch.utils.data import IterableDataset
 
+from ..agreement import all_gather
 from .rng import Ambient, RngState, StateError, generators, parts_of
 
 FORMAT = 2
@@ -228,8 +229,7 @@ def gather(own: Dict[str, Any]) -> Dict[str, Any]:
     world, _ = _world()
     if world == 1:
         return own
-    states: List[Any] = [None] * world
-    dist.all_gather_object(states, own)
+    states = all_gather(own, size=world)
     return {"format": FORMAT, "world_size": world, "per_rank": states}
 
 

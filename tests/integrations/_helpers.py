@@ -101,6 +101,7 @@ def arm_watchdog(seconds: float = LAUNCH_TIMEOUT_S - 20) -> None:
     import faulthandler
     import threading
 
+    faulthandler.enable()  # a fatal signal prints every thread's Python stack (TEARDOWN_ABORT's second line)
     faulthandler.dump_traceback_later(seconds, exit=False)  # every rank prints, none exits first and hides the rest
     timer = threading.Timer(seconds + 5.0, os._exit, args=(3,))
     timer.daemon = True
