@@ -183,9 +183,10 @@ def test_spawned_workers_are_limited_too(tmp_path):
 def test_online_candidates_are_limited_and_record_the_pools_their_workers_found(wide_parent):
     # Waiting-bound samples: the search tries workers on any machine (CPU-bound ones on a CI runner whose serial
     # candidate already reached its CPU ceiling were decided with no worker at all).
-    loader = make_loader(PoolsInWorker(600, wait_s=0.002), 8, collate_fn=list, cache=False, tuning="online")
+    loader = make_loader(PoolsInWorker(600, wait_s=0.002), 8, collate_fn=list, cache=False, tuning="online",
+                         max_workers=4)
     seen = []
-    for _ in range(4):
+    for _ in range(6):
         seen += [s for batch in loader for s in batch if s["pid"] != os.getpid()]
         if loader.decisions:
             break

@@ -426,8 +426,14 @@ for name, bound in (("bounded", 16), ("default", None)):
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         loader = make_loader(ds, batch_size=2, step=0.001, budget=4, cache=False, max_workers=bound)
+    batches = sum(1 for _ in loader)
+    for _ in range(6):  # tuned online (the default) under load, the search may outlive the first epoch
+        if loader.tuning.source != "online" or loader.decisions:
+            break
+        sum(1 for _ in loader)
     text = [str(w.message) for w in record] + [t.reason or "" for t in loader.tuning.trials] + Keep.messages
-    out[name] = {"batches": sum(1 for _ in loader), "num_workers": loader.tuning.num_workers,
+    text.append(loader.tuning.reason or "")
+    out[name] = {"batches": batches, "num_workers": loader.tuning.num_workers,
                  "names_ulimit": any("ulimit -n" in m for m in text),
                  "failed": [t.reason for t in loader.tuning.trials if t.status == "failed"]}
     del loader
