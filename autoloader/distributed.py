@@ -10,17 +10,18 @@ node measure together, share that node's CPUs and memory, and reach that node's 
 #   length, shuffle, drop_last; a mismatch raises the same ValueError on every rank) and the sampler's seed (rank 0's).
 # - Per node (the node's own process group, ``Group._pg``): the machine profile (the node leader's, split among the
 #   node's ranks), the cache lookup and write (the node leader, lowest global rank of the node, under the node's
-#   hardware key), every figure a search reads (``agreement().reduce_min``: the slowest rank's rate, the largest
-#   cost), online switching in lockstep, and the result (the node leader's, ``broadcast``).
+#   hardware key), every figure a search reads (``Group.coordinator()``, coordination.py: the slowest rank's rate,
+#   the largest cost), online switching in lockstep, and the result (the node leader's, ``broadcast``).
 # Trials run on all ranks of a node at once, so they measure the contention training will see. The search must take
 # the same path on every rank of the node, or one would wait forever on a collective another skips: every method here
 # that talks to other ranks is called by all ranks of its scope, unconditionally, in the same order.
 # Why no cross-node wait: after the layout and ``shard`` (both before any tuning), no autoloader collective spans two
 # nodes; a node's trials, online candidates and decision use only its own group (with several nodes a separate
 # communicator, so they never interleave with DDP's collectives; with one node the default group itself, where they
-# come in the same order on every rank, between DDP's). Every exchange within a node is one all-gather that carries
-# its call site (``agreement.gather_checked``): ranks whose paths parted raise "ranks diverged" where each one was,
-# instead of pairing two different exchanges or hanging. A fast node returns from ``make_loader`` and runs
+# come in the same order on every rank, between DDP's). Every exchange within a node is one all-gather at one of the
+# fixed sync points of ``coordination.Coordinator``, carrying its name: ranks whose paths parted raise "ranks
+# diverged" where each one was, instead of pairing two different exchanges or hanging. Collectives live in two
+# modules only: this one (the job: layout, sharding, checkpoints, ``node_decisions``) and coordination.py (a node). A fast node returns from ``make_loader`` and runs
 # ahead until DDP's first collective, which would wait for the slow node anyway. ``node_decisions`` is the one
 # global call after that, made by the user at a point where all ranks meet (an epoch's end).
 # A node is what the launcher says (torchrun's GROUP_RANK, Slurm's SLURM_NODEID) when every rank has it, else the
@@ -43,7 +44,7 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from .agreement import Agreement, Alone, MinAcrossRanks, all_gather, gather_checked
+from .coordination import Coordinator, all_gather
 from .results import TuneResult
 
 log = logging.getLogger("autoloader.distributed")
@@ -106,8 +107,8 @@ class Group:
     """The default process group seen from this rank, with this rank's node and the node's own process group. Build
     it with ``Group.current`` on every rank (it gathers every rank's node identity).
 
-    ``rank`` and ``world_size`` are global (sharding); ``is_leader``, ``broadcast_object``, ``broadcast`` and
-    ``agreement`` are the node's (see NOTE [ One decision across ranks ])."""
+    ``rank`` and ``world_size`` are global (sharding); ``is_leader``, ``broadcast`` and ``coordinator`` are the node's
+    (see NOTE [ One decision across ranks ])."""
 
     def __init__(self) -> None:
         self.rank = dist.get_rank()
@@ -184,7 +185,7 @@ class Group:
 
         When the usable CPUs are unknown, the logical count is divided instead (what the tuner would use).
         """
-        profile = self.broadcast_object(profile)
+        profile = self.coordinator().leader("profile", profile)
         cpus = profile.cpu.usable if profile.cpu.usable is not None else profile.cpu.logical
         self.node_cpus = cpus
         n = self.local_world_size
@@ -195,29 +196,22 @@ class Group:
         shm = dataclasses.replace(profile.shm, free_bytes=_share(profile.shm.free_bytes, n))
         return dataclasses.replace(profile, cpu=cpu, memory=memory, shm=shm)
 
-    def broadcast_object(self, obj: Any, *, site: Optional[str] = None) -> Any:
-        """The node leader's ``obj`` on every rank of the node (pickled; torch picks the backend's device). A gather
-        rather than a broadcast, so that it checks, like every exchange, that the ranks called from the same place
-        (``agreement.gather_checked``); the leader is the node's lowest rank, first in its group."""
+    def broadcast(self, result: Optional[TuneResult], *, point: str = "decision") -> Optional[TuneResult]:
+        """The node leader's result (or miss) on every rank of the node (``Coordinator.leader`` at ``point``: the
+        cached, the tuned, an online decision), sent as its plain JSON form; with several nodes its reason starts with
+        the node that decided (``Node.label``)."""
         if self.node_size == 1:
-            return obj
-        site = site or sys._getframe(1).f_code.co_qualname
-        return gather_checked(obj if self.is_leader else None, size=self.node_size, group=self._pg, site=site)[0]
-
-    def broadcast(self, result: Optional[TuneResult]) -> Optional[TuneResult]:
-        """The node leader's result (or miss) on every rank of the node, sent as its plain JSON form; with several
-        nodes its reason starts with the node that decided (``Node.label``)."""
-        data = self.broadcast_object(None if result is None else result.to_dict(),
-                                     site=f"{sys._getframe(1).f_code.co_qualname} (broadcast)")
+            return result
+        data = self.coordinator().leader(point, None if result is None else result.to_dict())
         if data is None:
             return None
         if self.node.count > 1:
             data = dict(data, reason=f"{self.node.label}: {_LABEL.sub('', str(data.get('reason') or ''))}")
         return TuneResult.from_dict(data)
 
-    def agreement(self) -> Agreement:
-        """What ``tune(agreement=...)`` needs: the node's ranks agree (see NOTE [ One decision across ranks ])."""
-        return Alone() if self.node_size == 1 else MinAcrossRanks(self.node_size, self._pg)
+    def coordinator(self) -> Coordinator:
+        """How this node's ranks agree while they tune (see NOTE [ One decision across ranks ])."""
+        return Coordinator(self.node_size, self._pg, leader=self.is_leader)
 
 
 def node_decisions(loader: Any) -> List[Dict[str, Any]]:
@@ -240,6 +234,15 @@ def node_decisions(loader: Any) -> List[Dict[str, Any]]:
                      entry["ranks"], entry.get("config", "no decision"), entry.get("source", "-"),
                      "-" if entry.get("samples_per_s") is None else f"{entry['samples_per_s']:,.0f}")
     return found
+
+
+def gather_states(own: Dict[str, Any], *, format: int) -> Dict[str, Any]:
+    """Every rank's checkpoint in one dict (a collective over the job, ``PrefetchLoader.state_dict``), else ``own``
+    itself in a single process."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return own
+    states = all_gather(own, size=dist.get_world_size())
+    return {"format": format, "world_size": len(states), "per_rank": states}
 
 
 def _node_group(nodes: Sequence[Tuple[int, ...]], index: int) -> Any:

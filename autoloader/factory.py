@@ -22,6 +22,7 @@ from .search.bounds import usable_cpus
 from .search.native_policy import fallback_limit
 from .search.candidates import fallback_result
 from .tuning.online import OnlineLoader
+from .tuning.online_search import OnlineSearch
 from .tuning.trials import tune_with
 
 log = logging.getLogger("autoloader")
@@ -114,7 +115,8 @@ def make_loader(
         result = _tune(request, profile)
         in_cache = slot.store(result)
     if not online_why and slot.fallback is None and (search_online or (retune and tuning != "trials")):
-        source: Any = OnlineLoader(request, profile, slot=slot, decision=result, retune=retune)
+        search = OnlineSearch.create(request, profile, slot=slot, decision=result)
+        source: Any = OnlineLoader(request, search, retune=retune)
         result, cache_key = None, slot.key
     else:
         source, cache_key = request.data_loader(result.config), slot.key if in_cache else None
@@ -138,7 +140,7 @@ def _tune(request: Request, profile: MachineProfile) -> TuneResult:
         warn_user(f"autoloader could not tune ({err}); using a safe default configuration")
         result = fallback_result(request.fixed, device=request.device, reason=str(err),
                                  threads=request.fixed_threads, native_threads=fallback_limit(request, usable_cpus=usable_cpus(profile)))
-    return result if group is None else group.broadcast(result)
+    return result if group is None else group.broadcast(result, point="tuned decision")
 
 
 def _not_online(request: Request) -> str:

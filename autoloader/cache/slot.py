@@ -45,7 +45,7 @@ class Slot:
         except TrialTimeout as err:
             timeout = err
         group = request.group
-        if group is not None and group.agreement().reduce_min([0.0 if timeout else 1.0])[0] == 0.0:
+        if group is not None and group.coordinator().lookup(timeout is not None):
             timeout = timeout or TrialTimeout("reading one sample for the cache key timed out on another rank")
         if timeout is not None:  # on every rank of the node, or they would take different paths
             warn_user(f"autoloader could not tune: {timeout}; using a safe default configuration (pass "
@@ -83,7 +83,7 @@ class Slot:
                 log.info("cached config %s no longer fits (%s); tuning again", result.config.label(), reason)
                 result = None
         group = self.request.group
-        return result if group is None else group.broadcast(result)
+        return result if group is None else group.broadcast(result, point="cached decision")
 
     def store(self, result: TuneResult) -> bool:
         """Cache ``result`` when it is worth keeping; True when the entry under ``key`` now holds it (on ranks other

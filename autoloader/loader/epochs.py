@@ -11,7 +11,7 @@ what starting an epoch of a DataLoader draws (``epoch_iter``) and pulls (``pulls
 # without: the order would depend on a performance knob that autoloader chooses (and an online search switches), and
 # a checkpoint saved with one setting would resume on another order with the other. So ``epoch_iter`` makes the draw
 # itself when a persistent iterator is reused: every epoch autoloader serves draws one base seed, as a non-persistent
-# DataLoader does, and ``EpochSource`` (tuning/slices.py), which redraws an epoch, always does. The drawn value is
+# DataLoader does, and ``EpochSource`` (loader/slices.py), which redraws an epoch, always does. The drawn value is
 # unused (persistent workers keep their seeds). Its place differs in one case: torch draws after ``iter(sampler)``,
 # ``epoch_iter`` before it, which matters only for a batch sampler whose ``__iter__`` draws eagerly (not a generator
 # function) from the same RNG; a lazy one (torch's ``BatchSampler``, any generator function) draws nothing there.

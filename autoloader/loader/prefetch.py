@@ -22,6 +22,7 @@ from typing import Any, Dict, Hashable, Iterable, Iterator, List, Optional, Sequ
 import torch
 import torch.distributed as dist
 
+from ..distributed import gather_states
 from ..errors import quiet_worker_count_warning
 from ..results import TuneResult
 from .batch import iter_tensors, map_tensors
@@ -30,7 +31,7 @@ from .epochs import EpochClock, EpochStats, advance_epochs, samplers
 from .checkpoint import Checkpoints, ends_epoch
 from .native import rewrap, users_init
 from .resume import stream_rule
-from .state import epochs_of, gather
+from .state import FORMAT, epochs_of
 from .transform import InputTransform
 
 logger = logging.getLogger("autoloader.prefetch")
@@ -192,7 +193,7 @@ class PrefetchLoader:
                                       next_epoch=self._next_epoch, held=self._held,
                                       sampler_record=self._sampler_epochs, epoch_set=self._epoch_set,
                                       decision=tuning.config.label() if tuning is not None else None)
-        return gather(own)
+        return gather_states(own, format=FORMAT)
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Resume from ``state_dict()``'s dict at the next ``iter()``: exactly the batches the saved run would have

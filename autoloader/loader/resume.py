@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from ..config import in_flight
 
-from ..tuning.slices import EpochSlicer, EpochSource
+from .slices import EpochSlicer, EpochSource
 from .rng import RngState, parts_of
 
 log = logging.getLogger("autoloader.prefetch")

@@ -5,7 +5,7 @@ field by field and against a digest when loaded, then against the loader it resu
 # Goal: a state taken at any point, loaded into a new loader of any configuration (workers, threads, prefetch,
 # persistent workers, tuning mode), yields the batches the saver would have yielded next, this epoch and later, and
 # leaves the RNGs as the saver's loop would have seen them; or raises a ValueError before the first batch.
-# An epoch is its index sampler's order (NOTE [ Exact epochs across candidates ] in tuning/slices.py), so resuming
+# An epoch is its index sampler's order (NOTE [ Exact epochs across candidates ] in loader/slices.py), so resuming
 # after k batches = redraw that order from the RNG states of the epoch's start and skip k index batches, never a
 # sample. What the state holds, and why each part:
 # - ``start``: every RNG (rng.py: the ambient ones and the loader's own, with the samplers' ``state_dict()``) just
@@ -46,7 +46,6 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch.distributed as dist
 from torch.utils.data import IterableDataset
 
-from ..agreement import all_gather
 from .rng import Ambient, RngState, StateError, generators, parts_of
 
 FORMAT = 2
@@ -224,15 +223,6 @@ def epochs_of(samplers: List[Any]) -> List[int]:
 
 
 # -- across ranks --------------------------------------------------------------------------------------------------
-def gather(own: Dict[str, Any]) -> Dict[str, Any]:
-    """Every rank's state in one dict (a collective under a group of several processes), else ``own`` itself."""
-    world, _ = _world()
-    if world == 1:
-        return own
-    states = all_gather(own, size=world)
-    return {"format": FORMAT, "world_size": world, "per_rank": states}
-
-
 def own_rank(state: Any) -> Any:
     """This rank's part of a state ``gather`` made; a clear error when the world size changed."""
     if not isinstance(state, dict) or "per_rank" not in state:

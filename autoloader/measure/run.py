@@ -1,5 +1,8 @@
-"""``Run``: the one loop that serves a configuration's batches and measures them, for trials, online candidates and
-the epochs served by a decision; window, signal guard, pacing, rank agreement and cleanup are here and nowhere else.
+"""``Run``: a configuration's batches, served (``serving.Serving``) and observed: the one place a trial, an online
+candidate and an epoch served by a decision are timed. A driver asks for each batch in two steps, ``request()`` (the
+loop is back: the previous batch's step is over) and ``fetch()``, and reads ``complete()``/``measure()`` in between;
+the window (``window.Window``) or the epoch's tally (``window.Tally``) observes both steps, nothing measured travels in
+the batch stream. Drivers: ``served()`` (trials, served epochs) and the online epoch scheduler (tuning/scheduler.py).
 
 # NOTE [ Trial timing ]
 # What we want is the rate training will see once the pipeline is full, and three things distort a naive timing:
@@ -36,8 +39,8 @@ the epochs served by a decision; window, signal guard, pacing, rank agreement an
 # soft limit passed; an IterableDataset that runs out ends it early, ``steady=False``. A hard limit (``SignalGuard``:
 # SIGALRM, plus the DataLoader's own ``timeout`` for workers) cuts a batch that never comes, raised only where it
 # cannot leak a lock (NOTE [ Asynchronous exceptions ] in signals.py). An online candidate (``mode="candidate"``) is
-# patient: a slow step never cuts it before its window holds a few batches; when measured, it yields ``Measured`` in
-# place of a batch and is told whether to serve on (NOTE [ Online switching ] in tuning/online.py). ``mode="serve"``
+# patient: a slow step never cuts it before its window holds a few batches; its driver reads ``complete()`` before each
+# fetch and asks the search what next (NOTE [ Online epoch scheduler ] in tuning/scheduler.py). ``mode="serve"``
 # measures nothing but the epoch's steady rate and stall (``Tally``).
 # Cleanup. However a run ends, its workers are stopped and reaped (NOTE [ Process cleanup ] in procs.py): a trial's in
 # the loop's thread, before the next trial starts; an online candidate's in a helper thread (``procs.retire``) so the
@@ -46,285 +49,194 @@ the epochs served by a decision; window, signal guard, pacing, rank agreement an
 """
 from __future__ import annotations
 
-import contextlib
-import logging
 import math
-import sys
-import threading
 import time
-import traceback
-from dataclasses import dataclass
-from typing import Any, Generator, Iterator, List, Literal, Optional, Tuple
+from typing import Any, Iterator, Literal, Optional, Tuple
 
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import IterableDataset
 
 from ..config import LoaderConfig
-from ..agreement import Agreement, Alone
-from ..errors import TrialTimeout, TuningError, quiet_worker_count_warning
-from ..loader.epochs import epoch_iter
+from ..errors import TrialTimeout
 from ..results import TrialResult
 from . import advice as _advice
 from . import procs as _procs
 from .consumer import Consumer
 from .cpuclock import cpu_and_delay
 from .failures import HARD_LIMIT_GRACE_S
-from .signals import SignalGuard, cleanup
+from .serving import END, Serving
+from .signals import SignalGuard
 from .window import Clocks, Tally, Window
 
-log = logging.getLogger("autoloader.trial")
+__all__ = ["END", "Mode", "Run", "served"]
 
 Mode = Literal["trial", "candidate", "serve"]
-END = object()
-SETTLE_S = 2.0
-"""The next candidate's window waits at most this long after a run stopped for its workers to be reaped (NOTE [ Trial
-timing ], 5.): a worker stuck past it is reaped later, and its CPU time may then count for the next candidate."""
-
-
-@dataclass(frozen=True)
-class Measured:
-    """Yielded by a candidate's run, in place of a batch, when its window is complete: send back True to serve on
-    with the same workers (the search chose this very configuration), False to stop it here."""
-
-    result: TrialResult
+_UNREAD: Clocks = (0.0, None)
 
 
 class Run:
-    """One DataLoader serving batches for ``config``, measured as ``mode`` says (see NOTE [ Trial timing ]).
+    """``loader``'s batches for ``config``, observed as ``mode`` says (see NOTE [ Trial timing ]).
 
-    Iterate it once. ``limit_s``: the soft limit of a trial or candidate (a trial's hard limit follows it
-    by ``HARD_LIMIT_GRACE_S``); ``agreement``: a candidate's ranks stop together; ``owned``: the run stops the
-    loader's workers when it ends (else it only drops its iterator). ``follows(run)``: the window waits for the
-    previous run's workers to be reaped (NOTE [ Trial timing ], 5.). After the loop: ``result`` (a trial's or a
-    candidate's measurement, when not handed out as ``Measured``), ``delivered`` (batches handed out), ``ended`` (the
-    loader ran out), ``user`` (the error came from the user's code), ``startup_s``, ``stop_s``, ``rate_and_stall``,
-    ``switch_s`` (what the loop waited for while it started and stopped).
+    ``limit_s``: the soft limit of a trial or candidate (a trial's hard limit follows it by ``HARD_LIMIT_GRACE_S``);
+    ``owned``: the run stops the loader's workers when it ends (else it only drops its iterator). ``follows(run)``:
+    the window waits for the previous run's workers to be reaped (NOTE [ Trial timing ], 5.). ``serving.record``:
+    batches handed out, whether the loader ran out, whose code failed, start-up and what the loop waited for.
     """
 
-    def __init__(self, loader: DataLoader, config: LoaderConfig, *, mode: Mode, consumer: Consumer,
-                 batch_size: int, limit_s: float = math.inf, agreement: Optional[Agreement] = None,
-                 owned: bool = True) -> None:
-        self.loader, self.config, self.mode, self.consumer = loader, config, mode, consumer
-        self.owned = owned
-        self.agreement: Agreement = agreement or Alone()
-        self.started = time.perf_counter()
-        self.deadline = self.started + limit_s
-        self.before = _procs.child_pids()
-        self.window = Window(config, started=self.started, batch_size=batch_size)
+    def __init__(self, loader: Any, config: LoaderConfig, *, mode: Mode, consumer: Consumer, batch_size: int,
+                 limit_s: float = math.inf, owned: bool = True) -> None:
+        self.config, self.mode, self.consumer = config, mode, consumer
+        hard = limit_s + HARD_LIMIT_GRACE_S if mode == "trial" else None
+        guard = SignalGuard(limit_s=hard, make_timeout=lambda: TrialTimeout(_cut_message(limit_s)),
+                            hold_worker_errors=mode != "trial")
+        self.serving = Serving(loader, guard=guard, owned=owned, retire=mode != "trial",
+                               before_stop=lambda: _synchronize_quietly(consumer))
+        self.deadline = self.serving.started + limit_s
+        self.window = Window(config, started=self.serving.started, batch_size=batch_size)
         self.tally = Tally(config, batch_size)
-        stream = isinstance(loader.dataset, IterableDataset)
+        stream = isinstance(getattr(loader, "dataset", None), IterableDataset)
         self.repeats = _advice.RepeatCheck(self.window.skip) \
             if mode == "trial" and stream and config.num_workers >= 2 else None
-        hard = limit_s + HARD_LIMIT_GRACE_S if mode == "trial" else None
-        self.guard = SignalGuard(limit_s=hard, make_timeout=lambda: TrialTimeout(_cut_message(limit_s)),
-                                 hold_worker_errors=mode != "trial")
-        self._it: Optional[Iterator[Any]] = None
-        self._start_error: Optional[Exception] = None
-        self._workers: Optional[List[Any]] = None
-        self._retiring: Optional[threading.Thread] = None
-        self._stopped = False
-        self._stopped_at = math.inf
+        self.measuring = mode != "serve"
         self.result: Optional[TrialResult] = None
-        self.delivered, self.ended, self.user = 0, False, False
-        self.startup_s: Optional[float] = None
-        self.start_s = self.first_wait_s = self.stop_s = self.elapsed = 0.0
-        self.rate_and_stall: Tuple[Optional[float], Optional[float]] = (None, None)
+        """The measurement, once ``measure()`` made it (or the loader ran out while measuring)."""
+        self._asked: Tuple[float, Clocks] = (0.0, _UNREAD)
+        self._previous: Optional[Tuple[Any, float, Clocks, float, Clocks]] = None
 
-    def __iter__(self) -> Generator[Any, Optional[bool], None]:
-        """The loader's batches (and, for a candidate, one ``Measured``). The workers are stopped when it ends,
-        except at a trial's normal end: its driver still runs the step on the last batch, then calls ``stop()``.
-        The signal guard is the driver's when it entered it (a trial's hard limit then covers every step)."""
-        error: Optional[BaseException] = None
-        with contextlib.nullcontext() if self.guard.active else self.guard:
-            try:
-                yield from self._loop()
-            except BaseException as exc:  # noqa: B036 - re-raised: the caller classifies (failures.classify)
-                error = exc
-                raise
-            finally:
-                if error is not None or self.mode != "trial":
-                    self.stop(error)
+    # -- what drivers call --------------------------------------------------------------------------------------------
+    @property
+    def record(self) -> Any:
+        return self.serving.record
+
+    @property
+    def guard(self) -> SignalGuard:
+        return self.serving.guard
 
     def start(self) -> None:
-        """Start the loader's iterator (and its workers) now, before the run is iterated: the next candidate of a
-        hidden switch (NOTE [ Hidden switch ] in tuning/handover.py). An error raised doing so is the run's, raised when
-        it is iterated. Once; iterating the run calls it too."""
-        if self._it is not None or self._start_error is not None:
-            return
-        began = time.perf_counter()
-        try:
-            with quiet_worker_count_warning(True):
-                self._it = epoch_iter(self.loader)  # NOTE [ One base seed per epoch ]
-        except Exception as exc:  # noqa: BLE001 - the run's own failure, raised (and classified) when it is iterated
-            self._start_error = exc
-        finally:
-            self.start_s = time.perf_counter() - began
+        self.serving.start()
+
+    def guarded(self) -> "_entered":
+        """The run's signal guard, entered unless a driver holds it already."""
+        return _entered(self.guard)
 
     def follows(self, previous: "Run") -> None:
         """This run serves right after ``previous``: its window opens once ``previous`` settled."""
-        self.window.settled = previous.settled
+        self.window.settled = previous.serving.settled
 
-    def keep_workers(self) -> None:
-        """Fix the set of workers this run stops as those running now: another run is about to start its own."""
-        self._workers = _procs.new_children(self.before) if self.config.num_workers else []
+    def request(self) -> None:
+        """The loop asked for the next batch: the previous one's step is over. While measuring, the host is paced to
+        the device and the previous batch is marked in the window (NOTE [ Trial timing ], 2.-3.)."""
+        t_ask, c_ask = time.perf_counter(), cpu_and_delay() if self.measuring else _UNREAD
+        if self.measuring and self._previous is not None:
+            self.consumer.pace()
+            batch, t_prev, c_prev, t_got, c_got = self._previous
+            self.window.add(batch, t_ask=t_prev, c_ask=c_prev, t_got=t_got, c_got=c_got, consumer=self.consumer)
+            t_ask, c_ask = time.perf_counter(), cpu_and_delay()
+        self._asked = (t_ask, c_ask)
 
-    def settled(self) -> bool:
-        """This run stopped and its workers are reaped, or ``SETTLE_S`` passed since it stopped (NOTE [ Trial
-        timing ], 5.)."""
-        if not self._stopped:
-            return False
-        done = self._retiring is None or not self._retiring.is_alive()
-        return done or time.perf_counter() - self._stopped_at >= SETTLE_S
+    def complete(self) -> bool:
+        """The window holds enough (a candidate is patient with a slow step: NOTE [ Trial timing ], Modes)."""
+        return self.measuring and self.window.complete(deadline=self.deadline, patient=self.mode == "candidate")
 
-    def _loop(self) -> Generator[Any, Optional[bool], None]:
-        measuring = self.mode != "serve"
-        self.start()
-        if self._start_error is not None:
-            self.user = True
-            raise self._start_error
-        previous: Optional[Tuple[Any, float, Clocks, float, Clocks]] = None
-        cpu, unread = cpu_and_delay, (0.0, None)
-        while True:
-            t_ask, c_ask = time.perf_counter(), cpu() if measuring else unread  # served: no CPU figures, less per batch
-            if measuring and previous is not None:
-                self.consumer.pace()
-                self.window.add(previous[0], t_ask=previous[1], c_ask=previous[2], t_got=previous[3],
-                                c_got=previous[4], consumer=self.consumer)
-                t_ask, c_ask = time.perf_counter(), cpu()
-            complete = measuring and self.window.complete(deadline=self.deadline, patient=self.mode == "candidate")
-            if complete and self.mode == "trial":
-                break
-            if complete and isinstance(self.agreement, Alone):  # decided before fetching: no batch to re-issue
-                if not (yield Measured(self._measure())):
-                    return
-                measuring = False
-            batch, failure = self._next()
-            if measuring and self.mode == "candidate" and not isinstance(self.agreement, Alone):
-                stop, failure = self._agree(complete, failure)
-                if stop and failure is None:
-                    if not (yield Measured(self._measure())):
-                        return  # the batch just fetched is not handed out: it is re-issued to the next slice
-                    measuring = False
-            if failure is not None:
-                raise failure
-            if batch is END:
-                self.ended, self.window.exhausted = True, self.mode == "trial"
-                break
-            t_got, c_got = time.perf_counter(), cpu() if measuring else unread
-            if self.startup_s is None:
-                self.first_wait_s = t_got - t_ask
-                self._first(batch, t_got, measuring)
-            if self.repeats is not None:
-                self.repeats.see(batch)
-            self.delivered += 1
-            self.tally.add(batch, wait_s=t_got - t_ask, t_got=t_got)
-            previous = (batch, t_ask, c_ask, t_got, c_got) if measuring else None
-            yield batch
-        if measuring:
-            self.result = self._measure()
-        self.rate_and_stall = self.tally.rate_and_stall(time.perf_counter())
-
-    def _next(self) -> Tuple[Any, Optional[BaseException]]:
-        """The loader's next batch (``END`` when it ran out), or the exception that came instead."""
-        self.user = True
-        try:
-            batch = next(self._it, END)  # type: ignore[arg-type]
-        except BaseException as exc:  # noqa: B036 - the caller agrees with the other ranks, then raises it
-            return END, exc
-        self.user = False
-        try:
-            self.guard.check()
-        except BaseException as exc:  # noqa: B036 - a worker's death held by the guard
-            return END, exc
-        return batch, None
-
-    def _first(self, batch: Any, t_got: float, measuring: bool) -> None:
-        self.startup_s = t_got - self.started
-        if measuring:
-            workers = _procs.new_children(self.before) if self.config.num_workers else ()
-            self.window.first_batch(batch, t_got, workers=workers, memory=self.mode == "trial")
-
-    def _measure(self) -> TrialResult:
-        """The window is complete: the device catches up, the counters are read, the result is made."""
+    def measure(self) -> TrialResult:
+        """The window is complete: the device catches up, the counters are read, the result is made; measuring
+        ends (the run may serve on, unmeasured)."""
         self.consumer.synchronize()
         self.window.close()
-        return self.window.result(time.perf_counter() - self.started)
+        self.result = self.window.result(time.perf_counter() - self.serving.started)
+        self.measuring = False
+        return self.result
 
-    def _stop_workers(self, error: Optional[BaseException]) -> None:
-        references = [self._it, self.loader]
-        self._it = self.loader = None  # type: ignore[assignment]
-        workers = self._workers if self._workers is not None else _procs.new_children(self.before)
-        if self.mode == "trial":
-            _synchronize_quietly(self.consumer)
-        if error is None and self.mode != "trial":
-            self._retiring = _procs.retire(references, workers)
-            return
-        if error is not None:
-            _procs.terminate(workers)
-        with _quiet_half_built_iterators():
-            _procs.drop(references)
-        _procs.reap(workers)
+    def fetch(self) -> Tuple[Any, Optional[BaseException]]:
+        """The batch asked for (``END`` when the loader ran out), or the exception that came instead."""
+        batch, failure = self.serving.next()
+        if failure is not None or batch is END:
+            if batch is END and failure is None:
+                self.record.ended = True
+                self.window.exhausted = self.mode == "trial"
+            return batch, failure
+        t_got = time.perf_counter()
+        c_got = cpu_and_delay() if self.measuring else _UNREAD
+        t_ask, c_ask = self._asked
+        if self.record.startup_s is None:
+            self.record.first_wait_s = t_got - t_ask
+            self._first(batch, t_got)
+        if self.repeats is not None:
+            self.repeats.see(batch)
+        self.record.delivered += 1
+        self.tally.add(batch, wait_s=t_got - t_ask, t_got=t_got)
+        self._previous = (batch, t_ask, c_ask, t_got, c_got) if self.measuring else None
+        return batch, None
 
-    def _agree(self, complete: bool, failure: Optional[BaseException]) -> Tuple[bool, Optional[BaseException]]:
-        """(stop, failure): every rank stops when all windows are complete or any rank's candidate failed."""
-        all_complete, none_failed = self.agreement.reduce_min([1.0 if complete else 0.0,
-                                                               0.0 if failure is not None else 1.0])
-        if none_failed == 0.0 and failure is None:
-            failure = TuningError("a candidate failed on another rank")
-        return bool(all_complete) or none_failed == 0.0, failure
-
-    @cleanup
-    def stop(self, error: Optional[BaseException] = None) -> None:
-        """NOTE [ Process cleanup ]: the device's queued work, then this run's workers, as its mode says; once. A
-        signal landing as it starts waits until it is done (``signals.cleanup``)."""
-        with self.guard.shield():
-            if self._stopped:
-                return
-            self._stopped = True
-            stopping = self._stopped_at = time.perf_counter()
-            if error is not None and error.__traceback__ is not None:
-                with _quiet_half_built_iterators():  # a frame may hold the only reference to one (Ctrl-C in iter())
-                    traceback.clear_frames(error.__traceback__)
-            if not self.owned:  # the DataLoader's own iterator: dropping it is what a plain loop does
-                self._it = None
-            else:
-                self._stop_workers(error)
-        self.stop_s = time.perf_counter() - stopping
-        self.elapsed = time.perf_counter() - self.started
+    def finish(self) -> None:
+        """The loader ran out: what was measured is the result; the epoch's rate and stall are final."""
+        if self.measuring:
+            self.measure()
 
     @property
-    def switch_s(self) -> float:
-        """What the loop waited for while this run started and stopped: starting its iterator (forking workers), its
-        first batch, stopping it (its workers' shutdown runs in a helper thread, NOTE [ Process cleanup ])."""
-        return self.start_s + self.first_wait_s + self.stop_s
+    def rate_and_stall(self) -> Tuple[Optional[float], Optional[float]]:
+        return self.tally.rate_and_stall(time.perf_counter() if not self.serving.stopped else
+                                         self.serving.crew.stopped_at)
+
+    def stop(self, error: Optional[BaseException] = None) -> None:
+        self.serving.stop(error)
+
+    def _first(self, batch: Any, t_got: float) -> None:
+        self.record.startup_s = t_got - self.serving.started
+        if self.measuring:
+            workers = _procs.new_children(self.serving.crew.before) if self.config.num_workers else ()
+            self.window.first_batch(batch, t_got, workers=workers, memory=self.mode == "trial")
+
+
+def served(run: Run, *, until_complete: bool) -> Iterator[Any]:
+    """The driver of a trial (``until_complete``: it ends when the window is complete) and of an epoch served by the
+    decision (until the loader runs out): every batch, under the run's signal guard unless its caller entered it.
+    A served epoch's workers are stopped when it ends; a trial's by its caller, after the step on the last batch."""
+    error: Optional[BaseException] = None
+    with run.guarded():
+        try:
+            while True:
+                run.request()
+                if until_complete and run.complete():
+                    run.measure()
+                    return
+                batch, failure = run.fetch()
+                if failure is not None:
+                    raise failure
+                if batch is END:
+                    run.finish()
+                    return
+                yield batch
+        except BaseException as exc:  # noqa: B036 - re-raised: the caller classifies (failures.classify)
+            error = exc
+            raise
+        finally:
+            if error is not None or run.mode != "trial":
+                run.stop(error)
+
+
+class _entered:
+    """``guard``'s context, unless it is active already (a trial's driver holds it across every step)."""
+
+    def __init__(self, guard: SignalGuard) -> None:
+        self.guard, self.entered = guard, False
+
+    def __enter__(self) -> None:
+        if not self.guard.active:
+            self.guard.__enter__()
+            self.entered = True
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self.entered:
+            self.guard.__exit__(*exc_info)
 
 
 def _synchronize_quietly(consumer: Consumer) -> None:
     try:
         consumer.synchronize()
     except RuntimeError as err:  # a CUDA error in the step: the run's own error says more
-        log.debug("synchronising after the run failed: %r", err)
+        _procs.log.debug("synchronising after the run failed: %r", err)
 
 
 def _cut_message(limit_s: float) -> str:
     return (f"trial exceeded its time limit of {limit_s:.1f} s and was cut after {limit_s + HARD_LIMIT_GRACE_S:.1f} "
             f"s: a batch or a step never finished (does the dataset or the step block?)")
-
-
-@contextlib.contextmanager
-def _quiet_half_built_iterators() -> Iterator[None]:
-    """Log, rather than print, the AttributeError torch's DataLoader iterator raises from ``__del__`` when its
-    ``__init__`` failed part-way (e.g. out of file descriptors while starting workers): the run already reports why
-    the candidate failed, and "Exception ignored in ..." on stderr would only confuse."""
-    previous = sys.unraisablehook
-
-    def hook(unraisable: Any) -> None:
-        if isinstance(unraisable.exc_value, AttributeError) and "DataLoaderIter" in repr(unraisable.object):
-            log.debug("ignored while discarding a half-built DataLoader iterator: %r", unraisable.exc_value)
-            return
-        previous(unraisable)
-
-    sys.unraisablehook = hook
-    try:
-        yield
-    finally:
-        sys.unraisablehook = previous

@@ -23,7 +23,7 @@ from ..results import TrialResult
 from . import advice as _advice
 from .consumer import Consumer
 from .failures import classify
-from .run import Run
+from .run import Run, served
 
 log = logging.getLogger("autoloader.trial")
 
@@ -104,7 +104,8 @@ def run_trial(request: Request, config: LoaderConfig, *, consumer: Consumer, lim
     try:
         with run.guard:  # its hard limit covers every step, the last one's and measure_consumer's too
             try:
-                _consume(PrefetchLoader(run, device=consumer.device, **request.transform), run, consumer,
+                batches = served(run, until_complete=True)
+                _consume(PrefetchLoader(batches, device=consumer.device, **request.transform), run, consumer,
                          measure_consumer=measure_consumer)
             except BaseException as exc:  # noqa: B036 - classified below: the user's errors are re-raised unchanged
                 error = exc
@@ -113,8 +114,9 @@ def run_trial(request: Request, config: LoaderConfig, *, consumer: Consumer, lim
     finally:
         run.stop(error)  # a Ctrl-C that landed as the first call began: the workers are stopped all the same
     if error is not None:
-        return classify(error, config, user=run.user, threads_tuned=threads_tuned, stream=request.streaming,
-                        startup_s=run.startup_s, elapsed_s=run.elapsed, batch_bytes=run.window.batch_bytes)
+        record = run.record
+        return classify(error, config, user=record.user, threads_tuned=threads_tuned, stream=request.streaming,
+                        startup_s=record.startup_s, elapsed_s=record.elapsed, batch_bytes=run.window.batch_bytes)
     result = run.result
     if result is None:  # the generator never ran to its end: cannot happen without an error above
         raise RuntimeError("the trial's loop ended without a measurement")
@@ -124,19 +126,20 @@ def run_trial(request: Request, config: LoaderConfig, *, consumer: Consumer, lim
     copy_on_read = _advice.copy_on_read_advice(result, dataset_name=type(request.dataset).__name__)
     if copy_on_read is not None:
         _advice.warn_once(request.dataset, "copy-on-read", copy_on_read)
-    return dataclasses.replace(result, elapsed_s=run.elapsed, native_pools=worker_pools(init))
+    return dataclasses.replace(result, elapsed_s=run.record.elapsed, native_pools=worker_pools(init))
 
 
 def _consume(prefetcher: PrefetchLoader, run: Run, consumer: Consumer, *, measure_consumer: bool) -> None:
-    """The training loop of a trial: the step on every batch the run hands out (the user's code: ``run.user``), then
-    the step alone on the last one when asked."""
+    """The training loop of a trial: the step on every batch the run hands out (the user's code: ``record.user``),
+    then the step alone on the last one when asked."""
     last: Any = None
+    record = run.record
     for last in prefetcher:
-        run.user = True
+        record.user = True
         consumer(last)
-        run.user = False
+        record.user = False
     if measure_consumer and last is not None and run.result is not None:
-        run.user = True
+        record.user = True
         consumer_s = consumer.seconds_per_batch(last, seconds=0.25)
-        run.user = False
+        record.user = False
         run.result = dataclasses.replace(run.result, consumer_s_per_batch=consumer_s)

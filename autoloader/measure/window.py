@@ -7,7 +7,7 @@ window's constants are defined here and nowhere else; the start-up burst it skip
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from ..config import LoaderConfig
@@ -54,6 +54,18 @@ class _Probe:
     workers: Optional[WorkerSample]
 
 
+@dataclass
+class _Edges:
+    """What a window reads at its edges: the workers' tracker and their memory at the first batch, the counters when
+    it opened and when it closed, and when it closed."""
+
+    end: float
+    tracker: Optional[WorkerTracker] = None
+    memory_start: Optional[WorkerSample] = None
+    opened: Optional[_Probe] = None
+    closed: Optional[_Probe] = None
+
+
 def _mean_delay(marks: Sequence[BatchMark]) -> Optional[float]:
     delays = [m.wait_delay_s for m in marks]
     return None if not delays or any(d is None for d in delays) else sum(delays) / len(delays)  # type: ignore[misc]
@@ -94,14 +106,8 @@ class Window:
         self.marks: List[BatchMark] = []
         self.startup_s: Optional[float] = None
         self.batch_bytes: Optional[int] = None
-        self.tracker: Optional[WorkerTracker] = None
-        self.memory_start: Optional[WorkerSample] = None
-        self.opened: Optional[_Probe] = None
-        self.closed: Optional[_Probe] = None
-        self.end = started
+        self.edges = _Edges(started)
         self.exhausted = False
-        self.consumer_s: Optional[float] = None
-        self.last_batch: Any = None
 
     def first_batch(self, batch: Any, t_got: float, *, workers: Sequence[Any], memory: bool = True) -> None:
         """The first batch arrived: start-up is over; start tracking ``workers`` (their memory too, for its growth
@@ -109,8 +115,8 @@ class Window:
         self.startup_s = t_got - self.started
         self.batch_bytes = batch_nbytes(batch)
         if workers:
-            self.tracker = WorkerTracker(workers)
-            self.memory_start = self.tracker.sample(memory=memory)
+            self.edges.tracker = WorkerTracker(workers)
+            self.edges.memory_start = self.edges.tracker.sample(memory=memory)
 
     def add(self, batch: Any, *, t_ask: float, c_ask: Clocks, t_got: float, c_got: Clocks, consumer: Any) -> None:
         """Record a batch the consumer has finished; the batch that opens the window first waits for the device.
@@ -124,10 +130,11 @@ class Window:
         self.marks.append(BatchMark(t_done, samples_in(batch, self.batch_size), t_got - t_ask, cpu, t_done - t_got,
                                     delay))
         if len(self.marks) == self.skip:
-            self.opened = _Probe(time.perf_counter(), time.process_time(),
-                                 self.tracker.sample(memory=False) if self.tracker else None)
-        elif self.tracker is not None and t_done - self.tracker.last_sampled >= SAMPLE_EVERY_S:
-            self.tracker.sample(memory=False)
+            tracker = self.edges.tracker
+            self.edges.opened = _Probe(time.perf_counter(), time.process_time(),
+                                       tracker.sample(memory=False) if tracker else None)
+        elif self.edges.tracker is not None and t_done - self.edges.tracker.last_sampled >= SAMPLE_EVERY_S:
+            self.edges.tracker.sample(memory=False)
 
     def complete(self, *, deadline: float, patient: bool = False) -> bool:
         """Enough waves and seconds after the window opened, or the soft limit reached. ``patient``: the limit ends
@@ -143,9 +150,10 @@ class Window:
 
     def close(self) -> None:
         """Read the counters at the window's end (after the device caught up)."""
-        self.end = time.perf_counter()
-        if self.opened is not None:
-            self.closed = _Probe(self.end, time.process_time(), self.tracker.sample() if self.tracker else None)
+        self.edges.end = time.perf_counter()
+        if self.edges.opened is not None:
+            tracker = self.edges.tracker
+            self.edges.closed = _Probe(self.edges.end, time.process_time(), tracker.sample() if tracker else None)
 
     def result(self, elapsed: float) -> TrialResult:
         config, marks = self.config, self.marks
@@ -157,7 +165,7 @@ class Window:
                                       f"a rate")
         window_marks = marks[opened + 1:]
         batches = len(window_marks)
-        last = max(self.end, marks[-1].done)
+        last = max(self.edges.end, marks[-1].done)
         span = last - marks[opened].done
         wait = sum(m.wait_s for m in window_marks)
         rate = sum(m.samples for m in window_marks) / span
@@ -181,12 +189,10 @@ class Window:
             steady=opened == self.skip - 1 and batches >= self.need and not self.exhausted,
             **self._worker_fields(span, batches),
         )
-        if self.consumer_s is not None:
-            result = replace(result, consumer_s_per_batch=self.consumer_s)
         return result
 
     def _worker_fields(self, span: float, batches: int) -> dict:
-        start, end = self.opened, self.closed
+        start, end = self.edges.opened, self.edges.closed
         if start is None or end is None:
             return {}
         probed = max(1e-9, end.time - start.time)
@@ -196,7 +202,7 @@ class Window:
             return fields
         per_batch = span / (probed * batches)
         cpu = max(0.0, end.workers.cpu_s - start.workers.cpu_s)
-        first_uss = self.memory_start.uss_by_pid if self.memory_start is not None else {}
+        first_uss = self.edges.memory_start.uss_by_pid if self.edges.memory_start is not None else {}
         growth = [uss - first_uss[pid] for pid, uss in end.workers.uss_by_pid.items() if pid in first_uss]
         read = (None if end.workers.read_bytes is None or start.workers.read_bytes is None
                 else max(0, end.workers.read_bytes - start.workers.read_bytes))

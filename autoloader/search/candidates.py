@@ -1,17 +1,14 @@
 """What a search asks a driver to measure (``Candidate``), what it gets back (``Outcome``, made identical on every rank
-of a node by ``agree_trial``), and the budget rules both trials and online tuning follow. No measuring here:
+of a node by ``Coordinator.outcome``), and the budget rules both trials and online tuning follow. No measuring here:
 ``measure/`` does that, ``search.py`` decides."""
 from __future__ import annotations
 
-import dataclasses
-import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Generator, Mapping, Optional, TypeVar, Union
+from typing import Any, Callable, Generator, Mapping, Optional, TypeVar, Union
 
 import torch
 
-from ..agreement import Agreement, Alone
 from ..config import LoaderConfig, default_pin, make_config
 from ..errors import TuningError
 from ..results import TrialResult, TuneResult
@@ -51,34 +48,3 @@ def fallback_result(fixed: Mapping[str, Any], *, device: torch.device, reason: s
     config = make_config(n, fixed=fixed, pin_memory=default_pin(fixed, device.type), threads=threads,
                          native_threads=native_threads if n > 0 else None)
     return TuneResult(config, None, None, "fallback", reason=reason, created=time.time())
-
-
-AGREED_MAX = ("fetch_s_per_batch", "fetch_cpu_s_per_batch", "fetch_delay_s_per_batch", "consumer_s_per_batch",
-               "worker_cpu_util", "main_cpu_util", "stall_fraction", "worker_uss_bytes", "worker_uss_growth_bytes",
-               "worker_rss_bytes", "batch_bytes", "worker_uss_total_bytes", "window_s", "batches")
-"""Every field a decision reads besides the rate, agreed as the largest across ranks (``threads_policy`` reads the
-window's length and batches: a rank-local value there would let the ranks' searches part ways)."""
-
-
-def agree_trial(agreement: Agreement, trial: TrialResult) -> TrialResult:
-    """``trial`` with every figure a decision reads identical on all ranks: the rate the slowest rank's, each other
-    figure the largest (``AGREED_MAX``); failed everywhere when it failed anywhere."""
-    if isinstance(agreement, Alone):
-        return trial
-    values = [-1.0 if not trial.ok else float(trial.samples_per_s)]
-    for name in AGREED_MAX:
-        value = getattr(trial, name)
-        values.append(math.inf if value is None else -float(value))
-    agreed = agreement.reduce_min(values)
-    update: Dict[str, Any] = {}
-    for name, value in zip(AGREED_MAX, agreed[1:]):
-        if math.isinf(value):
-            update[name] = None
-        else:
-            update[name] = int(-value) if name.endswith("bytes") or name == "batches" else -value
-    if agreed[0] < 0:
-        update.update(samples_per_s=None, status="failed",
-                      reason=trial.reason if not trial.ok else "failed on another rank")
-    else:
-        update["samples_per_s"] = agreed[0]
-    return dataclasses.replace(trial, **update)

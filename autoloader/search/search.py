@@ -19,8 +19,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import psutil
 
-from ..config import DEFAULT_PREFETCH, LoaderConfig, default_pin, make_config
-from ..agreement import Agreement, Alone
+from ..config import LoaderConfig, make_config
+from ..coordination import Coordinator
 from ..errors import TuningError, warn_user
 from ..probe import MachineProfile
 from ..request import Request
@@ -28,7 +28,8 @@ from ..results import TrialResult, TuneResult
 from . import native_policy, policy, threads_policy
 from .bounds import worker_bounds
 from .budget import budget_guard, footprint, resolve_budget, trial_footprint
-from .candidates import Candidate, Progress, Steps, agree_trial, fallback_result, trial_limit
+from .candidates import Candidate, Progress, Steps, fallback_result
+from .settings import Findings, Settings
 from .native_search import compare_native
 from .thread_search import search_threads, search_threads_first
 
@@ -44,216 +45,194 @@ class Search:
     online tuning (``tuning/online.py``) drive it the same way; only how a candidate is measured differs."""
 
     def __init__(self, request: Request, profile: MachineProfile, *, budget: float,
-                 agreement: Optional[Agreement] = None, progress: Optional[Progress] = None,
+                 coordinator: Optional[Coordinator] = None, progress: Optional[Progress] = None,
                  tolerance: float = policy.DEFAULT_TOLERANCE, start: Optional[LoaderConfig] = None,
                  descend: bool = False) -> None:
         """The search for ``request`` on the machine ``profile`` describes, within ``budget`` seconds (``math.inf``
         online); ``start``: search near this configuration (the one in force) instead of from the serial one;
-        ``descend``: from ``start``, try only fewer workers (``policy.next_count_down``)."""
-        self.batch_size, self.device, self.fixed = request.batch_size, request.device, request.fixed
+        ``descend``: from ``start``, try only fewer workers (``policy.next_count_down``). ``coordinator``: how the
+        ranks of the node agree on each outcome (``Coordinator.outcome``)."""
         bounds = worker_bounds(profile, max_workers=request.max_workers, dataset=request.dataset)
-        self.cap, self.usable, self.cap_reason = bounds.cap, bounds.usable_cpus, bounds.reason
-        self.cap_by_open_files = bounds.by_open_files
-        self.start, self.descend = start, descend
-        self.consumer_rate: Optional[float] = None
-        """The consumer's own rate (``batch_size / step``) once measured."""
-        self.ceiling: Optional[float] = None
-        """``policy.rate_ceiling`` once measured: no candidate climbs past one that reaches it."""
-        self.budget = budget
-        self.memory = resolve_budget(request.memory_budget, profile.memory)
-        """The memory budget (NOTE [ Memory budget ] in budget.py): every candidate's footprint stays under it."""
-        self.memory_budget, self.shm_free = self.memory.bytes, profile.shm.free_bytes
-        self.epoch_samples = epoch_samples(request)
-        """Samples in one of this rank's epochs (None: unknown), for the forecast of copy-on-read growth."""
-        self.disk_mb_s = profile.disk.seq_read_mb_s if profile.disk else None
-        """The disk's sequential read speed (saved machine profile), for the ceiling an I/O-bound result reports."""
-        self.tolerance, self.progress = tolerance, progress
-        self.agreement: Agreement = agreement or Alone()
-        self.trial_limit = trial_limit(budget)
+        self.settings = Settings.of(request, profile, bounds=bounds, budget=budget, tolerance=tolerance, start=start,
+                                    descend=descend, memory=resolve_budget(request.memory_budget, profile.memory))
+        self.found = Findings()
+        self.coordinator = coordinator or Coordinator()
+        self.progress = progress
         self.started = time.monotonic()
-        self.trials: List[TrialResult] = []
-        self.by_config: Dict[LoaderConfig, TrialResult] = {}
-        self.memory_limited = False
-        self.batch_bytes: Optional[int] = None
-        self.per_worker_bytes: Optional[int] = None
-        self.pin = default_pin(self.fixed, self.device.type)
-        self.prefetch = int(self.fixed.get("prefetch_factor") or DEFAULT_PREFETCH)
-        self.tune_threads = request.threads is True
-        """``threads=True``: (processes, threads) candidates, first or after the process-only search."""
-        self.threads = request.fixed_threads
-        """Threads per process of every process-only candidate (the user's ``threads=N``, else 1)."""
-        self.stop_at = self.budget
+        self.clock = 0.0
+        """The search's seconds as of the last outcome, agreed by every rank (its budget reads it)."""
+        self.main_rss: Optional[int] = None
+        """The largest main process's resident memory as of the last outcome (agreed): a forked worker's upper bound
+        until one ran; None before the first outcome (the first candidate is not held back by an estimate)."""
+        self.stop_at = budget
         """Seconds after which no candidate starts: the budget, less a share kept for thread candidates."""
-        self.native_setting = request.native_threads
-        """``native_threads=`` (None: the limit of each worker's native pools is autoloader's, ``native_policy``)."""
         self.limited = start is None or start.num_workers == 0 or start.native_threads is not None
         """Candidates limit their workers' native pools, unless the configuration in force searched from does not."""
-        self.serial: Optional[TrialResult] = None
-        """The serial candidate once measured (None without one: a fixed ``num_workers``, or from ``start``)."""
 
     # -- budget -------------------------------------------------------------------------------------------------
     def elapsed(self) -> float:
-        return -self.agreement.reduce_min([-(time.monotonic() - self.started)])[0]
+        """The search's clock: every rank's seconds as of the last outcome (``Coordinator.outcome``), so that every
+        rank reads the same budget wherever it checks it."""
+        return self.clock
 
     def config(self, n: int, prefetch: Optional[int] = None, pin: Optional[bool] = None,
                threads: Optional[int] = None, limited: Optional[bool] = None) -> LoaderConfig:
         """A candidate with ``n`` workers; ``limited``: their native pools limited (``native_policy.limit_for``;
         None: as ``self.limited``)."""
-        return make_config(n, fixed=self.fixed, prefetch_factor=prefetch or self.prefetch,
-                           pin_memory=self.pin if pin is None else pin, persistent_workers=False,
-                           threads=self.threads if threads is None else threads,
+        return make_config(n, fixed=self.settings.fixed, prefetch_factor=prefetch or self.settings.prefetch,
+                           pin_memory=self.settings.pin if pin is None else pin, persistent_workers=False,
+                           threads=self.settings.threads if threads is None else threads,
                            native_threads=self.native_limit(n, limited))
 
     def native_limit(self, n: int, limited: Optional[bool] = None) -> Optional[int]:
-        return native_policy.limit_for(self.native_setting, usable_cpus=self.usable, num_workers=n,
+        return native_policy.limit_for(self.settings.native_setting, usable_cpus=self.settings.usable, num_workers=n,
                                        limited=self.limited if limited is None else limited)
 
     # -- one candidate ------------------------------------------------------------------------------------------
     def guard(self, config: LoaderConfig, per_worker_bytes: Optional[int]) -> Optional[str]:
         """Why ``config`` would not fit in the memory budget or /dev/shm (``budget.budget_guard``), or None."""
-        return budget_guard(config, per_worker_bytes=per_worker_bytes, batch_bytes=self.batch_bytes,
-                            budget_bytes=self.memory_budget, shm_free_bytes=self.shm_free)
+        return budget_guard(config, per_worker_bytes=per_worker_bytes, batch_bytes=self.found.batch_bytes,
+                            budget_bytes=self.settings.memory_budget, shm_free_bytes=self.settings.shm_free)
 
     def per_worker_estimate(self) -> Optional[int]:
         """Measured worker USS (plus its growth) once a worker trial ran; before that the main process's RSS, which
         a forked worker starts out sharing (an upper bound)."""
-        if self.per_worker_bytes is not None:
-            return self.per_worker_bytes
-        return -int(self.agreement.reduce_min([-float(psutil.Process().memory_info().rss)])[0])
+        if self.found.per_worker_bytes is not None:
+            return self.found.per_worker_bytes
+        return self.main_rss
 
     def run(self, config: LoaderConfig, *, first: bool = False, again: bool = False,
             force: bool = False) -> Steps[Optional[TrialResult]]:
         """Have one candidate measured (or skip it with a reason); None when it yields no rate. A candidate measured
         before is not measured again, unless ``again``; none starts past the budget, unless ``first`` or ``force``."""
-        if config in self.by_config and not again and not self.refits(self.by_config[config]):
-            return self.by_config[config] if self.by_config[config].ok else None
+        if config in self.found.by_config and not again and not self.refits(self.found.by_config[config]):
+            return self.found.by_config[config] if self.found.by_config[config].ok else None
         elapsed = self.elapsed()
         if not (first or force) and elapsed >= self.stop_at:
             return None
-        estimate = self.per_worker_estimate()  # before a worker was measured: an exchange with the other ranks
+        estimate = self.per_worker_estimate()
         reason = self.guard(config, estimate)
         if reason is not None:
-            predicted = footprint(config, per_worker_bytes=estimate, batch_bytes=self.batch_bytes)
+            predicted = footprint(config, per_worker_bytes=estimate, batch_bytes=self.found.batch_bytes)
             trial = TrialResult(config=config, status="skipped", reason=reason, footprint_bytes=predicted.total_bytes)
         else:
-            limit = self.trial_limit if first or force else max(1.0, min(self.trial_limit, self.stop_at - elapsed))
+            limit = self.settings.trial_limit if first or force else max(1.0, min(self.settings.trial_limit, self.stop_at - elapsed))
             outcome = yield Candidate(config, limit, first)
-            broken = outcome if isinstance(outcome, TuningError) else None
-            if not isinstance(self.agreement, Alone) and self.agreement.reduce_min([0.0 if broken else 1.0])[0] == 0:
-                raise broken or TuningError("autoloader failed on another rank")
-            if isinstance(outcome, TuningError):
-                raise outcome
-            trial = agree_trial(self.agreement, outcome)
-            trial = dataclasses.replace(trial, footprint_bytes=trial_footprint(trial))
-        self.trials.append(trial)
-        self.by_config[config] = trial
-        if trial.batch_bytes is not None and self.batch_bytes is None:
-            self.batch_bytes = trial.batch_bytes
-        self.per_worker_bytes = policy.per_worker_bytes(self.trials)
+            agreed = self.coordinator.outcome(outcome, elapsed_s=time.monotonic() - self.started,
+                                              main_rss_bytes=psutil.Process().memory_info().rss)
+            self.clock, self.main_rss = agreed.elapsed_s, agreed.main_rss_bytes
+            if agreed.error is not None or agreed.trial is None:
+                raise agreed.error or TuningError("autoloader failed on another rank")
+            trial = dataclasses.replace(agreed.trial, footprint_bytes=trial_footprint(agreed.trial))
+        self.found.trials.append(trial)
+        self.found.by_config[config] = trial
+        if trial.batch_bytes is not None and self.found.batch_bytes is None:
+            self.found.batch_bytes = trial.batch_bytes
+        self.found.per_worker_bytes = policy.per_worker_bytes(self.found.trials)
         elapsed = self.elapsed()
-        log.info("%s %-34s %-24s %5.1f s%s", "trial" if math.isfinite(self.budget) else "candidate",
+        log.info("%s %-34s %-24s %5.1f s%s", "trial" if math.isfinite(self.settings.budget) else "candidate",
                  config.label(),
                  f"{trial.samples_per_s:,.0f} samples/s" if trial.ok else f"{trial.status}: {trial.reason}",
-                 elapsed, f" of {self.budget:.0f} s budget" if math.isfinite(self.budget) else " (online)")
+                 elapsed, f" of {self.settings.budget:.0f} s budget" if math.isfinite(self.settings.budget) else " (online)")
         if self.progress is not None:
-            self.progress(trial, elapsed, self.budget)
+            self.progress(trial, elapsed, self.settings.budget)
         return trial if trial.ok else None
 
     # -- the search ---------------------------------------------------------------------------------------------
     def refits(self, trial: TrialResult) -> bool:
         """A candidate skipped while one worker's memory was only estimated (this process's RSS, an upper bound) that
         fits now that a worker was measured: no longer a ceiling, and measured when proposed again."""
-        return trial.status == "skipped" and self.per_worker_bytes is not None and \
-            self.guard(trial.config, self.per_worker_bytes) is None
+        return trial.status == "skipped" and self.found.per_worker_bytes is not None and \
+            self.guard(trial.config, self.found.per_worker_bytes) is None
 
     def rates(self) -> Dict[int, Optional[float]]:
-        return {c.num_workers: t.samples_per_s for c, t in self.by_config.items() if c.threads == self.threads
-                and c.prefetch_factor in (None, self.prefetch) and c.pin_memory == self.pin and not self.refits(t)
+        return {c.num_workers: t.samples_per_s for c, t in self.found.by_config.items() if c.threads == self.settings.threads
+                and c.prefetch_factor in (None, self.settings.prefetch) and c.pin_memory == self.settings.pin and not self.refits(t)
                 and c.native_threads == self.native_limit(c.num_workers)}
 
     def consumer(self, consumer_s: float) -> Optional[float]:
         """Note the consumer's measured seconds per batch: its own rate (``consumer_rate``), None when not measured."""
-        self.consumer_rate = self.batch_size / consumer_s if consumer_s > 0 else None
-        return self.consumer_rate
+        self.found.consumer_rate = self.settings.batch_size / consumer_s if consumer_s > 0 else None
+        return self.found.consumer_rate
 
     def search_workers(self, serial: Optional[TrialResult], consumer_s: float) -> Steps[None]:
         consumer_rate = self.consumer(consumer_s)
-        self.ceiling = policy.rate_ceiling(serial, batch_size=self.batch_size, usable_cpus=self.usable,
+        self.found.ceiling = policy.rate_ceiling(serial, batch_size=self.settings.batch_size, usable_cpus=self.settings.usable,
                                            consumer_samples_per_s=consumer_rate)
-        if serial is not None and consumer_rate and serial.samples_per_s >= (1 - self.tolerance) * consumer_rate:
+        if serial is not None and consumer_rate and serial.samples_per_s >= (1 - self.settings.tolerance) * consumer_rate:
             return
         if serial is not None:
             first = policy.predict_from_serial(fetch_s=serial.fetch_s_per_batch or 0.0,
                                                fetch_cpu_s=serial.fetch_cpu_s_per_batch or 0.0,
-                                               consumer_s=consumer_s, usable_cpus=self.usable, cap=self.cap)
+                                               consumer_s=consumer_s, usable_cpus=self.settings.usable, cap=self.settings.cap)
         else:
-            first = min(self.usable, self.cap)
+            first = min(self.settings.usable, self.settings.cap)
         if first < 1:
             return
         trial = yield from self.run(self.config(first))
         if trial is not None:
-            second = policy.predict_from_workers(trial, batch_size=self.batch_size, consumer_s=consumer_s,
-                                                 usable_cpus=self.usable, cap=self.cap)
+            second = policy.predict_from_workers(trial, batch_size=self.settings.batch_size, consumer_s=consumer_s,
+                                                 usable_cpus=self.settings.usable, cap=self.settings.cap)
             if second is not None and second != first and second <= self.climb_cap():
                 yield from self.run(self.config(second))
         yield from self.follow(policy.next_worker_count)
-        skipped = self.by_config.get(self.config(first))
+        skipped = self.found.by_config.get(self.config(first))
         if skipped is not None and self.refits(skipped):  # skipped on the RSS estimate; a measured worker fits it
             yield from self.run(self.config(first))
             yield from self.follow(policy.next_worker_count)
 
     def climb_cap(self) -> int:
-        return policy.climb_cap(self.rates(), cap=self.cap, ceiling_samples_per_s=self.ceiling or self.consumer_rate,
-                                tolerance=self.tolerance)
+        return policy.climb_cap(self.rates(), cap=self.settings.cap, ceiling_samples_per_s=self.found.ceiling or self.found.consumer_rate,
+                                tolerance=self.settings.tolerance)
 
     def follow(self, propose: Callable[..., Optional[int]]) -> Steps[None]:
         """Measure the worker counts ``propose`` names from the rates so far, until it names none or the budget is
         spent: ``policy.next_worker_count`` from the serial candidate, ``policy.next_count_near`` from the
         configuration in force (climb while more workers pay, halve while fewer keep up, then bisect)."""
         while self.elapsed() < self.stop_at:
-            proposal = propose(self.rates(), cap=self.climb_cap(), tolerance=self.tolerance)
+            proposal = propose(self.rates(), cap=self.climb_cap(), tolerance=self.settings.tolerance)
             if proposal is None:
                 return
             yield from self.run(self.config(proposal))
 
     def steps(self) -> Steps[TuneResult]:
-        if self.tune_threads and math.isfinite(self.budget):
-            self.stop_at = THREADS_SHARE_AT * self.budget
+        if self.settings.tune_threads and math.isfinite(self.settings.budget):
+            self.stop_at = THREADS_SHARE_AT * self.settings.budget
         consumer_s, threads_tried = yield from self.search_counts()
         consumer_rate = self.consumer(consumer_s)
-        self.stop_at = self.budget
-        if self.tune_threads and not threads_tried:
-            base = [t for t in self.trials if t.ok and t.config.threads == self.threads]
-            chosen = policy.select(base, tolerance=self.tolerance)
+        self.stop_at = self.settings.budget
+        if self.settings.tune_threads and not threads_tried:
+            base = [t for t in self.found.trials if t.ok and t.config.threads == self.settings.threads]
+            chosen = policy.select(base, tolerance=self.settings.tolerance)
             if chosen is not None:
                 yield from search_threads(self, chosen, consumer_rate)
-        chosen = policy.select(self.trials, tolerance=self.tolerance)
+        chosen = policy.select(self.found.trials, tolerance=self.settings.tolerance)
         if chosen is not None:
             yield from compare_native(self, chosen)
-            chosen = policy.select(self.candidates(), tolerance=self.tolerance)
+            chosen = policy.select(self.candidates(), tolerance=self.settings.tolerance)
         limited = chosen is None or chosen.config.native_threads is not None
-        if chosen is not None and "prefetch_factor" not in self.fixed and \
+        if chosen is not None and "prefetch_factor" not in self.settings.fixed and \
                 policy.worth_more_prefetch(chosen, consumer_samples_per_s=consumer_rate):
-            yield from self.run(self.config(chosen.config.num_workers, prefetch=2 * self.prefetch,
+            yield from self.run(self.config(chosen.config.num_workers, prefetch=2 * self.settings.prefetch,
                                             threads=chosen.config.threads, limited=limited))
-        if chosen is not None and self.device.type == "cuda" and "pin_memory" not in self.fixed:
+        if chosen is not None and self.settings.device.type == "cuda" and "pin_memory" not in self.settings.fixed:
             yield from self.run(self.config(chosen.config.num_workers, chosen.config.prefetch_factor,
-                                            pin=not self.pin, threads=chosen.config.threads, limited=limited))
+                                            pin=not self.settings.pin, threads=chosen.config.threads, limited=limited))
         return self.result(self.choose(), consumer_rate)
 
     def candidates(self) -> List[TrialResult]:
         """The trials the selection chooses among: the losing side of a configuration measured with and without its
         native limit left out (``native_policy.without_losers``)."""
-        return native_policy.without_losers(self.trials, tolerance=self.tolerance)
+        return native_policy.without_losers(self.found.trials, tolerance=self.settings.tolerance)
 
     def choose(self) -> Optional[TrialResult]:
         """The selection among candidates that fit the memory budget, now and (copy-on-read growth forecast) by the
         end of an epoch; warns when the forecast made it choose fewer workers or still crosses the budget."""
-        chosen, warning = policy.select_within_budget(self.candidates(), tolerance=self.tolerance,
-                                                      budget_bytes=self.memory_budget,
-                                                      epoch_samples=self.epoch_samples)
+        chosen, warning = policy.select_within_budget(self.candidates(), tolerance=self.settings.tolerance,
+                                                      budget_bytes=self.settings.memory_budget,
+                                                      epoch_samples=self.settings.epoch_samples)
         if warning is not None:
-            self.memory_limited = True
+            self.found.memory_limited = True
             warn_user(warning)
         return chosen
 
@@ -261,85 +240,74 @@ class Search:
         """The worker counts (and, threads first, the threads): from the configuration in force (online), the
         user's ``num_workers``, or the serial candidate. Returns the consumer's seconds per batch and whether the
         threads-first search ran (NOTE [ Processes x threads ]: the thread part after processes is then skipped)."""
-        fixed_n = self.fixed.get("num_workers")
-        if self.start is not None and self.start.num_workers > 0 and fixed_n is None:
-            threaded = self.tune_threads and self.start.threads > 1
-            current = yield from self.run(self.config(self.start.num_workers,
-                                                      threads=self.start.threads if threaded else None), first=True)
+        fixed_n = self.settings.fixed.get("num_workers")
+        if self.settings.start is not None and self.settings.start.num_workers > 0 and fixed_n is None:
+            threaded = self.settings.tune_threads and self.settings.start.threads > 1
+            current = yield from self.run(self.config(self.settings.start.num_workers,
+                                                      threads=self.settings.start.threads if threaded else None), first=True)
             consumer_s = (current.consumer_s_per_batch or 0.0) if current is not None else 0.0
             self.consumer(consumer_s)
             if threaded and current is not None:
-                self.stop_at = self.budget
+                self.stop_at = self.settings.budget
                 if (yield from search_threads_first(self, current, consumer_s, workers_needed=1.0)):
                     return consumer_s, True
-                yield from self.run(self.config(self.start.num_workers))
-            yield from self.follow(policy.next_count_down if self.descend else policy.next_count_near)
+                yield from self.run(self.config(self.settings.start.num_workers))
+            yield from self.follow(policy.next_count_down if self.settings.descend else policy.next_count_near)
             return consumer_s, threaded
         if fixed_n is not None:
             serial = yield from self.run(self.config(fixed_n), first=True)
             return (serial.consumer_s_per_batch or 0.0) if serial is not None else 0.0, False
-        serial = self.serial = yield from self.run(self.config(0), first=True)
+        serial = self.found.serial = yield from self.run(self.config(0), first=True)
         consumer_s = (serial.consumer_s_per_batch or 0.0) if serial is not None else 0.0
-        if self.cap <= 0:
+        if self.settings.cap <= 0:
             return consumer_s, False
-        first = self.tune_threads and serial is not None and threads_policy.waits(
-            serial, max_threads=threads_policy.max_threads_per_process(serial, batch_size=self.batch_size))
+        first = self.settings.tune_threads and serial is not None and threads_policy.waits(
+            serial, max_threads=threads_policy.max_threads_per_process(serial, batch_size=self.settings.batch_size))
         needed = policy.workers_needed(fetch_s=serial.fetch_s_per_batch or 0.0, consumer_s=consumer_s,
                                        fetch_cpu_s=serial.fetch_cpu_s_per_batch or 0.0,
-                                       usable_cpus=self.usable) if first and serial is not None else 1.0
+                                       usable_cpus=self.settings.usable) if first and serial is not None else 1.0
         if first and (yield from search_threads_first(self, serial, consumer_s, workers_needed=needed)):
             return consumer_s, True
         if first:
-            self.stop_at = self.budget  # the fallback: no thread part follows it
+            self.stop_at = self.settings.budget  # the fallback: no thread part follows it
         yield from self.search_workers(serial, consumer_s)
         return consumer_s, first
 
     def result(self, chosen: Optional[TrialResult], consumer_rate: Optional[float]) -> TuneResult:
         seconds = time.monotonic() - self.started
-        worker_failures = [t for t in self.trials if t.status == "failed" and t.config.num_workers > 0]
+        worker_failures = [t for t in self.found.trials if t.status == "failed" and t.config.num_workers > 0]
         if chosen is None:
-            reasons = "; ".join(sorted({t.reason or t.status for t in self.trials})) or "no trial ran"
-            fallback = fallback_result(self.fixed, device=self.device, threads=self.threads,
-                                       native_threads=self.native_limit(int(self.fixed.get("num_workers", 0))),
+            reasons = "; ".join(sorted({t.reason or t.status for t in self.found.trials})) or "no trial ran"
+            fallback = fallback_result(self.settings.fixed, device=self.settings.device, threads=self.settings.threads,
+                                       native_threads=self.native_limit(int(self.settings.fixed.get("num_workers", 0))),
                                        reason=f"no trial measured a rate: {reasons}")
             warn_user(f"autoloader could not measure any configuration ({reasons}); using "
                       f"num_workers={fallback.num_workers}")
-            return dataclasses.replace(fallback, trials=tuple(self.trials), consumer_samples_per_s=consumer_rate,
-                                       seconds=seconds, memory_budget_bytes=self.memory_budget,
-                                       memory_budget_from=self.memory.describe())
+            return dataclasses.replace(fallback, trials=tuple(self.found.trials), consumer_samples_per_s=consumer_rate,
+                                       seconds=seconds, memory_budget_bytes=self.settings.memory_budget,
+                                       memory_budget_from=self.settings.memory.describe())
         n = chosen.config.num_workers
-        if n == 0 and worker_failures and not any(t.ok and t.config.num_workers for t in self.trials):
+        if n == 0 and worker_failures and not any(t.ok and t.config.num_workers for t in self.found.trials):
             warn_user(f"every worker count failed ({worker_failures[0].reason}); using num_workers=0")
-        persistent = self.fixed.get("persistent_workers")
+        persistent = self.settings.fixed.get("persistent_workers")
         if persistent is None:
-            persistent = policy.keep_workers_alive(n, per_worker_bytes=self.per_worker_bytes,
-                                                   budget_bytes=self.memory_budget)
-        neck = policy.bottleneck(chosen, self.trials, consumer_samples_per_s=consumer_rate,
-                                 usable_cpus=self.usable, memory_limited=self.memory_limited or any(
+            persistent = policy.keep_workers_alive(n, per_worker_bytes=self.found.per_worker_bytes,
+                                                   budget_bytes=self.settings.memory_budget)
+        neck = policy.bottleneck(chosen, self.found.trials, consumer_samples_per_s=consumer_rate,
+                                 usable_cpus=self.settings.usable, memory_limited=self.found.memory_limited or any(
                                      t.status == "skipped" and t.config.num_workers > n and not self.refits(t)
-                                     for t in self.trials))
-        best = max(t.samples_per_s for t in self.trials if t.ok)
-        fewest = "fewest workers, then threads per process," if self.tune_threads else "fewest workers"
-        why = (f"{fewest} within {self.tolerance:.0%} of the best measured rate ({best:,.0f} samples/s) "
-               f"in {len(self.trials)} trials" + (f"; {self.cap_reason}" if self.cap_reason else ""))
-        native = native_policy.decision_words(self.trials, chosen.config, tolerance=self.tolerance)
+                                     for t in self.found.trials))
+        best = max(t.samples_per_s for t in self.found.trials if t.ok)
+        fewest = "fewest workers, then threads per process," if self.settings.tune_threads else "fewest workers"
+        why = (f"{fewest} within {self.settings.tolerance:.0%} of the best measured rate ({best:,.0f} samples/s) "
+               f"in {len(self.found.trials)} trials" + (f"; {self.settings.cap_reason}" if self.settings.cap_reason else ""))
+        native = native_policy.decision_words(self.found.trials, chosen.config, tolerance=self.settings.tolerance)
         why += f"; {native}" if native else ""
-        per_sample = chosen.read_bytes_per_batch / self.batch_size if chosen.read_bytes_per_batch else None
-        ceiling = policy.disk_ceiling(read_bytes_per_sample=per_sample, seq_read_mb_s=self.disk_mb_s) \
+        per_sample = chosen.read_bytes_per_batch / self.settings.batch_size if chosen.read_bytes_per_batch else None
+        ceiling = policy.disk_ceiling(read_bytes_per_sample=per_sample, seq_read_mb_s=self.settings.disk_mb_s) \
             if neck == "io" else None
         config = dataclasses.replace(chosen.config, persistent_workers=bool(persistent and n > 0))
-        return TuneResult(config, chosen.samples_per_s, neck, "tuned", tuple(self.trials), consumer_rate, seconds, why,
+        return TuneResult(config, chosen.samples_per_s, neck, "tuned", tuple(self.found.trials), consumer_rate, seconds, why,
                           created=time.time(), disk_ceiling_samples_per_s=ceiling,
                           read_bytes_per_sample=per_sample if ceiling is not None else None,
-                          memory_budget_bytes=self.memory_budget, memory_budget_from=self.memory.describe())
-
-
-def epoch_samples(request: Request) -> Optional[int]:
-    """Samples in one epoch of this rank: its sampler's length (a ``DistributedSampler`` holds the rank's share), else
-    the dataset's; None when neither has a length (an ``IterableDataset`` without one)."""
-    for source in (request.loader_kwargs.get("sampler"), request.dataset):
-        try:
-            return len(source)
-        except TypeError:  # None, or no __len__
-            continue
-    return None
+                          memory_budget_bytes=self.settings.memory_budget, memory_budget_from=self.settings.memory.describe())

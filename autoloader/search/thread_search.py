@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Dict, List, Mapping, Optional, Protocol
+from typing import Any, List, Optional, Protocol
 
 from ..config import LoaderConfig
 from ..results import TrialResult
@@ -16,16 +16,10 @@ from .candidates import Steps
 class Searching(Protocol):
     """What the thread part reads and calls of the ``search.Search`` running it."""
 
-    trials: List[TrialResult]
-    by_config: Dict[LoaderConfig, TrialResult]
-    tolerance: float
-    batch_size: int
-    fixed: Mapping[str, Any]
-    cap: int
-    usable: int
-    threads: int
-    trial_limit: float
-    budget: float
+    found: Any
+    """``settings.Findings``: trials, by_config."""
+    settings: Any
+    """``settings.Settings``: tolerance, batch_size, fixed, cap, usable, threads, trial_limit, budget."""
     stop_at: float
 
     def elapsed(self) -> float:
@@ -46,12 +40,12 @@ def search_threads(search: Searching, chosen: TrialResult, consumer_rate: Option
     """Try threads per process against ``chosen``, the process-only configuration ``search`` selected: at most
     ``MAX_THREAD_TRIALS`` candidates (controls included, and one more control at most), within the search's budget
     (one control may end past it)."""
-    reference = max(t.samples_per_s for t in search.trials if t.ok and t.config.threads == search.threads)
-    max_threads = policy.max_threads_per_process(chosen, batch_size=search.batch_size)
-    processes = policy.thread_processes(chosen.config.num_workers, fixed_workers=search.fixed.get("num_workers"),
-                                        cap=search.cap, usable_cpus=search.usable, max_threads=max_threads)
+    reference = max(t.samples_per_s for t in search.found.trials if t.ok and t.config.threads == search.settings.threads)
+    max_threads = policy.max_threads_per_process(chosen, batch_size=search.settings.batch_size)
+    processes = policy.thread_processes(chosen.config.num_workers, fixed_workers=search.settings.fixed.get("num_workers"),
+                                        cap=search.settings.cap, usable_cpus=search.settings.usable, max_threads=max_threads)
     proposal = policy.first_thread_config(chosen, processes=processes, max_threads=max_threads,
-                                          consumer_samples_per_s=consumer_rate, tolerance=search.tolerance)
+                                          consumer_samples_per_s=consumer_rate, tolerance=search.settings.tolerance)
     busy = policy.busy_fraction(chosen)
     if proposal is None:
         log.info("threads: not tried; %s keeps a CPU %s busy per process", chosen.config.label(),
@@ -66,16 +60,16 @@ def search_threads(search: Searching, chosen: TrialResult, consumer_rate: Option
         # candidate is chosen without it. Any other candidate starts only while a whole trial's limit is left.
         control = proposal[1] == 1
         if not control and (len(tried) >= policy.MAX_THREAD_TRIALS or
-                            search.elapsed() + search.trial_limit > search.budget):
+                            search.elapsed() + search.settings.trial_limit > search.settings.budget):
             return
         config = search.config(proposal[0], threads=proposal[1])
         yield from search.run(config, again=True, force=control)
-        trial = search.by_config.get(config)
+        trial = search.found.by_config.get(config)
         if trial is None:
             return
         tried.append(trial)
         proposal = policy.next_thread_config(tried, reference=reference, processes=processes,
-                                             max_threads=max_threads, tolerance=search.tolerance)
+                                             max_threads=max_threads, tolerance=search.settings.tolerance)
 
 
 def search_threads_first(search: Searching, opening: TrialResult, consumer_s: float, *,
@@ -87,18 +81,18 @@ def search_threads_first(search: Searching, opening: TrialResult, consumer_s: fl
     ``policy.workers_needed`` from the serial trial, which sizes the first. True when threads won (a choice with
     threads, faster than its control beside it and within the tolerance of the reference); False: the caller falls
     back to the process-only search."""
-    max_threads = policy.max_threads_per_process(opening, batch_size=search.batch_size)
-    processes = policy.threads_first_processes(cap=search.cap, usable_cpus=search.usable, max_threads=max_threads)
-    consumer_rate = search.batch_size / consumer_s if consumer_s > 0 else None
+    max_threads = policy.max_threads_per_process(opening, batch_size=search.settings.batch_size)
+    processes = policy.threads_first_processes(cap=search.settings.cap, usable_cpus=search.settings.usable, max_threads=max_threads)
+    consumer_rate = search.settings.batch_size / consumer_s if consumer_s > 0 else None
     decide = functools.partial(policy.next_threads_first, processes=processes, max_threads=max_threads,
-                               tolerance=search.tolerance, consumer_samples_per_s=consumer_rate)
+                               tolerance=search.settings.tolerance, consumer_samples_per_s=consumer_rate)
     tried: List[TrialResult] = []
     if opening.config.threads > 1:
         tried.append(opening)
         proposal = decide(tried)
     else:
         proposal = policy.first_threads_first(opening, workers_needed=workers_needed, processes=processes,
-                                              max_threads=max_threads, usable_cpus=search.usable)
+                                              max_threads=max_threads, usable_cpus=search.settings.usable)
         log.info("threads first: the serial trial keeps a CPU %.0f%% busy; trying %s processes x threads",
                  100 * (policy.busy_fraction(opening) or 0.0), "no" if proposal is None else "%d x %d" % proposal)
     while proposal is not None and len(tried) < policy.THREADS_FIRST_TRIALS:
@@ -107,7 +101,7 @@ def search_threads_first(search: Searching, opening: TrialResult, consumer_s: fl
             break
         tried.append(trial)
         proposal = decide(tried)
-    chosen = next(iter(policy.fewest_near(tried, tolerance=search.tolerance)), None)
+    chosen = next(iter(policy.fewest_near(tried, tolerance=search.settings.tolerance)), None)
     if chosen is None or chosen.config.threads == 1:
         log.info("threads first: threads did not pay (%s); searching processes", "no rate" if chosen is None else
                  f"{chosen.config.label()} kept up without them")
@@ -117,13 +111,13 @@ def search_threads_first(search: Searching, opening: TrialResult, consumer_s: fl
         trial = yield from measure(search, control, control=True)
         if trial is not None:
             tried.append(trial)
-    chosen = next(iter(policy.fewest_near(tried, tolerance=search.tolerance)), chosen)
-    reference = policy.process_reference(chosen, cap=search.cap) if chosen.config.threads > 1 else None
+    chosen = next(iter(policy.fewest_near(tried, tolerance=search.settings.tolerance)), chosen)
+    reference = policy.process_reference(chosen, cap=search.settings.cap) if chosen.config.threads > 1 else None
     if reference is not None:
         trial = yield from measure(search, (reference, 1), control=False)
         if trial is not None:
             tried.append(trial)
-    won = any(t.config.threads > 1 for t in policy.fewest_near(tried, tolerance=search.tolerance))
+    won = any(t.config.threads > 1 for t in policy.fewest_near(tried, tolerance=search.settings.tolerance))
     log.info("threads first: %s", "threads kept" if won else "processes were faster; searching processes")
     return won
 
@@ -132,6 +126,6 @@ def measure(search: Searching, proposal: policy.ThreadConfig, *, control: bool) 
     """Have ``proposal`` measured (again, if it was before); a control (one thread) always, past ``stop_at`` too.
     None when it was not measured (the budget is spent)."""
     config = search.config(proposal[0], threads=proposal[1])
-    before = len(search.trials)
+    before = len(search.found.trials)
     yield from search.run(config, again=True, force=control)
-    return search.by_config.get(config) if len(search.trials) > before else None
+    return search.found.by_config.get(config) if len(search.found.trials) > before else None

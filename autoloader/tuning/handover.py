@@ -9,6 +9,8 @@
 # 2. takes B's slice right after the tail and starts B's iterator (``Run.start``: its workers fork and prefetch)
 #    while A serves its tail, so that B's first batches are ready, or nearly, when the loop asks for them;
 # 3. A's run stops once the loop got its tail (orderly: its workers are reaped in a helper thread), and B serves on.
+# The scheduler makes these moves (``EpochScheduler._decide``; the phases ``tail`` and ``next`` of NOTE [ Online epoch
+# scheduler ] in scheduler.py); this module holds what they act on.
 # Measurement. A's window closed before B started: B's start-up takes no CPU from A's figures (the overlap falls in
 # A's tail, which nobody measures). B's window opens after its burst (NOTE [ Trial timing ], 2.: the batches it
 # prefetched during A's tail are part of that burst) and only once A's workers are reaped (5.). ``Decision.switch_s``
@@ -19,24 +21,26 @@
 # flight, so A loads ``SERIAL_TAIL`` more batches itself while B's workers start.
 # Failures while both are open (a worker of A dies in its tail, the dataset raises, Ctrl-C, the loop breaks): B is
 # stopped first and its slice closed with nothing delivered, then A as without a hidden switch (its undelivered
-# batches go back in front of B's: NOTE [ Exact epochs across candidates ] in slices.py). A worker failure in A's tail
+# batches go back in front of B's: NOTE [ Exact epochs across candidates ] in loader/slices.py). A worker failure in A's tail
 # does not reach the loop (A was measured and the search moved on): it is logged, and B starts again, plainly.
 # Ranks. Every rank's window ends at the same batch with the same search decision (NOTE [ Online switching ]); they
-# hide the switch only when their tails are as long (one agreement), so that B starts at the same batch everywhere and
+# hide the switch only when their tails are as long (agreed with each batch: ``Coordinator.batch``), so that B starts
+# at the same batch everywhere and
 # the per-batch agreements of B's window pair up across ranks. Otherwise A stops at once, as before (its in-flight
 # batches re-issued). When no batch is left after the tail, A serves it to the epoch's end and B starts next epoch.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Any, Optional
 
-from ..agreement import Agreement, Alone
 from ..config import DEFAULT_PREFETCH, LoaderConfig
-from ..measure.run import Run
+from ..loader.native import worker_pools
+from ..loader.slices import BatchSlice
+from ..results import TrialResult
 from ..search.candidates import Candidate
-from .slices import BatchSlice, EpochSource
 
 log = logging.getLogger("autoloader.online")
 
@@ -50,8 +54,17 @@ class Stage:
     """One slice of an epoch and the run that serves it: a candidate's (``candidate``), or the decision's (None)."""
 
     part: BatchSlice
-    run: Run
+    run: Any
+    """The ``measure.run.Run`` serving the slice."""
     candidate: Optional[Candidate]
+    pools: Any = None
+    """Its DataLoader's ``worker_init_fn``, through which its workers report their native pools (``reported``)."""
+    told: bool = False
+    """The search was told this candidate's measurement (it serves on unmeasured: its tail, or as the decision)."""
+
+    def reported(self, result: TrialResult) -> TrialResult:
+        """``result`` with the native pools the workers found (``native.worker_pools``)."""
+        return dataclasses.replace(result, native_pools=worker_pools(self.pools))
 
     @property
     def config(self) -> LoaderConfig:
@@ -68,35 +81,3 @@ def tail_extra(config: LoaderConfig) -> int:
     """Batches a measured candidate loads after its window closed, beyond those in flight (NOTE [ Hidden switch ]):
     none with workers, ``SERIAL_TAIL`` without. Pure."""
     return 0 if config.num_workers else SERIAL_TAIL
-
-
-def same_everywhere(agreement: Agreement, *values: int) -> bool:
-    """Whether every rank holds these ``values`` (one agreement; True alone)."""
-    if isinstance(agreement, Alone):
-        return True
-    agreed = agreement.reduce_min([float(v) for v in values] + [-float(v) for v in values])
-    return agreed[:len(values)] == [-v for v in agreed[len(values):]]
-
-
-def hand_over(source: EpochSource, current: Stage, *, agreement: Agreement,
-              stage: Callable[[EpochSource, Run], Stage]) -> Tuple[bool, Optional[Stage]]:
-    """After ``current``'s window closed and the search moved on: (whether it serves a tail, the next stage, started)
-    (NOTE [ Hidden switch ]). ``stage(source, after)`` builds the next stage over ``source``'s next slice. (False,
-    None): stop ``current`` at once, as a plain switch does."""
-    run, part = current.run, current.part
-    extra, left = tail_extra(current.config), source.unclaimed
-    last = left is not None and left <= extra  # the tail ends the epoch: nothing to start
-    if not same_everywhere(agreement, part.pulled - run.delivered, int(last)):
-        log.info("the ranks' candidates hold different numbers of batches in flight: switching without a tail")
-        return False, None
-    part.cap(extra)
-    run.keep_workers()
-    if last:
-        return True, None
-    following = stage(source, run)
-    try:
-        following.run.start()  # an Exception is kept by the run (its failure, measured as such); not Ctrl-C
-    except BaseException as exc:  # noqa: B036 - re-raised once the stage is stopped and its slice closed
-        following.abort(exc)
-        raise
-    return True, following

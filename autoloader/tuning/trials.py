@@ -85,14 +85,14 @@ def tune_with(request: Request, profile: Optional[MachineProfile] = None, *, pro
     profile = profile if profile is not None else with_saved_disk(probe_machine(disk=False, gpus=False))
     group = request.group
     search = Search(request, profile, budget=DEFAULT_BUDGET_S if request.budget is None else float(request.budget),
-                    agreement=group.agreement() if group is not None else None, progress=progress,
+                    coordinator=group.coordinator() if group is not None else None, progress=progress,
                     tolerance=tolerance)
     consumer = Consumer(request.step, request.device)
 
     def measure(candidate: Candidate) -> TrialResult:
         try:
             return run_trial(request, candidate.config, consumer=consumer, limit_s=candidate.limit_s,
-                             measure_consumer=candidate.first, threads_tuned=search.tune_threads)
+                             measure_consumer=candidate.first, threads_tuned=search.settings.tune_threads)
         except Exception as err:  # the user's own error, re-raised unchanged by run_trial
             if candidate.config.threads > 1 and not isinstance(err, TuningError):
                 warn_user(f"the dataset raised with threads={candidate.config.threads} per process "
@@ -112,7 +112,7 @@ def tune_with(request: Request, profile: Optional[MachineProfile] = None, *, pro
 
 
 def warn_if_bound_by_open_files(search: Search, result: TuneResult) -> None:
-    if search.cap_by_open_files and 0 < search.cap <= result.config.num_workers:
-        warn_user(f"num_workers={search.cap} is the most the open-files limit allows ({search.cap_reason}; each "
+    if search.settings.cap_by_open_files and 0 < search.settings.cap <= result.config.num_workers:
+        warn_user(f"num_workers={search.settings.cap} is the most the open-files limit allows ({search.settings.cap_reason}; each "
                   f"worker needs about 32 descriptors) and more workers might load faster: raise it, e.g. "
                   f"`ulimit -n 4096` in the shell that starts training (LimitNOFILE= for a systemd service)")

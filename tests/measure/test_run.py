@@ -107,7 +107,7 @@ def test_a_trial_stops_once_its_window_is_complete_and_stop_reaps_its_workers():
     assert result.batches == len(marks) - WORKERS.burst_batches() and result.samples_per_s > 0
     assert not run.ended and not run.user and run.startup_s is not None and run.startup_s > 0
     # The driver still runs the step on the last batch: the workers are stopped by stop(), not by the loop's end.
-    workers = {p.pid for p in window.tracker.procs}
+    workers = {p.pid for p in window.edges.tracker.procs}
     assert len(workers) == 2 and workers <= _pids()
     run.stop()
     assert _pids() == set(), "stop() returned with a trial's worker still running"
@@ -124,7 +124,7 @@ def test_a_trial_without_workers_measures_in_the_main_process():
     for _ in run:
         assert _pids() == set()
     run.stop()
-    assert run.result.ok and run.result.worker_cpu_util is None and run.window.tracker is None
+    assert run.result.ok and run.result.worker_cpu_util is None and run.window.edges.tracker is None
 
 
 # -- candidate --------------------------------------------------------------------------------------------------------

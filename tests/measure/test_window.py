@@ -25,7 +25,7 @@ def _window(workers: int, gaps, *, first_at: float) -> Window:
     for gap in [0.0] + list(gaps):
         done += gap
         window.marks.append(BatchMark(done, 64, 0.0, 0.0, 0.0))
-    window.end = done
+    window.edges.end = done
     return window
 
 
@@ -69,6 +69,6 @@ def test_the_window_waits_for_the_previous_runs_workers_to_be_reaped():
         t += 0.01
         window.add([0] * 8, t_ask=t - 0.005, c_ask=(0.0, None), t_got=t, c_got=(0.0, None), consumer=_NoDevice())
     assert calls == [5, 6, 7, 8], "asked as each batch would open the window, until it said yes"
-    assert window.skip == 9 and window.opened is not None
+    assert window.skip == 9 and window.edges.opened is not None
     result = window.result(elapsed=t)
     assert result.steady and result.batches == 20 - 9

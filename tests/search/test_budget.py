@@ -19,7 +19,8 @@ from autoloader.probe import MemoryInfo
 from autoloader.request import Request
 from autoloader.results import TrialResult, TuneResult
 from autoloader.search import budget, policy
-from autoloader.search.search import Search, epoch_samples
+from autoloader.search.search import Search
+from autoloader.search.settings import epoch_samples
 from helpers import drive_search, full_profile
 from workloads import LatencyBound
 
@@ -176,7 +177,7 @@ class PriorSearch(Search):
     prior = 100 * MIB
 
     def per_worker_estimate(self):
-        return self.per_worker_bytes if self.per_worker_bytes is not None else self.prior
+        return self.found.per_worker_bytes if self.found.per_worker_bytes is not None else self.prior
 
 
 def waiting(config: LoaderConfig, *, slope=0) -> TrialResult:

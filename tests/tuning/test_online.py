@@ -24,7 +24,7 @@ from autoloader.probe import probe_machine
 from autoloader.request import Request
 from autoloader.results import TuneResult
 from autoloader.tuning.online import OnlineLoader
-from autoloader.tuning.slices import BatchSlice
+from autoloader.loader.slices import BatchSlice
 from fault_data import Stream
 from online_data import Corrupt, Indexed, KilledFromWorkers, NeedsWorkerInit, RaisesAt, mark_initialised
 

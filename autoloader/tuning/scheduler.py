@@ -1,0 +1,237 @@
+"""One online epoch as an explicit state machine: which run serves each slice of the epoch, when a candidate's
+measurement is complete, and what happens then (``EpochScheduler``; the search behind it is ``online.OnlineSearch``).
+
+# NOTE [ Online epoch scheduler ]
+# An epoch is served by a sequence of stages (``handover.Stage``: a slice of the epoch's batch order and the run over
+# it, NOTE [ Exact epochs across candidates ] in loader/slices.py). A stage is in one of three phases, and
+# ``TRANSITIONS`` is every move there is (``transition`` refuses any other):
+#   phase      event         next       what happens
+#   measuring  batch         measuring  hand it out; the run's window observes it (measure/run.py)
+#   measuring  keep          serving    the search chose this very configuration: it serves the rest of the epoch
+#   measuring  switch        tail       the search moved on: cap the slice, start the next stage now (NOTE [ Hidden
+#                                       switch ] in handover.py); this one serves what it holds in flight
+#   measuring  plain-switch  next       the ranks' tails differ: stop now, its in-flight batches re-issued
+#   measuring  ended         done       the epoch ended first: the search is told what the window holds, or the
+#                                       candidate goes on next epoch when its window never opened (MAX_ATTEMPTS)
+#   measuring  failed        next       the candidate's failure (failures.classify) told to the search; its
+#                                       undelivered batches re-issued to the next stage
+#   tail       batch         tail       hand it out, measured by nobody
+#   tail       tail-served   next       stop it (its workers reaped in a helper thread); the next stage serves on
+#   tail       ended         done       the tail ran to the epoch's end (nothing was started after it)
+#   tail       failed        next       a worker of the measured candidate died: logged, the next stage restarts
+#   serving    batch         serving    hand it out
+#   serving    ended         done
+#   serving    failed        (raised)   the configuration in force fails as a DataLoader does
+# "next" builds the next stage over the next slice: the one a switch started, else the search's candidate, else the
+# decision. A candidate is measured in ``measuring`` only; the search is told once per candidate. Ranks: after every
+# batch of a ``measuring`` stage they agree (``Coordinator.batch``) whether to stop (every window complete, or a
+# failure anywhere), whether their tails match and whether the window opened, so every rank makes the same move at
+# the same batch. A single process makes the same moves without the exchange.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Dict, Generator, Optional, Protocol, Tuple
+
+from ..coordination import Coordinator
+from ..errors import TuningError
+from ..loader.slices import EpochSource
+from ..measure.failures import classify, failure_reason
+from ..measure.run import END, Run
+from ..measure.window import samples_in
+from ..results import EpochTrace, TrialResult
+from .handover import Stage, tail_extra
+
+log = logging.getLogger("autoloader.online")
+
+MAX_ATTEMPTS = 2
+"""Epochs a candidate may be cut short by the epoch's end before its window opened, before its partial measurement is
+taken as it is (a window that opened and holds a few batches is taken at once, marked not steady)."""
+
+TRANSITIONS: Dict[Tuple[str, str], str] = {
+    ("measuring", "batch"): "measuring", ("measuring", "keep"): "serving", ("measuring", "switch"): "tail",
+    ("measuring", "plain-switch"): "next", ("measuring", "ended"): "done", ("measuring", "failed"): "next",
+    ("tail", "batch"): "tail", ("tail", "tail-served"): "next", ("tail", "ended"): "done", ("tail", "failed"): "next",
+    ("serving", "batch"): "serving", ("serving", "ended"): "done",
+}
+"""NOTE [ Online epoch scheduler ]: (phase, event) -> the next phase ("next": the next stage's)."""
+
+
+def transition(phase: str, event: str) -> str:
+    """The phase after ``event`` in ``phase`` (``TRANSITIONS``); a RuntimeError for a move the scheduler must never
+    make. Pure."""
+    try:
+        return TRANSITIONS[(phase, event)]
+    except KeyError:
+        raise RuntimeError(f"online epoch: no move from phase {phase!r} on {event!r}") from None
+
+
+class Plan(Protocol):
+    """What the scheduler asks of the search running behind it (``online.OnlineSearch``)."""
+
+    @property
+    def threads_tuned(self) -> bool:
+        """The search tries threads per process (a thread candidate's own errors are then its failure)."""
+
+    def tell(self, outcome: TrialResult) -> None:
+        """A candidate's outcome: the search moves on (a next candidate, or a decision)."""
+
+    def keeps(self, config: Any) -> bool:
+        """The search decided on ``config`` itself (its run serves on)."""
+
+    def carry(self) -> bool:
+        """An epoch ended before the candidate's window opened: True to measure it again next epoch."""
+
+    def spent(self, run: Run, serving_s: float) -> None:
+        """What a stage cost the loop: the time it served, what it waited for starting and stopping."""
+
+
+Build = Callable[[EpochSource, Optional[Run]], Stage]
+"""The next stage over the source's next slice, after the run that served before it (its window waits for it)."""
+
+
+class EpochScheduler:
+    """Serves one epoch of ``source`` (``batches()``), stage after stage, as NOTE [ Online epoch scheduler ] says.
+    ``in_force``: the DataLoader serving the loop's current batch."""
+
+    def __init__(self, source: EpochSource, *, plan: Plan, build: Build, coordinator: Coordinator,
+                 trace: EpochTrace, after: Optional[Run] = None) -> None:
+        self.source, self.plan, self.build, self.coordinator, self.trace = source, plan, build, coordinator, trace
+        self.last: Optional[Run] = after
+        self.in_force: Any = None
+
+    def batches(self) -> Generator[Any, None, None]:
+        following: Optional[Stage] = None
+        while not self.source.done:
+            stage = following or self.build(self.source, self.last)
+            phase, following = yield from self._serve(stage)
+            if phase == "done" or (stage.candidate is None and following is None):
+                break
+        if self.source.done:
+            self.source.finish()  # the sampler asked past its end, as the plain DataLoader's epoch ends
+        self.in_force = None
+
+    def _serve(self, stage: Stage) -> Generator[Any, None, Tuple[str, Optional[Stage]]]:
+        """One stage's slice, through its phases; returns the phase it ended in and the stage a switch started."""
+        run, part = stage.run, stage.part
+        phase = "measuring" if stage.candidate is not None else "serving"
+        self.in_force, self.last = run.serving.loader, run
+        began = span_start = time.perf_counter()
+        following: Optional[Stage] = None
+        error: Optional[BaseException] = None
+        unopened = False
+        try:
+            with run.guarded():
+                while True:
+                    if phase == "tail" and run.record.delivered >= (part.limit or 0):
+                        phase = transition(phase, "tail-served")
+                        break
+                    run.request()
+                    if phase == "measuring" and run.complete():
+                        run.measure()
+                    batch, failure = run.fetch()
+                    if phase == "measuring":
+                        verdict = self.coordinator.batch(
+                            complete=run.result is not None, failed=failure is not None,
+                            opened=len(run.window.marks) - run.window.skip >= 3,
+                            in_flight=part.pulled - run.record.delivered, last=_ends_in_tail(self.source, stage))
+                        unopened = verdict.unopened
+                        if verdict.failed_elsewhere and failure is None:
+                            failure = TuningError("a candidate failed on another rank")
+                        if verdict.stop and failure is None and batch is not END:
+                            phase, following = self._decide(stage, same_tail=verdict.same_tail)
+                            if phase == "serving":
+                                span_start = self._span(span_start, stage)
+                            if phase == "next":
+                                break  # the batch just fetched is not handed out: it is re-issued
+                    if failure is not None:
+                        raise failure
+                    if batch is END:
+                        run.finish()
+                        phase = transition(phase, "ended")
+                        break
+                    self.trace.batches.append((time.perf_counter() - self.trace.start,
+                                               samples_in(batch, run.window.batch_size)))
+                    yield batch
+            run.stop()  # an orderly stop once the loop got its batches, before the generator closes
+        except BaseException as exc:  # noqa: B036 - classified below; GeneratorExit and Ctrl-C re-raised there
+            error = exc
+        finally:
+            if following is not None and error is not None:
+                following.abort(error)  # the later slice first: its batches go back behind the ones below
+            run.stop(error)  # done already, unless a Ctrl-C landed as the run's own cleanup began
+            self.in_force = None
+            part.delivered(run.record.delivered)
+            self.plan.spent(run, time.perf_counter() - began)
+        outcome = self._after(stage, error, phase=phase, unopened=unopened)
+        rate = outcome if outcome is not None else run.result
+        self.trace.span(span_start, stage.config, rate.samples_per_s if rate is not None and rate.ok else None)
+        return ("next" if error is not None else phase), (following if error is None else None)
+
+    def _decide(self, stage: Stage, *, same_tail: bool) -> Tuple[str, Optional[Stage]]:
+        """The candidate's window is complete (every rank's): the search is told; the run serves on (keep), serves
+        its tail while the next stage starts (switch), or stops now (the ranks' tails differ)."""
+        run, part = stage.run, stage.part
+        result = run.result
+        if result is None:
+            raise RuntimeError("a candidate's window was agreed complete before it was measured")
+        self.plan.tell(stage.reported(result))
+        stage.told = True
+        if self.plan.keeps(stage.config):
+            return transition("measuring", "keep"), None
+        if not same_tail:
+            log.info("the ranks' candidates hold different numbers of batches in flight: switching without a tail")
+            return transition("measuring", "plain-switch"), None
+        part.cap(tail_extra(stage.config))
+        run.serving.keep_workers()
+        if self.source.unclaimed == 0:
+            return transition("measuring", "switch"), None  # the tail ends the epoch: nothing to start
+        following = self.build(self.source, run)
+        try:
+            following.run.start()  # an Exception is kept by the run (its failure, measured as such); not Ctrl-C
+        except BaseException as exc:  # noqa: B036 - re-raised once the stage is stopped and its slice closed
+            following.abort(exc)
+            raise
+        return transition("measuring", "switch"), following
+
+    def _after(self, stage: Stage, error: Optional[BaseException], *, phase: str,
+               unopened: bool) -> Optional[TrialResult]:
+        """What the search must still be told once a stage ended (a failure, or a window the epoch's end cut short:
+        returned), and the errors the loop must see raised (NOTE [ Online epoch scheduler ])."""
+        run = stage.run
+        if error is not None and phase == "tail":
+            reason = failure_reason(error, workers=run.config.num_workers)
+            if reason is not None and not isinstance(error, TuningError):
+                transition("tail", "failed")
+                log.warning("candidate %s failed after it was measured, while serving its last batches (%s): they go "
+                            "to the next candidate", run.config.label(), reason)
+                return None
+        if error is not None and (stage.candidate is None or stage.told):
+            raise error  # the configuration in force, measured no more: its errors reach the loop as a DataLoader's
+        if error is not None:
+            transition("measuring", "failed")
+            record = run.record
+            failed = classify(error, run.config, user=record.user, threads_tuned=self.plan.threads_tuned,
+                              startup_s=record.startup_s, elapsed_s=record.elapsed,
+                              batch_bytes=run.window.batch_bytes)
+            self.plan.tell(stage.reported(failed))
+            return failed
+        if stage.candidate is None or stage.told:
+            return None
+        if unopened and self.plan.carry():  # the window never really opened (on some rank)
+            log.info("the epoch ended before candidate %s was measured: it goes on next epoch", stage.config.label())
+            return None
+        if run.result is not None:
+            self.plan.tell(stage.reported(run.result))
+        return run.result
+
+    def _span(self, start: float, stage: Stage) -> float:
+        result = stage.run.result
+        return self.trace.span(start, stage.config, result.samples_per_s if result is not None and result.ok else None)
+
+
+def _ends_in_tail(source: EpochSource, stage: Stage) -> bool:
+    """No batch is left for another stage once this one's tail is served."""
+    left = source.unclaimed
+    return left is not None and left <= tail_extra(stage.config)
