@@ -200,8 +200,6 @@ class Group:
         """The node leader's result (or miss) on every rank of the node (``Coordinator.leader`` at ``point``: the
         cached, the tuned, an online decision), sent as its plain JSON form; with several nodes its reason starts with
         the node that decided (``Node.label``)."""
-        if self.node_size == 1:
-            return result
         data = self.coordinator().leader(point, None if result is None else result.to_dict())
         if data is None:
             return None

@@ -1,5 +1,6 @@
 """``make_loader``'s arguments, checked once (``Request.checked``), and the DataLoader they make for a configuration
-(``Request.data_loader``: the one place a DataLoader is built, for the returned loader, trials and online slices)."""
+(``Request.data_loader``: the arguments of every DataLoader autoloader tunes or serves: the returned loader, trials
+and online slices; ``loader.build`` constructs it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ from . import distributed as _distributed
 from ._validate import (check_common, check_dataset, check_loader_kwargs, check_memory_budget,
                         check_native_threads, check_picklable, check_threads)
 from .config import BY_NAME, USER_KNOBS, LoaderConfig, without_worker_only
-from .errors import quiet_worker_count_warning
+from .loader.build import build
 from .loader.device import resolve_device
 from .loader.native import worker_init
 from .loader.threads import fixed_threads, loader_dataset
@@ -117,5 +118,5 @@ class Request:
         else:
             kwargs["worker_init_fn"] = worker_init(config.native_threads, kwargs.get("worker_init_fn"),
                                                    report=measured)
-        with quiet_worker_count_warning("num_workers" not in self.fixed):
-            return DataLoader(loader_dataset(self.dataset, config), **kwargs)
+        return build(loader_dataset(self.dataset, config), tuned_workers="num_workers" not in self.fixed, **kwargs)
+

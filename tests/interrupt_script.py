@@ -61,6 +61,7 @@ def hook(frame, event, arg):
 
 
 def main() -> None:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as an interactive run, whatever was inherited
     from autoloader import make_loader
     outcome = {"raised": None}
     sys.setprofile(hook)

@@ -23,7 +23,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from autoloader import make_loader
 from autoloader.config import LoaderConfig
-from autoloader.distributed import Alone, Group, Node, node_decisions
+from autoloader.distributed import Group, Node, node_decisions
 from autoloader.probe import probe_machine
 from autoloader.results import TrialResult, TuneResult
 
@@ -96,7 +96,7 @@ def test_current_with_a_group(one_rank, monkeypatch):
     assert "gloo" in group.backend
     assert Group.current(False) is None
     assert (group.node.index, group.node.count, group.node.ranks) == (0, 1, (0,))
-    assert isinstance(group.agreement(), Alone), "a node of one rank agrees with itself, without a collective"
+    assert group.coordinator().size == 1, "a node of one rank agrees with itself, without a collective"
 
 
 def test_node_from_the_launcher_else_the_host(one_rank, monkeypatch):
@@ -196,8 +196,7 @@ def test_broadcast_and_agreement_with_one_rank(one_rank):
                         consumer_samples_per_s=None, seconds=1.5, reason="test", created=1.0)
     assert group.broadcast(result) == result
     assert group.broadcast(None) is None
-    assert group.agreement().reduce_min([3.0, -1.5, float("inf")]) == [3.0, -1.5, float("inf")]
-    assert Alone().reduce_min([3.0, -1.5]) == [3.0, -1.5], "one process agrees with itself"
+    assert group.coordinator().epoch(3.0, 0.25) == (3.0, 0.25), "a node of one rank agrees with itself"
 
 
 def test_broadcast_says_which_node_decided(one_rank):

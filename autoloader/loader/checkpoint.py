@@ -9,8 +9,8 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 from torch.utils.data import DataLoader
 
-from .epochs import EpochClock, epoch_iter, numbered_samplers, pulls_made, samplers
-from .resume import check_next_order, redrawn, served, stream_rule
+from .epochs import EpochClock, numbered_samplers, pulls_made, samplers
+from .resume import check_next_order, redrawn, stream_rule
 from .rng import Ambient, RngState, parts_of
 from .state import LoaderState, check, epoch_length, epochs_of, own_rank, ranks, sampling_of
 
@@ -38,10 +38,11 @@ class Checkpoints:
         return self._pending
 
     # -- saving -----------------------------------------------------------------------------------------------------
-    def state(self, frame: Any, in_force: Any, *, clock: Optional[EpochClock], next_epoch: int, held: bool,
+    def state(self, source: Any, *, clock: Optional[EpochClock], next_epoch: int, held: bool,
               sampler_record: Any, epoch_set: bool, decision: Optional[str]) -> Dict[str, Any]:
-        """This rank's state, JSON-safe. ``frame`` is what PrefetchLoader wraps, ``in_force`` the DataLoader serving
-        (online: the candidate's), ``held`` whether a batch was fetched ahead and not yet yielded."""
+        """This rank's state, JSON-safe. ``source`` is what PrefetchLoader wraps (its ``in_force`` the DataLoader
+        serving: online, a candidate's), ``held`` whether a batch was fetched ahead and not yet yielded."""
+        frame = source.frame
         if self._pending_json is not None:
             return self._pending_json  # loaded, not iterated yet: the loaded position (torchdata's rule)
         dataset, why = stream_rule(frame)
@@ -58,26 +59,28 @@ class Checkpoints:
             sampler_epochs=epochs_of(samplers(frame)), sampler_record=sampler_record, epoch_set=epoch_set,
             start=self._start if in_epoch and dataset is None else None,
             now=RngState.take(parts_of(frame), samplers=not in_epoch), ahead=self._ahead_rng if held else None,
-            drawn=self._drawn(frame, in_force, clock.batches + held) if in_epoch and clock is not None else None,
+            drawn=self._drawn(source, clock.batches + held) if in_epoch and clock is not None else None,
             stream=stream, decision=decision).to_json()
 
-    def _drawn(self, frame: Any, in_force: Any, returned: int) -> Optional[int]:
-        source = self._source if self._source is not None else getattr(frame, "epoch_source", None)
-        if source is not None:
-            return source.drawn
+    def _drawn(self, source: Any, returned: int) -> Optional[int]:
+        epoch = self._source if self._source is not None else source.epoch_source
+        if epoch is not None:
+            return epoch.drawn
+        in_force = source.in_force
         if not isinstance(in_force, DataLoader):
             return None
         return pulls_made(in_force.num_workers, in_force.prefetch_factor, returned)
 
-    def before_fetch(self, frame: Any, in_force: Any, dataset: Any) -> None:
+    def before_fetch(self, source: Any, dataset: Any) -> None:
         """Before fetching a batch that will be held ahead: the stream's state and, when the main process loads it,
         the ambient RNGs (NOTE [ Exact resume ], ``ahead``)."""
         self._ahead_stream = copy.deepcopy(dataset.state_dict()) if dataset is not None else None
-        self._ahead_rng = Ambient.take() if getattr(in_force, "num_workers", 0) == 0 else None
+        self._ahead_rng = Ambient.take() if getattr(source.in_force, "num_workers", 0) == 0 else None
 
     # -- loading ----------------------------------------------------------------------------------------------------
-    def load(self, state: Any, frame: Any) -> LoaderState:
-        """Check ``state`` (this rank's part) against ``frame`` and keep it for the next ``iter()``."""
+    def load(self, state: Any, source: Any) -> LoaderState:
+        """Check ``state`` (this rank's part) against ``source`` and keep it for the next ``iter()``."""
+        frame = source.frame
         own = own_rank(state)
         parsed = LoaderState.from_json(own)
         check(parsed, frame)
@@ -91,31 +94,32 @@ class Checkpoints:
         self._pending, self._pending_json = parsed, own
         return parsed
 
-    def begin(self, frame: Any, loader: Any, *, stream_dataset: Any) -> Iterator[Any]:
-        """The epoch's batches (raw, from ``loader``: what PrefetchLoader wraps): the rest of a loaded epoch, or a
-        fresh one with its starting RNG states kept."""
+    def begin(self, source: Any, *, stream_dataset: Any) -> Iterator[Any]:
+        """The epoch's raw batches from ``source``: the rest of a loaded epoch, or a fresh one with its starting RNG
+        states kept."""
+        frame = source.frame
         pending, self._pending, self._pending_json = self._pending, None, None
         self._skipped, self._source, self._replay = 0, None, None
         self._ahead_rng = self._ahead_stream = None
         parts = parts_of(frame)
         if pending is not None and pending.rest_of_epoch and not ends_epoch(pending):
             self._skipped, self._start = pending.batches, pending.start
-            self._source = _redrawn(frame, pending)
+            self._source = _redrawn(source, pending)
             self._replay = pending if pending.ahead is not None else None
-            return served(frame, self._source)
+            return source.resume(self._source)
         if pending is not None and pending.rest_of_epoch:
-            _redrawn(frame, pending).finish()  # after the last batch: the pulls the saver still had to make
+            _redrawn(source, pending).finish()  # after the last batch: the pulls the saver still had to make
         elif pending is not None and pending.stream is not None:
             self._skipped, self._start = pending.batches, None
             _load_stream(stream_dataset, pending.stream)
-            it = epoch_iter(loader) if isinstance(loader, DataLoader) else iter(loader)
+            it = source.epoch()
             pending.now.put(parts, samplers=False)  # iter() drew a base seed the saver drew at its epoch's start
             self._replay = pending if pending.ahead is not None else None
             return it
         elif pending is not None:
-            check_next_order(frame, pending.now)  # puts every saved state back
+            check_next_order(source, pending.now)  # puts every saved state back
         self._start = RngState.take(parts, samplers=True) if stream_dataset is None else None
-        return epoch_iter(loader) if isinstance(loader, DataLoader) else iter(loader)
+        return source.epoch()
 
     def fetched(self, fetch: Callable[[], Any]) -> Any:
         """``fetch()``, the epoch's first batch: a resumed one whose saver had loaded it ahead in the main process is
@@ -130,11 +134,11 @@ class Checkpoints:
             replay.now.ambient.put()
 
 
-def _redrawn(frame: Any, state: LoaderState) -> Any:
+def _redrawn(source: Any, state: LoaderState) -> Any:
     if state.start is None or state.drawn is None:
         raise ValueError("load_state_dict(state): the state holds no epoch to redraw; start without the state")
     log.info("resuming epoch %d after batch %d of %s", state.epoch, state.batches, state.length)
-    return redrawn(frame, start=state.start, batches=state.batches, drawn=state.drawn, now=state.now)
+    return redrawn(source, start=state.start, batches=state.batches, drawn=state.drawn, now=state.now)
 
 
 def ends_epoch(state: LoaderState) -> bool:

@@ -31,6 +31,7 @@ from .epochs import EpochClock, EpochStats, advance_epochs, samplers
 from .checkpoint import Checkpoints, ends_epoch
 from .native import rewrap, users_init
 from .resume import stream_rule
+from .source import as_source
 from .state import FORMAT, epochs_of
 from .transform import InputTransform
 
@@ -54,10 +55,8 @@ class PrefetchLoader:
                  dtype: Optional[torch.dtype] = None, input_key: Optional[Hashable] = None,
                  tuning: Optional[TuneResult] = None, cache_key: Optional[str] = None,
                  single_process: bool = False) -> None:
-        if not hasattr(loader, "__iter__"):
-            raise TypeError(f"loader must be an iterable of batches (e.g. a DataLoader), got {type(loader).__name__}")
+        self._source = as_source(loader)
         self._transform = InputTransform(normalize=normalize, dtype=dtype, input_key=input_key)
-        self._loader = loader
         self.device = resolve_device(device)
         self._tuning = tuning
         self.cache_key = cache_key
@@ -72,34 +71,34 @@ class PrefetchLoader:
 
     @property
     def loader(self) -> Any:
-        """The DataLoader in force: the one wrapped, or the one a source of several DataLoaders (online tuning's)
-        says is in force (``in_force``). With a side stream the prefetcher reads one batch ahead, so while the loop
-        holds a batch this is the DataLoader serving the next one."""
-        return getattr(self._loader, "in_force", self._loader)
+        """The DataLoader in force: the one wrapped, or the one online tuning's source says is in force
+        (``Source.in_force``). With a side stream the prefetcher reads one batch ahead, so while the loop holds a
+        batch this is the DataLoader serving the next one."""
+        return self._source.in_force
 
     @property
     def _frame(self) -> Any:
         """What the user and frameworks see as the DataLoader (samplers, settings): the object wrapped."""
-        return self._loader
+        return self._source.frame
 
     @property
     def tuning(self) -> Optional[TuneResult]:
         """What ``make_loader`` chose and why (``print`` it for the trial table); with online tuning, the decision
         in force; None for a loader you wrapped yourself."""
-        return self._tuning if self._tuning is not None else getattr(self._loader, "tuning", None)
+        return self._tuning if self._tuning is not None else self._source.tuning
 
     @property
     def decisions(self) -> Tuple[Any, ...]:
         """Every online decision (``results.Decision``: epoch, config, rate, stall, why), oldest first; () without
         online tuning."""
-        return tuple(getattr(self._loader, "decisions", ()))
+        return tuple(self._source.decisions)
 
     @property
     def online_traces(self) -> Tuple[Any, ...]:
         """Every epoch that searched online (``tuning.online.EpochTrace``), oldest first: when each batch reached the
         loop and each candidate's slice (``autoloader.cli.plot.plot_online_epoch`` draws one); () without online
         tuning."""
-        return tuple(getattr(self._loader, "traces", ()))
+        return tuple(self._source.traces)
 
     def __len__(self) -> int:
         return len(self._frame)  # type: ignore[arg-type]
@@ -171,8 +170,7 @@ class PrefetchLoader:
             raise TypeError(f"epoch must be an int, got {epoch!r}")
         self._next_epoch = epoch
         self._epoch_set = True
-        if callable(getattr(self._frame, "set_epoch", None)):  # a source that numbers its epochs (online tuning)
-            self._frame.set_epoch(epoch)
+        self._source.set_epoch(epoch)
         for sampler in samplers(self._frame):
             sampler.set_epoch(epoch)
 
@@ -189,7 +187,7 @@ class PrefetchLoader:
         Under a torch.distributed group of several processes it is a collective (call it on every rank, as Lightning
         and Accelerate do): it holds every rank's state, so the one file rank 0 writes resumes each rank."""
         tuning = self.tuning
-        own = self._checkpoints.state(self._frame, self.loader, clock=self._clocks[-1] if self._clocks else None,
+        own = self._checkpoints.state(self._source, clock=self._clocks[-1] if self._clocks else None,
                                       next_epoch=self._next_epoch, held=self._held,
                                       sampler_record=self._sampler_epochs, epoch_set=self._epoch_set,
                                       decision=tuning.config.label() if tuning is not None else None)
@@ -200,10 +198,9 @@ class PrefetchLoader:
         yielded next, this epoch and the following ones, whatever this loader's workers, threads or decision.
         A state that cannot resume this loader exactly (another dataset, sampler, batch size, world size, or a
         damaged state) raises a ``ValueError`` saying what differs."""
-        parsed = self._checkpoints.load(state, self._frame)
+        parsed = self._checkpoints.load(state, self._source)
         number = parsed.epoch + 1 if ends_epoch(parsed) else parsed.epoch
-        if callable(getattr(self._frame, "set_epoch", None)):
-            self._frame.set_epoch(number)
+        self._source.set_epoch(number)
         self._next_epoch, self._epoch_set = number, parsed.epoch_set
         self._sampler_epochs = parsed.sampler_record
 
@@ -257,7 +254,7 @@ class PrefetchLoader:
         entered = clock.start
         dataset = stream_rule(self._frame)[0]
         with quiet_worker_count_warning(self._tuned_workers()):
-            it = self._checkpoints.begin(self._frame, self._loader, stream_dataset=dataset)
+            it = self._checkpoints.begin(self._source, stream_dataset=dataset)
         self._held = False
 
         def fetch() -> Any:
@@ -291,7 +288,7 @@ class PrefetchLoader:
         """The next batch, copied (see NOTE [ Stream synchronisation ]) and transformed; ``_END`` when exhausted.
         ``ahead``: it will be held while the loop works on the previous one (see ``Checkpoints.before_fetch``)."""
         if ahead:
-            self._checkpoints.before_fetch(self._frame, self.loader, dataset)
+            self._checkpoints.before_fetch(self._source, dataset)
         try:
             batch = next(it)
         except StopIteration:

@@ -4,36 +4,29 @@ through its own ``state_dict()``."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import IterableDataset
 
-from ..config import in_flight
-
-from .slices import EpochSlicer, EpochSource
 from .rng import RngState, parts_of
+from .slices import EpochSource
 
 log = logging.getLogger("autoloader.prefetch")
 
-_COPIED = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
-           "pin_memory_device")
-
-
-def redrawn(loader: Any, *, start: RngState, batches: int, drawn: int, now: RngState) -> EpochSource:
+def redrawn(source: Any, *, start: RngState, batches: int, drawn: int, now: RngState) -> EpochSource:
     """The saved epoch drawn again from its starting RNG states ``start``, its first ``batches`` skipped and the
     saver's other pulls made (``drawn`` in all), every RNG then as at ``state_dict()`` (``now``): NOTE [ Exact resume ]
-    in state.py. ``loader`` is what PrefetchLoader wraps: a DataLoader, or a source with a ``slicer`` (online
-    tuning's)."""
-    slicer = getattr(loader, "slicer", None)
-    if slicer is None and not isinstance(loader, DataLoader):
-        raise TypeError(f"load_state_dict(state): a wrapped {type(loader).__name__} cannot be resumed mid-epoch; wrap "
-                        f"a torch.utils.data.DataLoader (or use make_loader), or start without the state")
-    parts = parts_of(loader)
-    source = same_order(slicer or EpochSlicer(loader), parts, start, min(2, batches, drawn))
-    source.skip(batches, drawn=drawn)
+    in state.py. ``source``: what PrefetchLoader wraps."""
+    slicer = source.slicer
+    if slicer is None:
+        raise TypeError(f"load_state_dict(state): a wrapped {type(source.frame).__name__} cannot be resumed mid-epoch; "
+                        f"wrap a torch.utils.data.DataLoader (or use make_loader), or start without the state")
+    parts = parts_of(source.frame)
+    epoch = same_order(slicer, parts, start, min(2, batches, drawn))
+    epoch.skip(batches, drawn=drawn)
     now.put(parts, samplers=False)
-    return source
+    return epoch
 
 
 def same_order(slicer: Any, parts: Any, states: RngState, pulls: int) -> EpochSource:
@@ -67,35 +60,15 @@ def _listed(value: Any) -> Any:
     return value
 
 
-def check_next_order(loader: Any, now: RngState) -> None:
+def check_next_order(source: Any, now: RngState) -> None:
     """For a state saved between epochs: the next epoch's first batches, drawn twice from the saved ``now``
     (``same_order``), then every RNG put back as saved."""
-    slicer, parts = getattr(loader, "slicer", None), parts_of(loader)
-    if slicer is None and not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+    parts = parts_of(source.frame)
+    if isinstance(getattr(source.frame, "dataset", None), IterableDataset) or source.slicer is None:
         now.put(parts)
         return
-    same_order(slicer or EpochSlicer(loader), parts, now, 2)
+    same_order(source.slicer, parts, now, 2)
     now.put(parts)
-
-
-def served(loader: Any, source: EpochSource) -> Iterator[Any]:
-    """The rest of ``source``: through the wrapped source's ``resume`` (online tuning: candidates or the decision), else
-    a DataLoader with the wrapped one's settings."""
-    if callable(getattr(loader, "resume", None)):
-        return loader.resume(source)
-    return _rest(loader, source)
-
-
-def _rest(loader: DataLoader, source: EpochSource) -> Iterator[Any]:
-    """The source's remaining batches through a DataLoader with ``loader``'s settings (in order, not persistent)."""
-    part = source.take(None)
-    workers = loader.num_workers
-    part.expect(in_flight(workers, loader.prefetch_factor))
-    kwargs = {name: getattr(loader, name) for name in _COPIED}
-    if workers:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
-    rest = DataLoader(loader.dataset, **part.sampling(), generator=part.private_generator(), in_order=True, **kwargs)
-    yield from rest
 
 
 def stream_rule(loader: Any) -> Tuple[Optional[Any], str]:

@@ -167,6 +167,13 @@ class Run:
         self._previous = (batch, t_ask, c_ask, t_got, c_got) if self.measuring else None
         return batch, None
 
+    def give_back(self) -> None:
+        """The batch ``fetch()`` returned last is not handed out (a switch that cannot be hidden stops at it): it does
+        not count as delivered, so the run's slice re-issues it to the next run."""
+        if self.record.delivered <= 0:
+            raise RuntimeError("give_back(): no batch was fetched to give back")
+        self.record.delivered -= 1
+
     def finish(self) -> None:
         """The loader ran out: what was measured is the result; the epoch's rate and stall are final."""
         if self.measuring:

@@ -44,6 +44,7 @@ from torch.utils.data import DataLoader
 from ..config import LoaderConfig
 from ..coordination import Coordinator
 from ..loader.slices import EpochSlicer, EpochSource
+from ..loader.source import Source
 from ..measure.consumer import Consumer
 from ..measure.run import Run, served
 from ..request import Request
@@ -79,22 +80,34 @@ class Searcher(Plan, Protocol):
         ...
 
 
-class OnlineLoader(DataLoaderFace):
+class OnlineLoader(DataLoaderFace, Source):
     """The epochs of one loader tuned in its own training loop (see NOTE [ Online switching ]): from scratch when
-    ``decision`` is None, else re-tuning from it when an epoch's rate or stall moves away (``retune``)."""
+    the search starts undecided, else re-tuning from its decision when an epoch's rate or stall moves away
+    (``retune``). A ``loader.source.Source``: a ``PrefetchLoader`` wraps it; it answers as the DataLoader in force
+    (``DataLoaderFace``)."""
 
     def __init__(self, request: Request, search: "Searcher", *, retune: bool) -> None:
         """``search``: the ``online_search.OnlineSearch`` behind the epochs (``OnlineSearch.create``)."""
         self.request, self.retune, self.search = request, retune, search
         self.coordinator = search.coordinator
         self.consumer = Consumer(None, request.device)
-        self.traces: List[EpochTrace] = []
+        self._traces: List[EpochTrace] = []
         self._overrides: dict = {}
         self._built = self.search.decision
         self.plain = self._build(self._built.config)
         self.slicer = EpochSlicer(self.plain)
         self._scheduler: Optional[EpochScheduler] = None
         self._next_epoch = 0
+
+    @property
+    def frame(self) -> "OnlineLoader":
+        """Frameworks read this loader itself as the DataLoader (``DataLoaderFace``)."""
+        return self
+
+    @property
+    def traces(self) -> Tuple[EpochTrace, ...]:
+        """Every epoch that searched, oldest first."""
+        return tuple(self._traces)
 
     @property
     def tuning(self) -> TuneResult:
@@ -125,10 +138,12 @@ class OnlineLoader(DataLoaderFace):
         self._next_epoch = epoch
 
     # -- the epochs ---------------------------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[Any]:
+    def epoch(self) -> Iterator[Any]:
         """One epoch of raw batches: candidates while searching, else the plain DataLoader (then maybe re-tune)."""
         epoch = self._begin()
         return self._steady(epoch) if not self.searching else self._in_slices(self.slicer.epoch(), epoch)
+
+    __iter__ = epoch
 
     def resume(self, source: EpochSource) -> Iterator[Any]:
         """The rest of an epoch that ``source`` (``slicer.epoch()``, fast-forwarded by ``skip``) holds: candidates
@@ -144,7 +159,7 @@ class OnlineLoader(DataLoaderFace):
         """An epoch served slice by slice (NOTE [ Online epoch scheduler ] in scheduler.py)."""
         trace = EpochTrace(epoch, time.perf_counter())
         if self.searching:
-            self.traces.append(trace)
+            self._traces.append(trace)
         after = self._scheduler.last if self._scheduler is not None else None
         self._scheduler = EpochScheduler(source, plan=self.search, build=self._stage, coordinator=self.coordinator,
                                          trace=trace, after=after)

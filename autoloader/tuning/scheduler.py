@@ -144,7 +144,8 @@ class EpochScheduler:
                             if phase == "serving":
                                 span_start = self._span(span_start, stage)
                             if phase == "next":
-                                break  # the batch just fetched is not handed out: it is re-issued
+                                run.give_back()  # the batch just fetched is not handed out: it is re-issued
+                                break
                     if failure is not None:
                         raise failure
                     if batch is END:
@@ -154,7 +155,7 @@ class EpochScheduler:
                     self.trace.batches.append((time.perf_counter() - self.trace.start,
                                                samples_in(batch, run.window.batch_size)))
                     yield batch
-            run.stop()  # an orderly stop once the loop got its batches, before the generator closes
+                run.stop()  # orderly, once the loop got its batches; under the guard (a worker's death held)
         except BaseException as exc:  # noqa: B036 - classified below; GeneratorExit and Ctrl-C re-raised there
             error = exc
         finally:

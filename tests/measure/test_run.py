@@ -21,7 +21,7 @@ import fault_data as fd
 from autoloader.config import LoaderConfig
 from autoloader.measure.consumer import Consumer
 from autoloader.measure.failures import classify
-from autoloader.measure.run import Measured, Run
+from autoloader.measure.run import END, Run, served
 from autoloader.measure.trial import trial_loader
 
 from autoloader.request import Request
@@ -52,41 +52,29 @@ def _ids(batches) -> list:
     return [int(i) for batch in batches for i in batch[:, 0]]
 
 
-class LocalPeers:
-    """An ``Agreement`` that is not ``Alone`` (so the run takes the ranks' path: agree after each fetch) but whose
-    other ranks always say what this one says, unless ``failed_elsewhere``."""
-
-    def __init__(self, failed_elsewhere: bool = False) -> None:
-        self.failed_elsewhere = failed_elsewhere
-        self.calls = 0
-
-    def reduce_min(self, values):
-        self.calls += 1
-        complete, none_failed = values
-        return [complete, 0.0 if self.failed_elsewhere else none_failed]
-
-
-def _drive(run: Run, reply: bool, *, step_s: float = STEP_S):
-    """Iterate a candidate's run as online tuning does: sleep ``step_s`` per batch until ``Measured`` comes, answer
-    it with ``reply``. Returns (batches, measured, worker pids seen at each batch)."""
-    batches, measured, pids = [], [], []
-    gen = iter(run)
-    item = next(gen)
-    while True:
-        if isinstance(item, Measured):
-            measured.append(item)
+def _drive_candidate(run: Run, *, step_s: float = STEP_S):
+    """Drive a candidate's run as the online epoch scheduler does (request, complete/measure, fetch), sleeping
+    ``step_s`` per batch until it is measured, then on to the loader's end. Returns (batches, worker pids at each
+    batch, the batch count when it was measured)."""
+    batches, pids, measured_at = [], [], None
+    with run.guarded():
+        while True:
+            run.request()
+            if measured_at is None and run.complete():
+                run.measure()
+                measured_at = len(batches)
+            batch, failure = run.fetch()
+            if failure is not None:
+                raise failure
+            if batch is END:
+                run.finish()
+                break
+            batches.append(batch)
             pids.append(_pids())
-            send = reply
-        else:
-            batches.append(item)
-            pids.append(_pids())
-            if not measured:
+            if measured_at is None:
                 time.sleep(step_s)
-            send = None
-        try:
-            item = gen.send(send) if send is not None else next(gen)
-        except StopIteration:
-            return batches, measured, pids
+    run.stop()
+    return batches, pids, measured_at
 
 
 # -- trial ------------------------------------------------------------------------------------------------------------
@@ -95,9 +83,9 @@ def test_a_trial_stops_once_its_window_is_complete_and_stop_reaps_its_workers():
     request = Request.checked(LatencyBound(n=64, latency_s=0.001), BATCH)
     run = Run(trial_loader(request, WORKERS, limit_s=FAR), WORKERS, mode="trial", consumer=CPU, batch_size=BATCH,
               limit_s=FAR)
-    batches = list(run)  # the sampler never ends: only the window's rule ends the loop
+    batches = list(served(run, until_complete=True))  # the sampler never ends: only the window's rule ends it
     window = run.window
-    assert len(batches) == run.delivered == len(window.marks) > WORKERS.burst_batches()
+    assert len(batches) == run.record.delivered == len(window.marks) > WORKERS.burst_batches()
     assert window.complete(deadline=math.inf), "stopped before the window was complete"
     marks, window.marks = window.marks, window.marks[:-1]
     assert not window.complete(deadline=math.inf), "went on after the window was complete"
@@ -105,15 +93,16 @@ def test_a_trial_stops_once_its_window_is_complete_and_stop_reaps_its_workers():
     result = run.result
     assert result is not None and result.ok and result.steady and result.config == WORKERS
     assert result.batches == len(marks) - WORKERS.burst_batches() and result.samples_per_s > 0
-    assert not run.ended and not run.user and run.startup_s is not None and run.startup_s > 0
+    record = run.record
+    assert not record.ended and not record.user and record.startup_s is not None and record.startup_s > 0
     # The driver still runs the step on the last batch: the workers are stopped by stop(), not by the loop's end.
     workers = {p.pid for p in window.edges.tracker.procs}
     assert len(workers) == 2 and workers <= _pids()
     run.stop()
     assert _pids() == set(), "stop() returned with a trial's worker still running"
-    stop_s = run.stop_s
+    stop_s = run.record.stop_s
     run.stop()  # idempotent
-    assert run.stop_s == stop_s
+    assert run.record.stop_s == stop_s
 
 
 def test_a_trial_without_workers_measures_in_the_main_process():
@@ -121,7 +110,7 @@ def test_a_trial_without_workers_measures_in_the_main_process():
     serial = LoaderConfig(0)
     run = Run(trial_loader(request, serial, limit_s=FAR), serial, mode="trial", consumer=CPU, batch_size=BATCH,
               limit_s=FAR)
-    for _ in run:
+    for _ in served(run, until_complete=True):
         assert _pids() == set()
     run.stop()
     assert run.result.ok and run.result.worker_cpu_util is None and run.window.edges.tracker is None
@@ -129,48 +118,29 @@ def test_a_trial_without_workers_measures_in_the_main_process():
 
 # -- candidate --------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("ranks", [False, True], ids=["alone", "ranks"])
-def test_a_candidate_measured_then_kept_serves_the_rest_with_the_same_workers(ranks):
-    agreement = LocalPeers() if ranks else None
-    run = Run(_loader(400), WORKERS, mode="candidate", consumer=CPU, batch_size=BATCH, limit_s=FAR,
-              agreement=agreement)
-    batches, measured, pids = _drive(run, True)
-    assert len(measured) == 1, "one Measured per candidate"
-    result = measured[0].result
+def test_a_candidate_is_measured_once_then_serves_on_with_the_same_workers_and_nothing_in_the_batches():
+    run = Run(_loader(400), WORKERS, mode="candidate", consumer=CPU, batch_size=BATCH, limit_s=FAR)
+    batches, pids, measured_at = _drive_candidate(run)
+    result = run.result
+    assert measured_at is not None and result is not None, "the window never completed"
     assert result.ok and result.steady and result.config == WORKERS and result.samples_per_s > 0
-    assert _ids(batches) == list(range(400)), "every sample once, in order, none lost or repeated at the switch"
-    assert run.delivered == 100 and run.ended and run.result is None  # the measurement went out as Measured
+    assert result.batches == measured_at - WORKERS.burst_batches(), "the window counts the batches before measure()"
+    assert all(isinstance(b, torch.Tensor) for b in batches), "only the loader's batches are handed out"
+    assert _ids(batches) == list(range(400)), "every sample once, in order"
+    assert run.record.delivered == 100 and run.record.ended and not run.measuring
     assert len(pids[0]) == 2 and all(p == pids[0] for p in pids), "the workers changed: the candidate restarted"
     rate, stall = run.rate_and_stall
     assert rate is not None and rate > 0 and 0.0 <= stall <= 1.0
     assert wait_no_children() == []
 
 
-@pytest.mark.parametrize("ranks", [False, True], ids=["alone", "ranks"])
-def test_a_candidate_measured_then_dropped_stops_without_handing_out_another_batch(ranks):
-    agreement = LocalPeers() if ranks else None
-    run = Run(_loader(400), WORKERS, mode="candidate", consumer=CPU, batch_size=BATCH, limit_s=FAR,
-              agreement=agreement)
-    batches, measured, _ = _drive(run, False)
-    assert len(measured) == 1 and measured[0].result.ok
-    served = len(batches)
-    assert served == run.delivered < 100 and not run.ended
-    assert _ids(batches) == list(range(served * BATCH)), "the batches handed out are the first ones, in order"
-    if agreement is not None:
-        # the ranks agree after each fetch: the batch fetched with the decision is never handed out (the next slice
-        # serves it again)
-        assert agreement.calls == served + 1
-    assert wait_no_children() == [], "a dropped candidate's workers outlived it"
-
-
-def test_a_candidate_whose_peer_failed_raises_on_every_rank_and_stops_its_workers_at_once():
-    run = Run(_loader(400), WORKERS, mode="candidate", consumer=CPU, batch_size=BATCH, limit_s=FAR,
-              agreement=LocalPeers(failed_elsewhere=True))
-    with pytest.raises(Exception) as info:
-        list(run)
-    result = classify(info.value, WORKERS, user=run.user, threads_tuned=False)
-    assert result.status == "failed" and "another rank" in result.reason
-    assert run.delivered == 0 and _pids() == set()
+def test_a_candidate_is_patient_with_a_slow_step():
+    """The step takes longer than the candidate's soft limit: the window still holds its batches (a trial would have
+    been cut at its limit)."""
+    run = Run(_loader(200), WORKERS, mode="candidate", consumer=CPU, batch_size=BATCH, limit_s=0.05)
+    _, _, measured_at = _drive_candidate(run, step_s=0.02)
+    assert measured_at is not None and measured_at > WORKERS.burst_batches() and run.result.ok
+    assert wait_no_children() == []
 
 
 # -- serve ------------------------------------------------------------------------------------------------------------
@@ -181,8 +151,8 @@ def test_serving_a_loader_it_does_not_own_leaves_persistent_workers_alive():
     pids = []
     for _epoch in range(2):
         run = Run(loader, config, mode="serve", consumer=CPU, batch_size=BATCH, owned=False)
-        batches = list(run)
-        assert _ids(batches) == list(range(64)) and run.ended and run.result is None
+        batches = list(served(run, until_complete=False))
+        assert _ids(batches) == list(range(64)) and run.record.ended and run.result is None
         rate, stall = run.rate_and_stall
         assert rate is not None and rate > 0 and stall is not None and 0.0 <= stall <= 1.0
         assert run.window.marks == [], "serving measures no window"
@@ -200,7 +170,7 @@ def test_serving_a_loader_it_does_not_own_leaves_persistent_workers_alive():
 
 def test_serving_too_few_batches_has_no_rate():
     run = Run(_loader(16), WORKERS, mode="serve", consumer=CPU, batch_size=BATCH, owned=True)
-    assert len(list(run)) == 4
+    assert len(list(served(run, until_complete=False))) == 4
     assert run.rate_and_stall == (None, None)
     assert wait_no_children() == []
 
@@ -216,11 +186,12 @@ def test_the_datasets_error_surfaces_unchanged_and_the_workers_are_stopped_at_on
     run = Run(loader, config, mode=mode, consumer=CPU, batch_size=BATCH, limit_s=FAR)
     del loader
     with pytest.raises(fd.CorruptSample, match="sample 3 is corrupt") as info:
-        list(run)
-    assert run.user, "the error came from the user's dataset"
+        list(served(run, until_complete=mode == "trial")) if mode == "trial" else _drive_candidate(run)
+    assert run.record.user, "the error came from the user's dataset"
+    run.stop(info.value)
     assert _pids() == set(), "a failed run's workers outlived it"
     with pytest.raises(fd.CorruptSample) as again:
-        classify(info.value, config, user=run.user, threads_tuned=False)
+        classify(info.value, config, user=run.record.user, threads_tuned=False)
     assert again.value is info.value, "the user's error is re-raised as it is"
 
 
@@ -228,8 +199,8 @@ def test_a_worker_killed_during_a_candidate_fails_it_and_is_never_raised_in_the_
     run = Run(_loader(100_000), WORKERS, mode="candidate", consumer=CPU, batch_size=BATCH, limit_s=FAR)
     in_step, error = [], None
     try:
-        for i, item in enumerate(run):
-            assert not isinstance(item, Measured), "the worker's death was never noticed"
+        for i, _ in enumerate(_driven(run)):
+            assert run.result is None, "the worker's death was never noticed"
             if i == 2:
                 victim = sorted(_pids())[0]
                 os.kill(victim, signal.SIGKILL)
@@ -241,7 +212,23 @@ def test_a_worker_killed_during_a_candidate_fails_it_and_is_never_raised_in_the_
         error = exc
     assert in_step == [], f"raised inside the user's step: {in_step!r}"
     assert error is not None, "the run ended normally after one of its workers was killed"
-    result = classify(error, WORKERS, user=run.user, threads_tuned=False, startup_s=run.startup_s)
+    run.stop(error)
+    result = classify(error, WORKERS, user=run.record.user, threads_tuned=False, startup_s=run.record.startup_s)
     assert result.status == "failed" and "worker" in result.reason, result
-    assert result.config == WORKERS and result.startup_s == run.startup_s
+    assert result.config == WORKERS and result.startup_s == run.record.startup_s
     assert _pids() == set(), "a failed candidate's workers are stopped at once, not in a helper thread"
+
+
+def _driven(run: Run):
+    """A candidate's batches, one by one, as the scheduler hands them out (the step runs in the caller's loop)."""
+    with run.guarded():
+        while True:
+            run.request()
+            if run.result is None and run.complete():
+                run.measure()
+            batch, failure = run.fetch()
+            if failure is not None:
+                raise failure
+            if batch is END:
+                return
+            yield batch

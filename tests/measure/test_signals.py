@@ -8,6 +8,7 @@ and raises it a few milliseconds later, once the put is done.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue
 import signal
 import sys
@@ -16,7 +17,7 @@ import time
 
 import pytest
 
-from autoloader.measure.signals import SignalGuard, unsafe_to_raise
+from autoloader.measure.signals import SignalGuard, _ensure_torch_sigchld_handler, unsafe_to_raise
 from autoloader.errors import TrialTimeout
 
 
@@ -28,9 +29,20 @@ def _raise_worker_died(signum, frame):
     raise WorkerDied("DataLoader worker (pid 1) is killed by signal: Killed.")
 
 
+@pytest.fixture(autouse=True)
+def interactive_sigint():
+    """SIGINT as an interactive Python process has it (``KeyboardInterrupt``), whatever this run inherited: a
+    background job (``nohup ... &``) starts with SIGINT ignored, which Python keeps."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture
 def raising_sigchld():
-    """A SIGCHLD handler that raises as torch's does when one of its workers has died."""
+    """A SIGCHLD handler that raises as torch's does when one of its workers has died. torch's own handler, which a
+    guard installs once per process, goes in first, so that this one is on top whichever test runs first."""
+    _ensure_torch_sigchld_handler()
     previous = signal.signal(signal.SIGCHLD, _raise_worker_died)
     yield
     signal.signal(signal.SIGCHLD, previous)
@@ -219,3 +231,13 @@ def test_no_exception_is_raised_where_python_would_swallow_it():
         return unsafe_to_raise(sys._getframe())
 
     assert helper() is False
+
+
+def test_an_ignored_sigint_stays_ignored_through_a_guard():
+    """A process that ignores Ctrl-C (started in the background) keeps ignoring it while autoloader tunes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with SignalGuard(limit_s=5.0, make_timeout=lambda: TrialTimeout("never")):
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN

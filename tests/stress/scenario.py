@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import warnings
@@ -24,6 +25,7 @@ from autoloader import make_loader  # noqa: E402
 
 
 def main(scenario: str) -> dict:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as an interactive run, whatever was inherited
     warnings.simplefilter("ignore")
     common = dict(batch_size=4, cache=False, tuning="trials")
     if scenario == "killed":

@@ -24,6 +24,7 @@ from autoloader.probe import probe_machine
 from autoloader.request import Request
 from autoloader.results import TuneResult
 from autoloader.tuning.online import OnlineLoader
+from autoloader.tuning.online_search import OnlineSearch
 from autoloader.loader.slices import BatchSlice
 from fault_data import Stream
 from online_data import Corrupt, Indexed, KilledFromWorkers, NeedsWorkerInit, RaisesAt, mark_initialised
@@ -181,7 +182,8 @@ def _online_loader(data, batch_size, *, shuffle=False, max_workers=2, **kwargs):
     """An ``OnlineLoader`` built by hand, with no cache, as ``make_loader(tuning="online")`` builds it."""
     request = Request.checked(data, batch_size, shuffle=shuffle, max_workers=max_workers, dataloader_kwargs=kwargs)
     profile = probe_machine(disk=False, gpus=False)
-    return OnlineLoader(request, profile, slot=Slot(request, profile, None, None), decision=None, retune=False)
+    search = OnlineSearch.create(request, profile, slot=Slot(request, profile, None, None), decision=None)
+    return OnlineLoader(request, search, retune=False)
 
 
 def test_online_loader_answers_what_a_dataloader_answers():
@@ -263,15 +265,16 @@ def test_a_decision_reaches_the_cache_once_as_autotune_show_lists_it(cache_dir, 
 
 def test_an_epoch_that_never_waits_for_data_tries_fewer_workers_once():
     """A decision taken cold (here: a cached 4 workers): an epoch whose loop never waited (told to the loader as
-    ``_after_epoch`` would be, so the test does not depend on this machine's load) makes the next epoch search down
+    ``OnlineSearch.after_epoch`` would be, so the test does not depend on this machine's load) makes the next epoch search down
     from 4, never up; the decision says why, and the loader does not search down again from it (search/retune.py)."""
     data = Indexed(1600, latency_s=0.0)
     request = Request.checked(data, 16, shuffle=True, max_workers=8, dataloader_kwargs={})
     profile = probe_machine(disk=False, gpus=False)
     cached = TuneResult(make_config(4, fixed={}, pin_memory=False), 2000.0, None, "cache", reason="cached cold")
-    source = OnlineLoader(request, profile, slot=Slot(request, profile, None, None), decision=cached, retune=True)
-    source._after_epoch(2000.0, 0.04)  # a rate that did not move, an epoch that hardly waited
-    assert source.searching and source.tried_fewer
+    search = OnlineSearch.create(request, profile, slot=Slot(request, profile, None, None), decision=cached)
+    source = OnlineLoader(request, search, retune=True)
+    search.after_epoch(2000.0, 0.04)  # a rate that did not move, an epoch that hardly waited
+    assert source.searching and search.current.down
     loader = PrefetchLoader(source, device="cpu", tuning=None)
     epochs = 0
     while not loader.decisions:
@@ -283,10 +286,10 @@ def test_an_epoch_that_never_waits_for_data_tries_fewer_workers_once():
     assert "trying fewer" in decision.why, decision.why
     tried = {t.config.num_workers for t in loader.tuning.trials}
     assert 4 in tried and tried <= {0, 1, 2, 3, 4}, f"a search down never climbs: {sorted(tried)}"
-    source._after_epoch(decision.samples_per_s, 0.0)
+    search.after_epoch(decision.samples_per_s, 0.0)
     assert not source.searching, "one search down per decision"
-    source._after_epoch(decision.samples_per_s / 2, 0.0)
-    assert source.searching and not source.tried_fewer, "the regime changed: a search either way"
+    search.after_epoch(decision.samples_per_s / 2, 0.0)
+    assert source.searching and not search.current.down, "the regime changed: a search either way"
     del loader, source
 
 
@@ -304,24 +307,29 @@ def _until_dead(procs, timeout=5.0):
 
 
 def _recording_hand_overs(monkeypatch, *, kill_tail=False):
-    """Record every hidden switch (``handover.hand_over``: the batches the measured candidate still held, the
-    candidate started beside it); ``kill_tail``: SIGKILL the measured candidate's workers as its tail begins."""
-    from autoloader.tuning import online
+    """Record every switch the epoch scheduler makes once a candidate is measured (``EpochScheduler._decide``: the
+    batches the measured candidate still held, its tail, the candidate started beside it); ``kill_tail``: SIGKILL the
+    measured candidate's workers as its tail begins."""
+    from autoloader.tuning.scheduler import EpochScheduler
     records = []
+    real = EpochScheduler._decide
 
-    def recording(source, current, **kwargs):
-        in_flight = current.part.pulled - current.run.delivered
-        tail, following = real(source, current, **kwargs)
-        records.append((current.config.num_workers, in_flight, current.part.limit - current.run.delivered
-                        if tail else None, following.config.num_workers if following else None))
-        if kill_tail and tail and following is not None and current.config.num_workers:
-            for proc in current.run._workers:
+    def recording(self, stage, *, same_tail):
+        in_flight = stage.part.pulled - stage.run.record.delivered
+        phase, following = real(self, stage, same_tail=same_tail)
+        if phase == "serving":  # the search kept this configuration: no switch
+            return phase, following
+        tail = stage.part.limit - stage.run.record.delivered if phase == "tail" else None
+        records.append((stage.config.num_workers, in_flight, tail,
+                        following.config.num_workers if following else None))
+        if kill_tail and tail and following is not None and stage.config.num_workers:
+            workers = stage.run.serving.crew.current()
+            for proc in workers:
                 proc.kill()
-            _until_dead(current.run._workers)
-        return tail, following
+            _until_dead(workers)
+        return phase, following
 
-    real = online.hand_over
-    monkeypatch.setattr(online, "hand_over", recording)
+    monkeypatch.setattr(EpochScheduler, "_decide", recording)
     return records
 
 
@@ -363,23 +371,24 @@ def test_a_worker_lost_in_the_tail_loses_no_batch_and_the_next_candidate_starts_
 def test_a_search_that_outlived_its_epoch_tries_fewer_once_after_its_decision():
     """Candidates measured in different epochs (here: epochs of 30 batches, too short for one search) do not compare
     as one regime (search/retune.py): the decision says so (``spanned``), and an epoch served by it that moved nothing
-    (told to the loader as ``_after_epoch`` would be, so the test does not depend on this machine's load) makes the
+    (told to the loader as ``OnlineSearch.after_epoch`` would be, so the test does not depend on this machine's load) makes the
     next epoch try fewer workers."""
     loader = make_loader(Indexed(240, latency_s=0.002), 8, shuffle=True, cache=False, tuning="online", max_workers=4)
     _until_decided(loader)
-    source = loader._loader
+    source = loader._source
     [decision] = loader.decisions
-    assert decision.epoch > 0 and source.spanned, "the search outlived its first epoch"
+    assert decision.epoch > 0 and source.search.spanned, "the search outlived its first epoch"
     del loader, source
 
     data = Indexed(1600, latency_s=0.0)
     request = Request.checked(data, 16, shuffle=True, max_workers=8, dataloader_kwargs={})
     profile = probe_machine(disk=False, gpus=False)
     cached = TuneResult(make_config(6, fixed={}, pin_memory=False), 2000.0, None, "cache", reason="cached")
-    source = OnlineLoader(request, profile, slot=Slot(request, profile, None, None), decision=cached, retune=True)
-    source._after_epoch(2000.0, 0.08)  # the loop waited a little: no rule fires in one regime
+    search = OnlineSearch.create(request, profile, slot=Slot(request, profile, None, None), decision=cached)
+    source = OnlineLoader(request, search, retune=True)
+    search.after_epoch(2000.0, 0.08)  # the loop waited a little: no rule fires in one regime
     assert not source.searching
-    source.spanned = True
-    source._after_epoch(2000.0, 0.08)
-    assert source.searching and source.tried_fewer
+    search.spanned = True
+    search.after_epoch(2000.0, 0.08)
+    assert source.searching and search.current.down
     del source

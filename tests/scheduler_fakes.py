@@ -1,0 +1,199 @@
+"""Fakes that drive the online epoch scheduler (tuning/scheduler.py) without processes or clocks: runs over real
+slices of an epoch that say when their window is complete and what they measured, a search that names scripted
+candidates, and ``serve`` (one epoch: what the loop got, the runs, the moves). tests/tuning/test_scheduler.py and
+tests/properties/test_scheduler_contract.py use them."""
+from __future__ import annotations
+
+import collections
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+
+from torch.utils.data import DataLoader
+
+from autoloader.config import LoaderConfig
+from autoloader.coordination import BatchVerdict, Coordinator
+from autoloader.loader.slices import EpochSlicer, EpochSource
+from autoloader.measure.run import END
+from autoloader.results import EpochTrace, TrialResult
+from autoloader.tuning import scheduler as scheduler_module
+from autoloader.tuning.handover import Stage
+from autoloader.tuning.scheduler import TRANSITIONS, EpochScheduler
+
+BATCHES = 40
+"""Batches of 2 indices in the epoch ``serve`` serves."""
+
+@dataclass
+class Record:
+    delivered: int = 0
+    user: bool = False
+    startup_s: Optional[float] = None
+    elapsed: float = 0.0
+    switch_s: float = 0.0
+
+
+@dataclass
+class Window:
+    batch_size: Optional[int] = 1
+    skip: int = 0
+    batch_bytes: Optional[int] = None
+    marks: List[int] = field(default_factory=list)
+
+
+class FakeServing:
+    def __init__(self, config: LoaderConfig) -> None:
+        self.loader = f"DataLoader({config.label()})"
+
+    def keep_workers(self) -> None:
+        pass
+
+
+class FakeRun:
+    """A run over its slice that holds ``config.in_flight()`` batches ahead (as a DataLoader's workers do), whose
+    window is complete after ``measure_after`` batches, and which fails with ``fail`` at batch ``fail_at``."""
+
+    def __init__(self, part: Any, config: LoaderConfig, *, rate: float, measure_after: Optional[int],
+                 fail_at: Optional[int] = None, fail: Optional[BaseException] = None) -> None:
+        self.part, self.config, self.rate = part, config, rate
+        self.measure_after, self.fail_at, self.fail = measure_after, fail_at, fail
+        self.record, self.window, self.serving = Record(), Window(), FakeServing(config)
+        self.result: Optional[TrialResult] = None
+        self.measuring = measure_after is not None
+        self.stopped: Optional[str] = None
+        self._it = None
+        self._ahead: Deque[Any] = collections.deque()
+
+    def guarded(self):
+        return contextlib.nullcontext()
+
+    def start(self) -> None:
+        if self._it is None:
+            self._it = iter(self.part)
+
+    def request(self) -> None:
+        if self.measuring:
+            self.window.marks.append(self.record.delivered)
+
+    def complete(self) -> bool:
+        return self.measuring and self.measure_after is not None and self.record.delivered >= self.measure_after
+
+    def measure(self) -> TrialResult:
+        self.result = TrialResult(self.config, samples_per_s=self.rate, batches=self.record.delivered)
+        self.measuring = False
+        return self.result
+
+    def fetch(self) -> Tuple[Any, Optional[BaseException]]:
+        self.start()
+        while len(self._ahead) < self.config.in_flight() + 1:
+            batch = next(self._it, END)
+            if batch is END:
+                break
+            self._ahead.append(batch)
+        if self.fail_at is not None and self.record.delivered == self.fail_at:
+            return END, self.fail
+        if not self._ahead:
+            return END, None
+        self.record.delivered += 1
+        return self._ahead.popleft(), None
+
+    def give_back(self) -> None:
+        self.record.delivered -= 1
+
+    def finish(self) -> None:
+        if self.measuring and len(self.window.marks) > 3:
+            self.measure()
+
+    def stop(self, error: Optional[BaseException] = None) -> None:
+        if self.stopped is None:
+            self.stopped = "failed" if error is not None else "orderly"
+
+
+@dataclass
+class Step:
+    """One candidate the scripted search names: its configuration and what its fake run does."""
+
+    workers: int
+    rate: float
+    measure_after: Optional[int] = 6
+    fail_at: Optional[int] = None
+
+
+class ScriptedPlan:
+    """A search that names ``steps`` in order, then decides on ``decide`` (workers)."""
+
+    threads_tuned = False
+
+    def __init__(self, steps: Sequence[Step], decide: int) -> None:
+        self.steps, self.decide = list(steps), LoaderConfig(decide, 2) if decide else LoaderConfig(0)
+        self.told: List[Tuple[int, str]] = []
+        self.carried = 0
+
+    @property
+    def candidate(self) -> Optional[Step]:
+        return self.steps[0] if self.steps else None
+
+    def tell(self, outcome: TrialResult) -> None:
+        self.told.append((outcome.config.num_workers, outcome.status))
+        self.steps.pop(0)
+
+    def keeps(self, config: LoaderConfig) -> bool:
+        return not self.steps and config.same_candidate(self.decide)
+
+    def carry(self) -> bool:
+        self.carried += 1
+        return True
+
+    def spent(self, run: Any, serving_s: float) -> None:
+        pass
+
+
+class Agreeing(Coordinator):
+    """One process, except that the ranks' tails never match when ``same_tail`` is False."""
+
+    def __init__(self, *, same_tail: bool = True) -> None:
+        super().__init__()
+        self.same_tail = same_tail
+
+    def batch(self, **kwargs: Any) -> BatchVerdict:
+        verdict = super().batch(**kwargs)
+        return BatchVerdict(verdict.stop, verdict.failed_elsewhere, self.same_tail and verdict.same_tail,
+                            verdict.unopened)
+
+
+def config_of(workers: int) -> LoaderConfig:
+    return LoaderConfig(workers, 2) if workers else LoaderConfig(0)
+
+
+def serve(plan: ScriptedPlan, *, coordinator: Optional[Coordinator] = None, monkeypatch: Any) -> Dict[str, Any]:
+    """One epoch of ``BATCHES`` batches of 2 indices served by the scheduler: what the loop got, the stages, the moves."""
+    moves: List[Tuple[str, str]] = []
+
+    def recording(phase: str, event: str) -> str:
+        moves.append((phase, event))
+        return TRANSITIONS[(phase, event)]
+
+    monkeypatch.setattr(scheduler_module, "transition", recording)
+    source = EpochSlicer(DataLoader(list(range(2 * BATCHES)), batch_size=2)).epoch()
+    runs: List[FakeRun] = []
+
+    def build(epoch: EpochSource, after: Optional[FakeRun]) -> Stage:
+        step = plan.candidate
+        config = config_of(step.workers) if step is not None else plan.decide
+        part = epoch.take(None)
+        part.expect(config.in_flight())
+        run = FakeRun(part, config, rate=step.rate if step else 0.0,
+                      measure_after=step.measure_after if step else None, fail_at=step.fail_at if step else None,
+                      fail=RuntimeError("DataLoader worker (pid 1) is killed by signal: Killed.") if step else None)
+        runs.append(run)
+        return Stage(part, run, step)
+
+    epoch = EpochScheduler(source, plan=plan, build=build, coordinator=coordinator or Coordinator(),
+                           trace=EpochTrace(0, 0.0))
+    got: List[int] = []
+    error: Optional[BaseException] = None
+    try:
+        for batch in epoch.batches():
+            got.extend(int(i) for i in batch)
+    except RuntimeError as exc:  # a failure of the configuration in force reaches the loop, as a DataLoader's would
+        error = exc
+    return {"got": got, "runs": runs, "moves": moves, "source": source, "error": error}

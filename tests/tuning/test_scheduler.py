@@ -1,0 +1,101 @@
+"""The online epoch scheduler (NOTE [ Online epoch scheduler ] in tuning/scheduler.py) driven with fake runs and a
+scripted search: which stage serves each batch, the phases each one goes through, what the search is told, and that
+the loop gets every batch of the epoch once, in order, whatever happens. No process, no clock: each fake run says
+when its window is complete and what it measured."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from autoloader.tuning import scheduler as scheduler_module
+from autoloader.tuning.scheduler import TRANSITIONS, transition
+from scheduler_fakes import BATCHES, Agreeing, ScriptedPlan, Step, config_of, serve
+
+
+# -- the table ---------------------------------------------------------------------------------------------------------
+
+def test_the_transition_table_is_the_notes():
+    """Every row of the NOTE's table (phase, event, next) is a move ``transition`` makes, and there is no other."""
+    rows = re.findall(r"^#\s+(measuring|tail|serving)\s+([a-z-]+)\s+([a-z]+)\s", scheduler_module.__doc__, re.M)
+    assert {(phase, event): nxt for phase, event, nxt in rows} == TRANSITIONS
+    for (phase, event), nxt in TRANSITIONS.items():
+        assert transition(phase, event) == nxt
+    with pytest.raises(RuntimeError, match="no move from phase 'serving' on 'switch'"):
+        transition("serving", "switch")
+
+
+SCENARIOS = {
+    # name: (steps, decision, the moves made, (workers, delivered) per stage, what the search was told). A candidate
+    # measured after 6 batches hands out a 7th (fetched as its window closed), then its tail: 2 more without workers
+    # (``SERIAL_TAIL``), else what it holds in flight (workers x prefetch 2).
+    "measured, kept": (
+        [Step(0, 100.0), Step(2, 300.0)], 2,
+        [("measuring", "switch"), ("tail", "tail-served"), ("measuring", "keep"), ("serving", "ended")],
+        [(0, 9), (2, 31)], [(0, "ok"), (2, "ok")]),
+    "measured, then another decision": (
+        [Step(0, 100.0), Step(2, 300.0), Step(4, 290.0)], 2,
+        [("measuring", "switch"), ("tail", "tail-served"), ("measuring", "switch"), ("tail", "tail-served"),
+         ("measuring", "switch"), ("tail", "tail-served"), ("serving", "ended")],
+        [(0, 9), (2, 11), (4, 15), (2, 5)], [(0, "ok"), (2, "ok"), (4, "ok")]),
+    "a candidate's workers die": (
+        [Step(0, 100.0), Step(2, 300.0, fail_at=3), Step(1, 200.0)], 1,
+        [("measuring", "switch"), ("tail", "tail-served"), ("measuring", "failed"), ("measuring", "keep"),
+         ("serving", "ended")],
+        [(0, 9), (2, 3), (1, 28)], [(0, "ok"), (2, "failed"), (1, "ok")]),
+    "the epoch ends before the window opens": (
+        [Step(0, 100.0, measure_after=None)], 0,
+        [("measuring", "ended")], [(0, 40)], []),
+}
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_each_scenario_serves_every_batch_once_with_the_moves_of_the_table(name, monkeypatch):
+    steps, decide, moves, stages, told = SCENARIOS[name]
+    plan = ScriptedPlan(steps, decide)
+    served = serve(plan, monkeypatch=monkeypatch)
+    assert served["error"] is None
+    assert served["got"] == list(range(2 * BATCHES)), "every batch once, in the plain DataLoader's order"
+    assert served["moves"] == moves
+    assert [(r.config.num_workers, r.record.delivered) for r in served["runs"]] == stages
+    assert plan.told == told
+    assert all(r.stopped is not None for r in served["runs"]), "a run was left running"
+    assert served["source"].done
+
+
+def test_a_measured_candidate_serves_what_it_holds_in_flight_while_the_next_one_starts(monkeypatch):
+    """NOTE [ Hidden switch ]: the 2-worker candidate holds 4 batches when its window closes: it serves them (its
+    tail) and the next candidate's first batch is the one right after them."""
+    plan = ScriptedPlan([Step(2, 300.0), Step(1, 200.0)], 1)
+    served = serve(plan, monkeypatch=monkeypatch)
+    first, second = served["runs"]
+    assert first.record.delivered == 6 + 1 + config_of(2).in_flight()
+    assert served["got"] == list(range(2 * BATCHES))
+    assert second.record.delivered == BATCHES - first.record.delivered
+
+
+def test_ranks_whose_tails_differ_switch_without_one_and_the_batch_fetched_is_reissued(monkeypatch):
+    plan = ScriptedPlan([Step(2, 300.0), Step(1, 200.0)], 1)
+    served = serve(plan, coordinator=Agreeing(same_tail=False), monkeypatch=monkeypatch)
+    assert served["moves"][:1] == [("measuring", "plain-switch")]
+    first, _ = served["runs"]
+    assert first.record.delivered == 6, "the batch fetched with the decision is not handed out"
+    assert len(served["got"]) == 2 * BATCHES, sorted(set(range(2 * BATCHES)) - set(served["got"]))
+    assert first.stopped == "orderly"
+    assert served["got"] == list(range(2 * BATCHES)), "its in-flight batches went to the next candidate"
+
+
+def test_an_epoch_that_ends_before_the_window_opens_asks_the_search_to_carry_the_candidate(monkeypatch):
+    plan = ScriptedPlan([Step(3, 100.0, measure_after=None)], 0)
+    serve(plan, monkeypatch=monkeypatch)
+    assert plan.carried == 1 and plan.told == [], "carried to the next epoch, not told a partial measurement"
+
+
+def test_the_configuration_in_force_fails_as_a_dataloader_does(monkeypatch):
+    """A failure once the search kept the configuration (measured no more) reaches the loop: the serving row."""
+    plan = ScriptedPlan([Step(2, 300.0, fail_at=20)], 2)
+    served = serve(plan, monkeypatch=monkeypatch)
+    assert isinstance(served["error"], RuntimeError) and "killed by signal" in str(served["error"])
+    assert served["moves"] == [("measuring", "keep")]
+    assert served["got"] == list(range(2 * 20)), "the batches before the failure, in order"
+    assert served["runs"][0].stopped == "failed"
