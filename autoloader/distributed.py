@@ -20,10 +20,12 @@ node measure together, share that node's CPUs and memory, and reach that node's 
 # communicator, so they never interleave with DDP's collectives; with one node the default group itself, where they
 # come in the same order on every rank, between DDP's). Every exchange within a node is one all-gather at one of the
 # fixed sync points of ``coordination.Coordinator``, carrying its name: ranks whose paths parted raise "ranks
-# diverged" where each one was, instead of pairing two different exchanges or hanging. Collectives live in two
-# modules only: this one (the job: layout, sharding, checkpoints, ``node_decisions``) and coordination.py (a node). A fast node returns from ``make_loader`` and runs
-# ahead until DDP's first collective, which would wait for the slow node anyway. ``node_decisions`` is the one
-# global call after that, made by the user at a point where all ranks meet (an epoch's end).
+# diverged" where each one was, instead of pairing two different exchanges or hanging. Collectives are called from
+# two modules only: this one (the job: layout, sharding, checkpoints, ``node_decisions``) and coordination.py (a
+# node), each through ``coordination.all_gather`` (NOTE [ An exchange right before exit ]). A fast node returns from
+# ``make_loader`` and runs ahead until DDP's first collective, which would wait for the slow node anyway.
+# ``node_decisions`` is the one global call after that, made by the user at a point where all ranks meet (an epoch's
+# end).
 # A node is what the launcher says (torchrun's GROUP_RANK, Slurm's SLURM_NODEID) when every rank has it, else the
 # hostname; so two launches on one host are two nodes, and a cluster without those variables still works.
 # Values travel through torch's object collectives, which pick the backend's device themselves: the CPU for gloo

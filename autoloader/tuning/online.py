@@ -4,7 +4,7 @@ which searches again when the regime changes. ``PrefetchLoader`` wraps it as it 
 # NOTE [ Online switching ]
 # While a search runs (``search.Search``, the same model-guided search as the trials), an epoch is served by a
 # sequence of candidate DataLoaders, each over the next consecutive slice of that epoch's batch order
-# (``slices.EpochSlicer``, NOTE [ Exact epochs across candidates ]): the loop gets exactly the batches the plain
+# (``loader.slices.EpochSlicer``, NOTE [ Exact epochs across candidates ]): the loop gets exactly the batches the plain
 # DataLoader would give for the epoch. Each candidate is one ``measure.run.Run`` (NOTE [ Trial timing ]) in
 # ``mode="candidate"``: timed from the loop's own requests, patient with a slow step, with the host paced to the GPU.
 # - Decisions flow one way. The epoch scheduler (NOTE [ Online epoch scheduler ] in scheduler.py) reads each run's
