@@ -31,6 +31,6 @@ __all__ = [
     "unwrap",
     "with_threads",
 ]
-__version__ = "0.1.0"
+__version__ = "0.3.0"
 
 logging.getLogger("autoloader").addHandler(logging.NullHandler())

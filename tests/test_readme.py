@@ -1,4 +1,4 @@
-"""Every code block of the README is run by a test (issue 26), so the README cannot drift from the code.
+"""Every code block of the README is run by a test, so the README cannot drift from the code.
 
 - ``bash`` blocks: the two commands of the quick start are the ones ``.ci/run`` runs (CI runs them in a fresh venv).
 - ``python`` blocks: executed, as written, over small stand-ins for the names they assume (``train_set``,
@@ -7,12 +7,18 @@
 - output blocks (a ``$ command`` then what it prints, or what the python block above printed): the command is run
   and every line of the README's output must have a line of the same shape in the real output (the same words, any
   numbers: ``same_shape``); a line of ``...`` stands for lines left out. The Development map must list every module.
-Each block is claimed by exactly one check below (``test_every_block_is_checked``), so a new block needs one. The
-checks that run ``autotune``, trials or torchrun are marked ``slow``: CI runs them (``.ci/run``), the default run not.
+- the "Measured results" table: every number in a row is in the results file the row links
+  (``tests/benchmarks/results/``, which the benchmarks write); the Install table lists setup.cfg's extras as they are;
+  no internal work-item number ("issue 22", "#22") in the README, the reference or a results file.
+Each block is claimed by exactly one check below (``test_every_block_is_checked``), so a new block needs one;
+``docs/reference.md`` has no block to check. The checks that run ``autotune``, trials or torchrun are marked ``slow``:
+CI runs them (``.ci/run``), the default run not.
 """
 from __future__ import annotations
 
+import configparser
 import contextlib
+import importlib.metadata
 import io
 import json
 import os
@@ -34,6 +40,8 @@ from helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+REFERENCE = ROOT / "docs" / "reference.md"
+RESULTS = ROOT / "tests" / "benchmarks" / "results"
 
 
 @dataclass(frozen=True)
@@ -47,8 +55,8 @@ class Block:
         return self.text.splitlines()[0] if self.text else ""
 
 
-def blocks() -> List[Block]:
-    found, lines = [], README.read_text().splitlines()
+def blocks(path: Path = README) -> List[Block]:
+    found, lines = [], path.read_text().splitlines()
     i = 0
     while i < len(lines):
         if lines[i].startswith("```"):
@@ -153,26 +161,6 @@ def test_quick_start_and_use_it(own_cache):
         assert loader.tuning.source == "online" and loader.history and "Chosen:" in printed
 
 
-@pytest.mark.slow
-def test_the_remote_example_prints_a_report_of_the_shape_shown(own_cache):
-    code, shown = [b for b in blocks() if b.first.startswith("class Remote(Dataset):")][0], None
-    following = blocks()[blocks().index(code) + 1]
-    assert following.lang == "" and following.first.startswith("Chosen:")
-    namespace = _namespace(own_cache)
-    namespace["make_loader"] = _with(namespace["make_loader"], budget=4)  # the README's default budget, shortened
-    shown = _run(code, namespace)
-    assert same_shape(following.text, shown) == [], shown
-
-
-def _with(function, **extra):
-    return lambda *args, **kwargs: function(*args, **{**kwargs, **extra})
-
-
-def test_threads_example(own_cache):
-    printed = _run(by_first_line("loader = make_loader(remote_set")[0], _namespace(own_cache))
-    assert "Chosen:" in printed
-
-
 def test_checkpoint_and_resume(own_cache, monkeypatch):
     block = by_first_line("torch.save({\"model\"")[0]
     monkeypatch.chdir(own_cache)
@@ -257,15 +245,13 @@ def _autotune(args: List[str], cwd: Path):
 
 @pytest.mark.slow
 def test_autotune_demo_output_has_the_shape_shown(tmp_path):
-    progress, report = by_first_line("$ autotune --plot"), by_first_line("Machine profile")
+    block = by_first_line("$ autotune --plot")[0]
     args = ["autotune", "--no-disk", "--budget", "8"]  # the README's run, shorter, without the disk probe and the plot
     proc = _autotune(args, tmp_path)
     assert proc.returncode == 0, proc.stderr
-    skip = ("wrote the plot", "probing the machine; measuring disk", "disk ", "MB/s")
-    expected = "\n".join(line for line in progress[0].text.splitlines() if not any(s in line for s in skip))
-    assert same_shape(expected, proc.stderr) == [], proc.stderr
-    expected = "\n".join(line for line in report[0].text.splitlines() if not any(s in line for s in skip))
-    assert same_shape(expected, proc.stdout) == [], proc.stdout
+    skip = ("wrote the plot", "disk ", "MB/s")
+    expected = "\n".join(line for line in block.text.splitlines() if not any(s in line for s in skip))
+    assert same_shape(expected, proc.stderr + proc.stdout) == [], proc.stderr + proc.stdout
 
 
 README_KEY = "151ff8698c9d83e0ad88176a6c31e931"
@@ -284,47 +270,24 @@ def _run_block(block: Block, cwd: Path, key: str = README_KEY) -> str:
     return actual
 
 
-def test_autotune_probe_output_has_the_shape_shown(tmp_path):
-    block = by_first_line("$ autotune probe")[0]
-    assert same_shape(block.text, _run_block(block, tmp_path)) == []
-
-
 @pytest.mark.slow
-def test_autotune_tune_then_from_the_cache(tmp_path):
+def test_autotune_tune_output_has_the_shape_shown(tmp_path):
     (tmp_path / "mydata.py").write_text(USER_DATA)
-    first, again = by_first_line("$ autotune tune mydata:make_train_set")
-    assert "from the cache" in again.text
-    for block in (first, again):
-        actual = _run_block(block, tmp_path)
-        assert same_shape(block.text, actual) == [], actual
-    for block in by_first_line("$ autotune tune imagenet"):  # the usage errors, word for word but the paths
-        actual = _run_block(block, tmp_path)
-        assert same_shape(block.text, actual, words=99) == [], actual
+    block = by_first_line("$ autotune tune mydata:make_train_set")[0]
+    actual = _run_block(block, tmp_path)
+    assert same_shape(block.text, actual) == [], actual
 
 
 @pytest.mark.slow
-def test_cache_commands_output_has_the_shape_shown(tmp_path):
+def test_autotune_doctor_output_has_the_shape_shown(tmp_path):
     (tmp_path / "mydata.py").write_text(USER_DATA)
     _autotune(["autotune", "probe", "--no-disk"], tmp_path)
     tuned = _autotune(["autotune", "tune", "mydata:make_train_set", "--batch-size", "64", "--step", "0.05",
                        "--budget", "6", "--json"], tmp_path)
-    key = json.loads(tuned.stdout)["key"]
-    for prefix in ("$ autotune show", "$ autotune doctor", "$ autotune clear"):  # clear last: it empties the cache
-        block = by_first_line(prefix)[0]
-        actual = _run_block(block, tmp_path, key)
-        assert same_shape(_with_key(block.text, key), actual) == [], actual
-
-
-@pytest.mark.slow
-def test_doctor_under_limits_has_the_shape_shown(tmp_path):
-    block = by_first_line("$ ulimit -n 1024; taskset -c 0 autotune doctor")[0]
-    if shutil.which("taskset") is None:
-        pytest.skip("taskset is not installed")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOLOADER_CACHE_DIR": str(tmp_path / "cache")}
-    run_cli(["probe", "--no-disk"], tmp_path)  # the saved profile describes the unconfined machine
-    proc = subprocess.run(["bash", "-c", f"ulimit -n 1024; taskset -c 0 {sys.executable} -m autoloader.cli doctor"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
-    assert same_shape(block.text, proc.stdout + proc.stderr) == [], proc.stdout
+    key = json.loads(tuned.stdout)["key"]  # the README's doctor run had one cached tuning
+    block = by_first_line("$ autotune doctor")[0]
+    actual = _run_block(block, tmp_path, key)
+    assert same_shape(_with_key(block.text, key), actual) == [], actual
 
 
 # ---------------------------------------------------------------- the Development map
@@ -351,13 +314,128 @@ def test_the_development_map_lists_every_module_and_nothing_else():
 
 # ---------------------------------------------------------------- every block is claimed
 
-CLAIMED = ("# 1. install", "from autoloader import make_loader", "torch.save({\"model\"", "class Remote(Dataset):", "Chosen:",
-           "loader = make_loader(remote_set", "# mydata.py", "# train.py: torchrun", "$ autotune --plot",
-           "Machine profile", "$ autotune probe", "$ autotune tune mydata:make_train_set", "$ autotune show",
-           "$ autotune clear", "$ autotune doctor", "$ autotune tune imagenet", "$ ulimit -n 1024", "autoloader/",
-           *INTEGRATION_BLOCKS)
+CLAIMED = ("# 1. install", "from autoloader import make_loader", "torch.save({\"model\"", "# mydata.py",
+           "# train.py: torchrun", "$ autotune --plot", "$ autotune tune mydata:make_train_set", "$ autotune doctor",
+           "autoloader/", *INTEGRATION_BLOCKS)
 
 
 def test_every_block_is_checked():
     unclaimed = [f"README.md:{b.line}: {b.first!r}" for b in blocks() if not b.first.startswith(CLAIMED)]
     assert unclaimed == [], "a README code block no test runs: add it to tests/test_readme.py"
+    assert blocks(REFERENCE) == [], "docs/reference.md has a code block no test runs: move it to the README, checked"
+
+
+
+# ---------------------------------------------------------------- the measured results and where they come from
+
+NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+LINK = re.compile(r"\[[^\]]*\]\(([^)]*)\)")
+
+
+def summary_rows() -> List[str]:
+    """The rows of the README's "Measured results" table, header and rule left out."""
+    section = README.read_text().split("\n## Measured results\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    assert len(rows) > 2 and set(rows[1]) <= set("|-: "), "the Measured results section has no table"
+    return rows[2:]
+
+
+def appears(number: str, text: str) -> bool:
+    """``number`` as a whole number in ``text``: 1.0 is not in 1.03, nor 17 in 170 or 2,17."""
+    return re.search(rf"(?<![\d.,]){re.escape(number)}(?![\d]|[.,]\d)", text) is not None
+
+
+def test_appears_matches_whole_numbers_only():
+    assert appears("1.03", "e1 1.03-1.95") and appears("13,418", "| 13,418 |") and appears("93", "93%")
+    assert not appears("1.0", "1.03") and not appears("17", "170") and not appears("418", "13,418")
+
+
+def test_every_number_in_the_summary_is_in_the_results_file_its_row_links():
+    for row in summary_rows():
+        links = [link for link in LINK.findall(row) if link.startswith("tests/benchmarks/results/")]
+        assert len(links) == 1, f"a summary row must link its one results file: {row}"
+        source = (ROOT / links[0]).read_text()
+        cited = NUMBER.findall(LINK.sub("", row))
+        assert cited, f"a summary row without a number: {row}"
+        missing = [number for number in cited if not appears(number, source)]
+        assert missing == [], f"{links[0]} does not hold {missing}, which the README's summary row cites: {row}"
+
+
+def test_every_results_file_heads_each_run_with_date_versions_machine_and_load():
+    files = sorted(RESULTS.glob("*.md"))
+    linked = {Path(link).name for row in summary_rows() for link in LINK.findall(row)}
+    assert linked <= {f.name for f in files}
+    for path in files:
+        runs = path.read_text().split("\n## ")[1:]
+        assert runs, f"{path.name} records no run"
+        for run in runs:
+            for field in ("- Date:", "- Command:", "- Versions:", "- Machine:", "- Load:"):
+                assert field in run, f"{path.name}, section {run.splitlines()[0]!r}: no {field!r} line"
+
+
+def test_a_benchmark_run_goes_above_the_earlier_ones_and_keeps_them():
+    from benchmarks.bench_results import insert_run
+
+    old = "# Title\n\nWhat it measures.\n\n## Run of 2026-01-01\n\n| a |\n"
+    new = insert_run(old, "## Run of 2026-02-02\n\n| b |\n")
+    assert new == "# Title\n\nWhat it measures.\n\n## Run of 2026-02-02\n\n| b |\n\n## Run of 2026-01-01\n\n| a |\n"
+    assert insert_run("# Title\n", "## Run\n") == "# Title\n\n## Run\n"
+
+
+PUBLIC_ISSUES = ("pytorch", "dali", "timm")
+"""Issue trackers a reader can open (PyTorch issue 13246, pytorch#190489, NVIDIA DALI issue 1415, timm issue 2781)."""
+
+
+def internal_references(text: str) -> List[str]:
+    """Work-item numbers of this project ("issue 22", "issue 23's", "issues 16 and 23", "#22"): a reader cannot open
+    them. A number after a public tracker's name is fine."""
+    found = []
+    for match in re.finditer(r"(\S*)\s*\b(issues? \d+|issue's)", text, re.IGNORECASE):
+        if match.group(1).lower().strip("(").rstrip(":") not in PUBLIC_ISSUES:
+            found.append(match.group(2))
+    for match in re.finditer(r"(\S*)#\d+", text):
+        if not match.group(1).lower().rstrip("/").endswith(PUBLIC_ISSUES):
+            found.append(match.group(0))
+    return found
+
+
+def test_internal_references_are_found_and_public_ones_are_not():
+    assert internal_references("the goals are issue 22's; see #22 and issue 23") == ["issue 22", "issue 23", "#22"]
+    assert internal_references("PyTorch issue 13246, pytorch#190489, NVIDIA DALI issue 1415, timm issue 2781") == []
+
+
+def test_no_internal_work_item_numbers_where_users_read():
+    for path in [README, REFERENCE, *sorted(RESULTS.glob("*.md"))]:
+        assert internal_references(path.read_text()) == [], path.relative_to(ROOT)
+
+
+# ---------------------------------------------------------------- install and release
+
+def test_the_install_table_lists_every_extra_as_setup_cfg_has_it():
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    extras = {name: sorted(line.strip() for line in value.splitlines() if line.strip())
+              for name, value in config["options.extras_require"].items()}
+    section = README.read_text().split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
+    table = {}
+    for row in section.splitlines():
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        if row.startswith("| `"):
+            table[cells[0].strip("`")] = sorted(p.strip() for p in cells[1].split(","))
+    assert table == extras, "README's Install table and setup.cfg's extras differ"
+
+
+def test_one_version_string_and_py_typed_ships(tmp_path):
+    import autoloader
+
+    assert "version = attr: autoloader.__version__" in (ROOT / "setup.cfg").read_text()
+    assert (ROOT / "autoloader" / "py.typed").is_file()
+    subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path)], cwd=ROOT, check=True,
+                   capture_output=True, text=True, timeout=120)
+    built = importlib.metadata.PathDistribution(tmp_path / "autoloader.egg-info")
+    assert built.version == autoloader.__version__, "setup.cfg's resolved version is autoloader.__version__"
+    assert "autoloader/py.typed" in built.read_text("SOURCES.txt").split(), "py.typed is not in the distribution"
+    installed = importlib.metadata.distribution("autoloader")
+    origin = json.loads(installed.read_text("direct_url.json") or "{}").get("url", "")
+    if origin.rstrip("/") == ROOT.as_uri():  # installed from this checkout (CI): its metadata says the same
+        assert installed.version == autoloader.__version__

@@ -8,7 +8,8 @@ live there). Reported: the peak during tuning and during the epoch against the b
 predicted footprint, and the trials skipped for the budget. Asserted: the epoch's peak stays under the budget.
 The "copy-on-read" workload holds its samples as a Python list of bytes objects, so every worker copies the pages it
 reads (PyTorch issue 13246): its forecast warns, and the choice keeps the epoch under the budget.
-``AUTOLOADER_BENCH_MEMORY_BUDGET`` (bytes, default 512 MiB) and ``AUTOLOADER_BENCH_TABLE`` (a path for the table).
+``AUTOLOADER_BENCH_MEMORY_BUDGET`` (bytes, default 512 MiB) and ``AUTOLOADER_BENCH_TABLE`` (a path for the table); the
+run is added to tests/benchmarks/results/memory.md (``bench_results``).
 """
 import os
 import threading
@@ -21,6 +22,7 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from autoloader import AutoloaderWarning, make_loader
+from bench_results import Run
 from helpers import emit_table
 from workloads import CpuBound, InMemory, JpegDecode, LatencyBound, Mixed
 
@@ -123,6 +125,7 @@ def test_peak_memory_stays_under_the_budget(name):
 
 @pytest.fixture(scope="module", autouse=True)
 def table():
+    run = Run.start("memory", "Peak memory against the memory budget")
     yield
     if not ROWS:
         return
@@ -139,3 +142,4 @@ def table():
                      f"| {r['trials']} ({r['skipped']}) "
                      f"| {r['epoch_s']:.1f} | {r['warned']} |")
     emit_table("\n".join(lines))
+    run.write("\n".join(lines))

@@ -17,6 +17,7 @@ configuration measured in interleaved rounds (forward, then reverse order, ...) 
 ``test_bench_threads.py`` does; the table gives ratios to the fastest row of the workload. Asserted only what must hold
 anywhere: no trial or tune leaves a worker behind, the main process's pools are as they were, every configuration
 measured at least once. ``AUTOLOADER_BENCH_ROUNDS`` (default 3), ``AUTOLOADER_BENCH_TABLE`` (a path for the table).
+The run is added to tests/benchmarks/results/native_threads.md (``bench_results``).
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from autoloader.measure.trial import run_trial
 from autoloader.probe import probe_machine
 from autoloader.request import Request
 from autoloader.results import TuneResult
+from bench_results import Run
 from helpers import emit_table, live_children, longer_windows, measured_as, selected_workloads
 from workloads import Matmul
 
@@ -161,6 +163,9 @@ def tables() -> str:
 
 @pytest.fixture(scope="module", autouse=True)
 def table():
+    run = Run.start("native_threads", "Native thread pools inside workers: benchmark results")
     yield
     if ROWS:
-        emit_table(tables())
+        text = tables()
+        emit_table(text)
+        run.write(text, packages=("threadpoolctl",), loads=[x for r in ROWS for x in r["load"]])

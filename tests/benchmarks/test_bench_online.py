@@ -39,7 +39,7 @@ mixed, jpeg (needs Pillow), cold, cold-simulated; quick: in-memory, cpu-bound, l
 ``AUTOLOADER_BENCH_SERIES`` (default ``latency-bound,cpu-bound``), ``AUTOLOADER_BENCH_TABLE`` (a path for the markdown
 tables), ``AUTOLOADER_BENCH_PLOTS`` (a directory: a PNG of each online epoch 1, with matplotlib, and its trace as
 JSON), ``AUTOLOADER_BENCH_COLD`` (``auto``, ``fadvise`` or ``simulated``), ``AUTOLOADER_BENCH_COLD_PENALTY_S``
-(default 0.002), ``AUTOLOADER_BENCH_TMPDIR``.
+(default 0.002), ``AUTOLOADER_BENCH_TMPDIR``. The run is added to tests/benchmarks/results/online.md (``bench_results``).
 """
 from __future__ import annotations
 
@@ -63,6 +63,7 @@ from torch.utils.data import DataLoader, Dataset
 from autoloader import make_loader
 from autoloader.probe import probe_machine
 from bench_files import Cycle, FileSet, resident_fraction
+from bench_results import Run
 from helpers import emit_table, selected_workloads
 from workloads import CpuBound, InMemory, JpegDecode, LatencyBound, Mixed
 
@@ -556,7 +557,10 @@ def tables() -> str:
 
 @pytest.fixture(scope="module", autouse=True)
 def table():
+    run = Run.start("online", "Online tuning against an oracle and against trials")
     yield
     if not ROWS:
         return
-    emit_table(tables())
+    text = tables()
+    emit_table(text)
+    run.write(text, loads=LOADS)

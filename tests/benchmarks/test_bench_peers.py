@@ -37,7 +37,8 @@ in-memory,latency-bound,cold), ``AUTOLOADER_BENCH_ROUNDS`` (default 2; quick 1),
 (comma-separated, default all: in-memory, cpu-bound, latency-bound, mixed, jpeg (needs Pillow), cold),
 ``AUTOLOADER_BENCH_CONTENDERS`` (comma-separated ids, default all: see ``POINTS``), ``AUTOLOADER_BENCH_ONLINE_EPOCH_S``
 (default 20; quick 8), ``AUTOLOADER_BENCH_COLD_FILES`` (default 150000; quick 40000), ``AUTOLOADER_BENCH_TMPDIR``
-(where the cold files go), ``AUTOLOADER_BENCH_TABLE`` (a path for the markdown tables).
+(where the cold files go), ``AUTOLOADER_BENCH_TABLE`` (a path for the markdown tables). The run is added to
+tests/benchmarks/results/peers.md (``bench_results``).
 """
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
+from bench_results import Run
 from helpers import emit_table, selected_workloads
 from peers_data import WORKLOADS, ColdFiles
 from peers_launch import launch
@@ -306,6 +308,9 @@ def tables() -> str:
 
 @pytest.fixture(scope="module", autouse=True)
 def table():
+    run = Run.start("peers", "autoloader against tf.data, SPDL and torchdata.nodes")
     yield
     if ROWS:
-        emit_table(tables())
+        text = tables()
+        emit_table(text)
+        run.write(text, packages=("tensorflow-cpu", "spdl-core", "torchdata", "pillow"), loads=LOADS)

@@ -2,17 +2,22 @@
 
 Side by side, from the same state (batch 15,000 of 15,625, shuffled): ``load_state_dict`` then the first batch
 (redraw the order, skip 15,000 index batches, no sample loaded), against replaying the epoch up to there with a plain
-DataLoader (what a loader without state does to get back to the same point: every skipped sample is loaded).
+DataLoader (what a loader without state does to get back to the same point: every skipped sample is loaded). The run
+is added to tests/benchmarks/results/resume.md (``bench_results``).
 """
 import itertools
 import time
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from autoloader import PrefetchLoader
+from bench_results import Run
+from helpers import emit_table
 
 N, BATCH, K = 1_000_000, 64, 15_000
+ROWS = []
 
 
 class Cheap(Dataset):
@@ -62,4 +67,20 @@ def test_resume_at_batch_k_of_a_million_sample_epoch_is_fast(benchmark):
     print(f"\nresume at batch {K:,} of {N // BATCH:,} ({N:,} samples): load_state_dict + first batch "
           f"{resume_s:.3f} s, no skipped sample loaded; replaying the epoch to there {replay_s:.2f} s "
           f"({replay_s / resume_s:,.0f}x)")
+    ROWS.append((resume_s, replay_s))
     assert resume_s < 1.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def table():
+    run = Run.start("resume", "Resuming deep into an epoch")
+    yield
+    if not ROWS:
+        return
+    lines = [f"Batch {K:,} of {N // BATCH:,} ({N:,} samples, batch {BATCH}, shuffled; a sample costs nothing to "
+             f"load): `load_state_dict` + the first batch (median of 3), against replaying the epoch to there with a "
+             f"plain DataLoader.", "",
+             "| resume s | replay s | replay / resume | skipped samples loaded on resume |", "|---|---|---|---|"]
+    lines += [f"| {resume_s:.3f} | {replay_s:.2f} | {replay_s / resume_s:,.0f}x | 0 |" for resume_s, replay_s in ROWS]
+    emit_table("\n".join(lines))
+    run.write("\n".join(lines))

@@ -28,7 +28,8 @@ Environment: ``AUTOLOADER_BENCH_QUICK=1`` (one round, a short sweep, a 12 s tuni
 gil-bound), ``AUTOLOADER_BENCH_ROUNDS`` (default 3; quick 1), ``AUTOLOADER_BENCH_WORKLOADS`` (comma-separated ids,
 default all: the 27 matrix rows, mixed-b16, mixed-b64, gil-bound, jpeg (needs Pillow)), ``AUTOLOADER_BENCH_SWEEP``
 (comma-separated process-only counts, default 0,1,2,4,8,16,32,64: on waiting rows the best is among the largest),
-``AUTOLOADER_BENCH_TABLE`` (a path for the markdown tables).
+``AUTOLOADER_BENCH_TABLE`` (a path for the markdown tables). The run is added to tests/benchmarks/results/threads.md
+(``bench_results``).
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ from autoloader.config import LoaderConfig
 from autoloader.results import TrialResult, TuneResult
 from autoloader.measure.trial import run_trial
 from autoloader.request import Request
+from bench_results import Run
 from helpers import emit_table, live_children, longer_windows, measured_as, selected_workloads
 from workloads import GilBound, JpegDecode, LatencyBound, Mixed
 
@@ -369,7 +371,10 @@ def tables() -> str:
 
 @pytest.fixture(scope="module", autouse=True)
 def table():
+    run = Run.start("threads", "Threads inside workers")
     yield
     if not ROWS and not FIXED_ROWS:
         return
-    emit_table(tables())
+    text = tables()
+    emit_table(text)
+    run.write(text, loads=LOADS)

@@ -5,7 +5,8 @@ tuned config when its prefetch_factor differs) in interleaved rounds (forward, t
 same trial code, so the tuned config, the best and the fixed rules are compared side by side under the same noise.
 Reported per workload: tuned/best (median rates), the rules "0" and "usable CPUs - 1" against the best, and the
 tuner's seconds against one sweep round's seconds. Targets: tuned/best >= 0.95 at <= 25 % of the sweep's time.
-Set AUTOLOADER_BENCH_ROUNDS (default 2) and AUTOLOADER_BENCH_TABLE (a path for the markdown table).
+Set AUTOLOADER_BENCH_ROUNDS (default 2) and AUTOLOADER_BENCH_TABLE (a path for the markdown table); the run is added
+to tests/benchmarks/results/tuner.md (``bench_results``).
 ``AUTOLOADER_BENCH_QUICK=1`` (a few minutes): one round, a sweep of 11 counts in 0..32, the four workloads without a
 slow step; the tuner/sweep time is then reported, not asserted (a shortened sweep is no yardstick for it).
 """
@@ -20,6 +21,7 @@ from autoloader.probe import probe_machine
 from autoloader.config import LoaderConfig
 from autoloader.measure.trial import run_trial
 from autoloader.request import Request
+from bench_results import Run
 from helpers import emit_table
 from workloads import CpuBound, InMemory, JpegDecode, LatencyBound, Mixed
 
@@ -89,6 +91,7 @@ def test_tuner_vs_sweep(benchmark, name):
 
 @pytest.fixture(scope="module", autouse=True)
 def table():
+    run = Run.start("tuner", "The tuner against an exhaustive sweep of num_workers")
     yield
     if not ROWS:
         return
@@ -100,3 +103,4 @@ def table():
                      f" | {r['cores-1/best']:.2f} | {r['tuner_s']:.1f} | {r['sweep_s']:.0f} | {r['time_ratio']:.0%}"
                      f" | {r['trials']} | {r['bottleneck']} |")
     emit_table("\n".join(lines))
+    run.write("\n".join(lines))
