@@ -51,8 +51,8 @@ class Checkpoints:
         in_epoch = clock is not None and not clock.done
         batches = self._skipped + clock.batches if in_epoch and clock is not None else 0
         stream = None
-        if in_epoch and dataset is not None:
-            stream = self._ahead_stream if held else copy.deepcopy(dataset.state_dict())
+        if dataset is not None:  # between epochs too: where the stream's next epoch starts (NOTE [ Exact resume ])
+            stream = self._ahead_stream if in_epoch and held else copy.deepcopy(dataset.state_dict())
         return LoaderState(
             epoch=clock.epoch if in_epoch and clock is not None else next_epoch, batches=batches, in_epoch=in_epoch,
             length=epoch_length(frame), sampling=sampling_of(frame), ranks=ranks(frame),
@@ -109,7 +109,7 @@ class Checkpoints:
             return source.resume(self._source)
         if pending is not None and pending.rest_of_epoch:
             _redrawn(source, pending).finish()  # after the last batch: the pulls the saver still had to make
-        elif pending is not None and pending.stream is not None:
+        elif pending is not None and pending.stream is not None and pending.in_epoch:
             self._skipped, self._start = pending.batches, None
             _load_stream(stream_dataset, pending.stream)
             it = source.epoch()
@@ -117,6 +117,8 @@ class Checkpoints:
             self._replay = pending if pending.ahead is not None else None
             return it
         elif pending is not None:
+            if pending.stream is not None:  # saved between epochs: the stream's next epoch starts where it said
+                _load_stream(stream_dataset, pending.stream)
             check_next_order(source, pending.now)  # puts every saved state back
         self._start = RngState.take(parts, samplers=True) if stream_dataset is None else None
         return source.epoch()

@@ -24,6 +24,9 @@ field by field and against a digest when loaded, then against the loader it resu
 #   then puts ``now`` back, so the batch and the loop's draws match. Without a side stream nothing is read ahead.
 # - ``stream``: an IterableDataset's own ``state_dict()`` before the next batch (it resumes through it, read by the
 #   main process), then ``now`` is put back after ``iter()``, which drew a base seed the saver drew at its start.
+#   Saved between epochs too, and loaded before the next ``iter()``: a stream's next epoch may depend on its own
+#   state (an epoch counter that reshuffles it, a shard cursor), and a loader with workers, whose copies of the
+#   dataset read the stream each, would not yield the saver's batches, so it is refused there as mid-epoch.
 # - ``sampling``: dataset kind and length, sampler and batch sampler types and lengths, batch size, drop_last; a state
 #   saved with other ones would resume on another order silently, so any difference is a ValueError.
 # - ``digest``: of every field autoloader wrote (not the samplers' or the dataset's own states): a state changed or

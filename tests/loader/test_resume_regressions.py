@@ -143,6 +143,52 @@ def test_a_stream_state_into_a_loader_with_workers_is_a_value_error_at_load():
         PrefetchLoader(DataLoader(Counter(30), batch_size=4, num_workers=2)).load_state_dict(state)
 
 
+class ReshufflingStream(IterableDataset):
+    """Another permutation every epoch, from its own epoch counter, which its state_dict() holds (as a stream that
+    reshuffles its shards every epoch keeps it)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.position, self.epoch = n, 0, 0
+
+    def __iter__(self):
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.epoch)).tolist()
+        while self.position < self.n:
+            self.position += 1
+            yield torch.tensor([order[self.position - 1]])
+        self.position, self.epoch = 0, self.epoch + 1
+
+    def state_dict(self):
+        return {"position": self.position, "epoch": self.epoch}
+
+    def load_state_dict(self, state) -> None:
+        self.position, self.epoch = state["position"], state["epoch"]
+
+
+def test_a_stream_saved_between_epochs_resumes_its_own_next_epoch():
+    """Between epochs the state held no stream state: the resumed stream started its epoch 0 again (independent
+    suite, second round; torchdata's TestMultiEpochState)."""
+    make = lambda: PrefetchLoader(DataLoader(ReshufflingStream(20), batch_size=4))  # noqa: E731
+    _seed(0)
+    whole, _ = _loop(make(), 3)
+    for done in (1, 2):
+        _seed(0)
+        saver = make()
+        _loop(saver, done)
+        state = json.loads(json.dumps(saver.state_dict()))
+        _seed(1234)
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert _loop(resumed, 3 - done)[0] == whole[done:], f"the epochs after epoch {done - 1}"
+
+
+def test_a_stream_state_saved_between_epochs_into_a_loader_with_workers_is_refused():
+    """Loaded, it served every batch once per worker (each worker's copy reads the whole stream)."""
+    loader = PrefetchLoader(DataLoader(Counter(12), batch_size=4))
+    for state in (loader.state_dict(), [b for b in loader] and loader.state_dict()):
+        with pytest.raises(ValueError, match="use num_workers=0 to resume it"):
+            PrefetchLoader(DataLoader(Counter(12), batch_size=4, num_workers=2)).load_state_dict(state)
+
+
 @pytest.mark.parametrize("saved, other, drop_last", [(600, 605, True), (600, 595, False)])
 def test_another_dataset_length_with_as_many_batches_is_refused(saved, other, drop_last):
     """Another permutation, silently, before (defect 7)."""
