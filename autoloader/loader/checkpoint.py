@@ -4,13 +4,14 @@ NOTE [ Exact resume ] in state.py says what the state holds and why."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from typing import Any, Callable, Dict, Iterator, Optional
 
 from torch.utils.data import DataLoader
 
 from .epochs import EpochClock, numbered_samplers, pulls_made, samplers
-from .resume import check_next_order, redrawn, stream_rule
+from .resume import check_next_order, ended_at, redrawn, stream_rule
 from .rng import Ambient, RngState, parts_of
 from .state import LoaderState, check, epoch_length, epochs_of, own_rank, ranks, sampling_of
 
@@ -91,6 +92,9 @@ class Checkpoints:
                                  f"loader cannot: {why or 'its dataset is not an IterableDataset'}")
         for sampler, epoch in zip(numbered_samplers(frame), parsed.sampler_epochs):
             sampler.set_epoch(epoch)
+        if parsed.rest_of_epoch and parsed.length is None and parsed.start is not None and parsed.drawn is not None \
+                and ended_at(source, start=parsed.start, batches=parsed.batches, drawn=parsed.drawn):
+            parsed = dataclasses.replace(parsed, length=parsed.batches)  # after its last batch, as with a len()
         self._pending, self._pending_json = parsed, own
         return parsed
 

@@ -9,7 +9,7 @@ from typing import Any, Optional, Tuple
 import torch
 from torch.utils.data import IterableDataset
 
-from .rng import RngState, parts_of
+from .rng import RngState, parts_of, preserved
 from .slices import EpochSource
 
 log = logging.getLogger("autoloader.prefetch")
@@ -27,6 +27,20 @@ def redrawn(source: Any, *, start: RngState, batches: int, drawn: int, now: RngS
     epoch.skip(batches, drawn=drawn)
     now.put(parts, samplers=False)
     return epoch
+
+
+def ended_at(source: Any, *, start: RngState, batches: int, drawn: int) -> bool:
+    """For an epoch whose sampler has no len(): whether no batch follows its first ``batches``, found by redrawing it
+    from ``start`` with every RNG then put back as it was (NOTE [ Exact resume ] in state.py: a state saved after an
+    epoch's last batch resumes at the next epoch). ``source``: what PrefetchLoader wraps (a ``source.Source``)."""
+    if source.slicer is None:
+        return False
+    parts = parts_of(source.frame)
+    with preserved(parts):
+        start.put(parts)
+        epoch = source.slicer.epoch()
+        epoch.skip(batches, drawn=drawn)
+        return not epoch._reissue and epoch._fresh() is None
 
 
 def same_order(slicer: Any, parts: Any, states: RngState, pulls: int) -> EpochSource:

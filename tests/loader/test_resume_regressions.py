@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, Sampler
 
 from autoloader import PrefetchLoader, make_loader
 from autoloader.loader import prefetch as _prefetch
@@ -187,6 +187,27 @@ def test_a_stream_state_saved_between_epochs_into_a_loader_with_workers_is_refus
     for state in (loader.state_dict(), [b for b in loader] and loader.state_dict()):
         with pytest.raises(ValueError, match="use num_workers=0 to resume it"):
             PrefetchLoader(DataLoader(Counter(12), batch_size=4, num_workers=2)).load_state_dict(state)
+
+
+class UnsizedSampler(Sampler):
+    """A shuffled order from torch's global RNG, without ``__len__``."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        yield from torch.randperm(self.n).tolist()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sampler_without_len_saved_after_the_last_batch_resumes_at_the_next_epoch(workers):
+    """The saver cannot tell its last batch without a len(): the first pass after the load was empty, the next epoch
+    came one pass late (independent suite, second round)."""
+    make = lambda: PrefetchLoader(DataLoader(DATA, batch_size=10, sampler=UnsizedSampler(100),  # noqa: E731
+                                             num_workers=workers))
+    _exact(make, epoch=0, k=10)
+    _exact(make, epoch=1, k=10)
+    assert wait_no_children() == []
 
 
 @pytest.mark.parametrize("saved, other, drop_last", [(600, 605, True), (600, 595, False)])
