@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import types
 from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
@@ -41,8 +42,13 @@ class Window:
 
 
 class FakeServing:
+    """No process behind it: nothing for ``serving.terminate_together`` to signal."""
+
+    stopped = False
+
     def __init__(self, config: LoaderConfig) -> None:
         self.loader = f"DataLoader({config.label()})"
+        self.crew = types.SimpleNamespace(current=list)
 
     def keep_workers(self) -> None:
         pass

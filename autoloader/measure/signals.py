@@ -13,7 +13,12 @@
 # - when the interrupted frame is inside the standard library's synchronisation code (threading, queue,
 #   multiprocessing), or where Python swallows exceptions ("Exception ignored in ...": a ``__del__``, a callback that
 #   ``os.fork()`` runs, such as logging's lock release, where a Ctrl-C while workers were forked was lost), a
-#   handler's exception is kept, not raised, and a 10 ms timer (SIGALRM) retries until the thread is somewhere safe. Blocking reads are safe places and raise at once: multiprocessing.connection and selectors
+#   handler's exception is kept, not raised, and a 10 ms timer (SIGALRM) retries until the thread is somewhere safe.
+#   A loop that forks workers spends nearly all its time in such code, so the retries seldom land (a Ctrl-C while 64
+#   workers started waited 0.4-1 s): while one is kept, a line tracer (``_LineTrap``) on the interrupted frames and
+#   every frame they call raises it at the first line that runs where neither its frame nor any caller is unsafe
+#   (``_unsafe_anywhere``), such as the DataLoader's loop between two forks. It is installed only when no other tracer is (a debugger, coverage), since raising from a tracer unsets
+#   it; then the timer alone retries. Blocking reads are safe places and raise at once: multiprocessing.connection and selectors
 #   (the pipe under ``Queue.get``, inside its try/finally), and a ``Condition.wait`` called by ``queue.Queue.get``
 #   once its try block is entered (the pin-memory results), which releases what it holds on the way out.
 # - in a function marked ``@cleanup`` (``Run.stop``) before it entered its ``shield()``, and while entering it, a
@@ -41,10 +46,11 @@ import multiprocessing.connection
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from types import CodeType, FrameType
-from typing import Any, Callable, Dict, Optional, Set, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Set, TypeVar
 
 log = logging.getLogger("autoloader.trial")
 
@@ -85,6 +91,18 @@ def unsafe_to_raise(frame: Optional[FrameType]) -> bool:
         return not (in_try and caller is not None and caller.f_code.co_filename == _QUEUE
                     and caller.f_code.co_name == "get")
     return path == _QUEUE or path.startswith(_MULTIPROCESSING)
+
+
+def _unsafe_anywhere(frame: Optional[FrameType]) -> bool:
+    """``unsafe_to_raise`` for ``frame`` or any frame that called it: the line tracer runs in every frame, also in
+    helpers that unsafe code calls (a weak set's ``add`` inside ``threading.Thread.__init__``), where the caller's
+    state would be left half-made."""
+    current = frame
+    while current is not None:
+        if unsafe_to_raise(current):
+            return True
+        current = current.f_back
+    return False
 
 
 def _swallowed_in(frame: FrameType, depth: int = 64) -> bool:
@@ -132,6 +150,50 @@ def _ensure_torch_sigchld_handler() -> None:
         install()
 
 
+class _LineTrap:
+    """While its guard keeps an exception, a line tracer that raises it at the first line run somewhere safe (NOTE
+    [ Asynchronous exceptions ]); ``disarm`` removes it."""
+
+    def __init__(self, guard: "SignalGuard") -> None:
+        self.guard = guard
+        self.frames: List[FrameType] = []
+        self.armed = False
+
+    def arm(self, frame: Optional[FrameType]) -> None:
+        if self.armed or frame is None or sys.gettrace() is not None:
+            return
+        self.armed = True
+        current: Optional[FrameType] = frame
+        while current is not None:
+            current.f_trace = self._line
+            self.frames.append(current)
+            current = current.f_back
+        sys.settrace(self._call)
+
+    def disarm(self) -> None:
+        if not self.armed:
+            return
+        self.armed = False
+        if sys.gettrace() == self._call:
+            sys.settrace(None)
+        for frame in self.frames:
+            frame.f_trace = None
+        self.frames.clear()
+
+    def _call(self, frame: FrameType, event: str, arg: Any) -> Any:
+        return self._line if self.armed and os.getpid() == self.guard._pid else None
+
+    def _line(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if os.getpid() != self.guard._pid:  # a forked worker inherited the tracer
+            sys.settrace(None)
+            return None
+        if not self.armed:
+            return None
+        if event == "line":
+            self.guard._raise_if_safe(frame)
+        return self._line
+
+
 class SignalGuard:
     """Raise ``make_timeout()`` after ``limit_s`` seconds, and deliver SIGINT/SIGCHLD/SIGALRM exceptions only at
     safe points, for the length of a ``with`` block (see NOTE [ Asynchronous exceptions ]).
@@ -149,6 +211,7 @@ class SignalGuard:
         self._pending: Optional[BaseException] = None
         self._shielded = 0
         self._limit_passed = False
+        self._trap = _LineTrap(self)
 
     # -- installing ----------------------------------------------------------------------------------------------
     def __enter__(self) -> "SignalGuard":
@@ -174,6 +237,7 @@ class SignalGuard:
         if not self.active:
             return
         self.active = False
+        self._trap.disarm()
         for signum, previous in self._previous.items():
             if _guard_of(signal.getsignal(signum)) is self:
                 signal.signal(signum, _unwrapped(signum, previous))
@@ -228,18 +292,36 @@ class SignalGuard:
             log.debug("kept %r: interrupted %s:%s", exc, frame and frame.f_code.co_filename,
                       frame and frame.f_code.co_name)
             self._arm()
+            if self._retried():
+                self._trap.arm(frame)
             return
         self._pending = None
         self._arm()
         raise exc
 
+    def _retried(self) -> bool:
+        """A kept exception that is to be raised at the next safe place (not shielded, not a held worker error)."""
+        return self._pending is not None and not self._shielded and \
+            not (self.hold_worker_errors and _rank(self._pending) == 0)
+
+    def _raise_if_safe(self, frame: FrameType) -> None:
+        """The line tracer's check (NOTE [ Asynchronous exceptions ]): raise the kept exception in ``frame`` when it
+        is somewhere safe."""
+        if not self.active or not self._retried() or _unsafe_anywhere(frame):
+            return
+        kept, self._pending = self._pending, None
+        self._trap.disarm()
+        self._arm()
+        raise kept  # type: ignore[misc]
+
     def _arm(self) -> None:
         if not self.active:
             return
         delays = []
-        if self._pending is not None and not self._shielded and \
-                not (self.hold_worker_errors and _rank(self._pending) == 0):
+        if self._retried():
             delays.append(RETRY_S)
+        else:
+            self._trap.disarm()
         if self._deadline is not None and not self._limit_passed:
             delays.append(max(1e-4, self._deadline - time.monotonic()))
         signal.setitimer(signal.ITIMER_REAL, min(delays) if delays else 0)

@@ -39,6 +39,7 @@ from ..errors import TuningError
 from ..loader.slices import EpochSource
 from ..measure.failures import classify, failure_reason
 from ..measure.run import END, Run
+from ..measure.serving import terminate_together
 from ..measure.window import samples_in
 from ..results import EpochTrace, TrialResult
 from .handover import Stage, tail_extra
@@ -160,6 +161,7 @@ class EpochScheduler:
             error = exc
         finally:
             if following is not None and error is not None:
+                terminate_together([following.run.serving, run.serving])
                 following.abort(error)  # the later slice first: its batches go back behind the ones below
             run.stop(error)  # done already, unless a Ctrl-C landed as the run's own cleanup began
             self.in_force = None

@@ -57,6 +57,7 @@ def _in_the_lock_window(action, on_window):
         if event == "c_return" and not fired and frame.f_code.co_name == "__enter__" \
                 and frame.f_code.co_filename == threading.__file__:
             fired.append(frame)
+            sys.setprofile(None)  # done: an exception raised at the first line of the finally below would skip it
             on_window(frame)
 
     sys.setprofile(hook)
@@ -83,15 +84,15 @@ def test_raising_inside_queue_put_leaks_the_lock_for_good(raising_sigchld):
 def test_the_guard_keeps_the_exception_until_the_put_is_done(raising_sigchld):
     q = multiprocessing.Queue()
     try:
+        started = time.monotonic()
         with pytest.raises(WorkerDied):
             with SignalGuard():
                 _in_the_lock_window(lambda: q.put(1),
                                     lambda frame: signal.getsignal(signal.SIGCHLD)(signal.SIGCHLD, frame))
-                assert not q._notempty._lock.locked()
-                q.put(2)  # would block for good had the lock leaked
-                started = time.monotonic()
-                time.sleep(2.0)  # the kept exception is retried every 10 ms and lands here
+                time.sleep(2.0)  # the kept exception lands at the first safe line, at the latest here
         assert time.monotonic() - started < 1.5
+        assert not q._notempty._lock.locked()
+        q.put(2)  # would block for good had the lock leaked
         assert q.get(timeout=5) == 1 and q.get(timeout=5) == 2
     finally:
         q.close()
@@ -146,7 +147,7 @@ def test_nothing_is_raised_inside_the_shield_and_ctrl_c_comes_out_at_the_end(rai
 
 
 def test_check_raises_what_was_kept(raising_sigchld):
-    with SignalGuard() as guard:
+    with SignalGuard(hold_worker_errors=True) as guard:
         guard._deliver(WorkerDied("kept"), _unsafe_frame())
         with pytest.raises(WorkerDied, match="kept"):
             guard.check()
@@ -241,3 +242,39 @@ def test_an_ignored_sigint_stays_ignored_through_a_guard():
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.05)
     assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+
+
+def test_a_kept_ctrl_c_lands_at_the_first_safe_line_not_at_the_next_retry():
+    """NOTE [ Asynchronous exceptions ]: Ctrl-C kept inside unsafe code (a lock's window) is raised at the first line
+    that runs somewhere safe: here the line right after the put, long before the 10 ms retry could fire."""
+    q = multiprocessing.Queue()
+    lines = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with SignalGuard():
+                _in_the_lock_window(lambda: q.put(1), lambda frame: signal.getsignal(signal.SIGINT)(signal.SIGINT,
+                                                                                                  frame))
+                lines.append("after the put")  # raised at the latest here, the first line of this frame
+        assert lines == [], "the kept Ctrl-C ran a safe line before it was raised"
+        assert not q._notempty._lock.locked() and sys.gettrace() is None
+    finally:
+        q.close()
+        q.join_thread()
+
+
+def test_no_line_trap_beside_another_tracer():
+    """A debugger's or coverage's tracer stays: raising from a tracer would unset it, so only the timer retries."""
+    def other(frame, event, arg):
+        return None
+
+    previous = sys.gettrace()
+    sys.settrace(other)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with SignalGuard() as guard:
+                guard._deliver(KeyboardInterrupt(), _unsafe_frame())
+                assert sys.gettrace() is other
+                time.sleep(1.0)  # the 10 ms retry lands here
+        assert sys.gettrace() is other
+    finally:
+        sys.settrace(previous)
