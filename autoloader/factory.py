@@ -119,10 +119,12 @@ def make_loader(
         source: Any = OnlineLoader(request, search, retune=retune)
         result, cache_key = None, slot.key
     else:
+        assert result is not None  # a miss was tuned above unless it is searched online (the branch before)
         source, cache_key = request.data_loader(result.config), slot.key if in_cache else None
     loader = PrefetchLoader(source, device=request.device, tuning=result, cache_key=cache_key,
                             single_process=request.unsharded, **request.transform)
     result = loader.tuning
+    assert result is not None  # a result, or the online source's decision in force
     node = request.group.node if request.group is not None else None
     log.info("autoloader%s: %s, %s samples/s, bottleneck %s, from %s, %.2f s",
              f" ({node.label})" if node is not None and node.count > 1 else "", result.config.label(),

@@ -32,13 +32,13 @@ def plot_tune_result(result: "TuneResult", path: Union[str, "os.PathLike[str]"],
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    ok = [t for t in result.trials if t.ok]
-    serial = [(0, t.samples_per_s) for t in ok if t.config.num_workers == 0 and t.config.threads == 1]
+    ok = [(t, t.samples_per_s) for t in result.trials if t.ok and t.samples_per_s is not None]  # ok: measured
+    serial = [(0, rate) for t, rate in ok if t.config.num_workers == 0 and t.config.threads == 1]
     series: Dict[Tuple[int, int, bool], List[Tuple[int, float]]] = {}
-    for trial in ok:  # one line per threads per process, prefetch_factor and pin_memory
+    for trial, rate in ok:  # one line per threads per process, prefetch_factor and pin_memory
         if trial.config.num_workers or trial.config.threads > 1:
             series.setdefault((trial.config.threads, trial.config.prefetch_factor or 0, trial.config.pin_memory),
-                              []).append((trial.config.num_workers, trial.samples_per_s))
+                              []).append((trial.config.num_workers, rate))
     fig = Figure(figsize=(7, 4.2), dpi=110)
     ax = fig.add_subplot(1, 1, 1)
     pins = {pin for _, _, pin in series}
@@ -60,7 +60,7 @@ def plot_tune_result(result: "TuneResult", path: Union[str, "os.PathLike[str]"],
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("num_workers")
     ax.set_ylabel("samples/s")
-    tops = [t.samples_per_s for t in ok] + [result.consumer_samples_per_s or 0.0]
+    tops = [rate for _, rate in ok] + [result.consumer_samples_per_s or 0.0]
     ax.set_ylim(0, 1.15 * max(tops) if max(tops) > 0 else 1.0)
     ax.set_title(title or f"autoloader trials ({result.source}, bottleneck: {result.bottleneck or 'unknown'})")
     ax.grid(True, alpha=0.3)

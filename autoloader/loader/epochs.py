@@ -76,7 +76,7 @@ def numbered_samplers(loader: Any) -> List[Any]:
     return [s for s in samplers(loader) if isinstance(getattr(s, "epoch", None), int)]
 
 
-def advance_epochs(loader: Any, record: Sequence[int], *, epoch_set: bool) -> List[int]:
+def advance_epochs(loader: Any, record: Optional[Sequence[int]], *, epoch_set: bool) -> List[int]:
     """At an epoch's start: when neither ``set_epoch`` on the loader (``epoch_set``) nor anyone on the samplers
     themselves changed their ``epoch`` since the last epoch started (``record``), advance it by one, as Accelerate's
     loaders do, so a ``DistributedSampler`` reshuffles every epoch. Returns the new record."""

@@ -101,7 +101,7 @@ class PrefetchLoader:
         return tuple(self._source.traces)
 
     def __len__(self) -> int:
-        return len(self._frame)  # type: ignore[arg-type]
+        return len(self._frame)
 
     @property
     def dataset(self) -> Any:
@@ -298,7 +298,7 @@ class PrefetchLoader:
         consumer = torch.cuda.current_stream(self.device) if stream is not None else None
         context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         with context:
-            if stream is not None:
+            if stream is not None and consumer is not None:  # both or neither
                 stream.wait_stream(consumer)
                 batch = map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
             if self._transform.active:

@@ -109,7 +109,8 @@ def _parsed(state: Any) -> LoaderState:
     if state.get("digest") != _digest({k: v for k, v in state.items() if k != "digest"}):
         raise StateError("the state does not match its digest (state['digest']): it was changed or truncated after "
                          "state_dict() made it")
-    epoch, batches, length, drawn = (state.get(k) for k in ("epoch", "batches", "length", "drawn"))
+    fields: List[Any] = [state.get(k) for k in ("epoch", "batches", "length", "drawn")]  # checked below
+    epoch, batches, length, drawn = fields
     _field(_is_int(epoch) and epoch >= 0, "epoch", "an int >= 0")
     _field(_is_int(batches) and batches >= 0, "batches", "an int >= 0")
     _field(length is None or _is_int(length) and length >= batches, "length", "None or an int >= state['batches']")
@@ -117,7 +118,7 @@ def _parsed(state: Any) -> LoaderState:
     for name in ("in_epoch", "epoch_set"):
         _field(isinstance(state.get(name), bool), name, "True or False")
     _field(isinstance(state.get("sampling"), dict), "sampling", "a dict")
-    ranks = state.get("ranks")
+    ranks: Any = state.get("ranks")
     _field(isinstance(ranks, dict) and all(_is_int(v) for v in ranks.values()), "ranks", "a dict of ints")
     _field(_int_list(state.get("sampler_epochs")), "sampler_epochs", "a list of ints")
     record = state.get("sampler_record")

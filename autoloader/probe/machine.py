@@ -13,7 +13,7 @@ import platform
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import AbstractSet, Dict, Literal, Optional, Tuple, overload
 
 import psutil
 import torch
@@ -274,12 +274,18 @@ def _from_dict(data: object) -> MachineProfile:
 _MEMORY_KEYS = frozenset({"total_bytes", "available_bytes", "limit_bytes", "budget_bytes", "headroom_bytes"})
 
 
-def _mapping(value: object, where: str, keys: set) -> dict:
+def _mapping(value: object, where: str, keys: AbstractSet[str]) -> dict:
     if not isinstance(value, dict):
         raise ValueError(f"{where} must be a JSON object, got {type(value).__name__}")
     if set(value) != keys:
         raise ValueError(f"{where} has keys {sorted(value)}, expected {sorted(keys)}")
     return value
+
+
+@overload
+def _int(d: dict, key: str, where: str, *, optional: Literal[False]) -> int: ...
+@overload
+def _int(d: dict, key: str, where: str, *, optional: bool = ...) -> Optional[int]: ...
 
 
 def _int(d: dict, key: str, where: str, *, optional: bool = True) -> Optional[int]:
@@ -291,6 +297,12 @@ def _int(d: dict, key: str, where: str, *, optional: bool = True) -> Optional[in
     return value
 
 
+@overload
+def _num(d: dict, key: str, where: str, *, optional: Literal[False]) -> float: ...
+@overload
+def _num(d: dict, key: str, where: str, *, optional: bool = ...) -> Optional[float]: ...
+
+
 def _num(d: dict, key: str, where: str, *, optional: bool = True) -> Optional[float]:
     value = d[key]
     if value is None and optional:
@@ -299,6 +311,12 @@ def _num(d: dict, key: str, where: str, *, optional: bool = True) -> Optional[fl
         raise ValueError(f"{where}.{key} must be a finite number >= 0{' or null' if optional else ''}, "
                          f"got {value!r}")
     return float(value)
+
+
+@overload
+def _str(d: dict, key: str, where: str, *, optional: Literal[False]) -> str: ...
+@overload
+def _str(d: dict, key: str, where: str, *, optional: bool = ...) -> Optional[str]: ...
 
 
 def _str(d: dict, key: str, where: str, *, optional: bool = True) -> Optional[str]:

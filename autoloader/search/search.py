@@ -159,7 +159,8 @@ class Search:
         consumer_rate = self.consumer(consumer_s)
         self.found.ceiling = policy.rate_ceiling(serial, batch_size=self.settings.batch_size, usable_cpus=self.settings.usable,
                                            consumer_samples_per_s=consumer_rate)
-        if serial is not None and consumer_rate and serial.samples_per_s >= (1 - self.settings.tolerance) * consumer_rate:
+        if serial is not None and consumer_rate and \
+                threads_policy.rate(serial) >= (1 - self.settings.tolerance) * consumer_rate:
             return
         if serial is not None:
             first = policy.predict_from_serial(fetch_s=serial.fetch_s_per_batch or 0.0,
@@ -266,7 +267,8 @@ class Search:
         needed = policy.workers_needed(fetch_s=serial.fetch_s_per_batch or 0.0, consumer_s=consumer_s,
                                        fetch_cpu_s=serial.fetch_cpu_s_per_batch or 0.0,
                                        usable_cpus=self.settings.usable) if first and serial is not None else 1.0
-        if first and (yield from search_threads_first(self, serial, consumer_s, workers_needed=needed)):
+        if first and serial is not None and \
+                (yield from search_threads_first(self, serial, consumer_s, workers_needed=needed)):
             return consumer_s, True
         if first:
             self.stop_at = self.settings.budget  # the fallback: no thread part follows it
@@ -297,7 +299,7 @@ class Search:
                                  usable_cpus=self.settings.usable, memory_limited=self.found.memory_limited or any(
                                      t.status == "skipped" and t.config.num_workers > n and not self.refits(t)
                                      for t in self.found.trials))
-        best = max(t.samples_per_s for t in self.found.trials if t.ok)
+        best = max(threads_policy.rate(t) for t in self.found.trials if t.ok)
         fewest = "fewest workers, then threads per process," if self.settings.tune_threads else "fewest workers"
         why = (f"{fewest} within {self.settings.tolerance:.0%} of the best measured rate ({best:,.0f} samples/s) "
                f"in {len(self.found.trials)} trials" + (f"; {self.settings.cap_reason}" if self.settings.cap_reason else ""))
