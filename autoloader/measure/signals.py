@@ -6,7 +6,7 @@
 # (pid X) is killed by signal" when a worker dies). Raising between a lock's acquire and the ``try``/``with`` that
 # releases it leaks the lock for good. ``multiprocessing.Queue.put`` runs ``with self._notempty:``, and the
 # Python-level ``Condition.__enter__`` returns with the lock held before the ``with`` is set up: a worker killed while
-# the main thread puts indices raised exactly there (issue 11, seen with a diagnostic handler: "raised at
+# the main thread puts indices raised exactly there (seen with a diagnostic handler: "raised at
 # threading.py:__enter__ <- queues.py:put <- dataloader.py:_try_put_index"), and the iterator's shutdown then put to
 # the same queue and waited forever, the queue's feeder thread with it.
 # ``SignalGuard`` wraps the handlers of the three signals for the length of a trial:
