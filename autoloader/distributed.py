@@ -222,9 +222,23 @@ class Group:
 
 
 def node_decisions(loader: Any) -> List[Dict[str, Any]]:
-    """Every node's decision for ``loader`` (a ``make_loader`` result, or anything with ``.tuning``), on every rank;
-    rank 0 logs them, one line per node. A collective over all ranks: call it on every rank at a point where they all
-    meet anyway (after an epoch), never inside one (a node tuning online would wait for the others)."""
+    """Every node's decision for ``loader``, on every rank; rank 0 logs them, one line per node.
+
+    Each node decides for itself (NOTE [ One decision across ranks ]): this gathers what each decided. A collective
+    over all ranks: call it on every rank at a point where they all meet anyway (after an epoch), never inside one
+    (a node tuning online may still be searching, and would wait for the others).
+
+    Args:
+        loader: A ``make_loader`` result, or anything with a ``.tuning`` (a ``TuneResult`` or None).
+
+    Returns:
+        list: One dict per node, in node order: ``node`` (its index), ``ranks`` (its global ranks), ``host`` (its
+        leader's hostname), and, when it has decided, ``config`` (the configuration's label), ``num_workers``,
+        ``source``, ``samples_per_s`` and ``reason`` (the node leader's ``loader.tuning``).
+
+    Raises:
+        ValueError: ``torch.distributed`` is not initialised (call ``init_process_group()`` first).
+    """
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError("node_decisions needs torch.distributed.init_process_group() to have run first")
     tuning = getattr(loader, "tuning", None)

@@ -21,9 +21,24 @@ def available() -> bool:
 
 def plot_tune_result(result: "TuneResult", path: Union[str, "os.PathLike[str]"], *,
                      title: Optional[str] = None) -> Path:
-    """Write a PNG of the ok trials' rates: one series per prefetch_factor (``num_workers=0`` joins each) and, when
-    threads were tried, per threads per process (square markers, dashed), the chosen point ringed, the consumer's own
-    rate as a dashed line when known. Raises ``ImportError`` without matplotlib."""
+    """Write a PNG of a tuning's measured rates against ``num_workers`` (``autotune --plot``).
+
+    One series per ``prefetch_factor`` (``num_workers=0`` joins each) and, when threads were tried, per threads per
+    process (square markers, dashed), the chosen point ringed, the training step's own rate as a dashed line when
+    known.
+
+    Args:
+        result (TuneResult): A tuning, e.g. ``loader.tuning`` or what ``tune()`` returned.
+        path: The PNG file to write (a str or ``os.PathLike``).
+        title (str): The plot's title. Default None: the source and the bottleneck.
+
+    Returns:
+        Path: The file written.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install "autoloader[plot]"``).
+        OSError: ``path`` cannot be written.
+    """
     if not available():
         raise ImportError(MISSING)
     import matplotlib
@@ -117,10 +132,22 @@ def _switch_gaps(batches: Sequence[Tuple[float, int]],
 
 def plot_online_epoch(trace: "EpochTrace", path: Union[str, "os.PathLike[str]"], *,
                       title: Optional[str] = None) -> Path:
-    """Write a PNG of one epoch that tuned online (``loader.online_traces[0]`` is the first): the loop's rolling
-    samples/s over the epoch, each candidate's slice shaded and labelled with its configuration and measured rate
-    (a dashed segment at that rate), the switches between candidates hatched, and the configuration that served
-    the rest of the epoch. Raises ``ImportError`` without matplotlib."""
+    """Write a PNG of one epoch that tuned online: the loop's rolling samples/s over the epoch, each candidate's slice
+    shaded and labelled with its configuration and measured rate (a dashed segment at that rate), the switches
+    between candidates hatched, and the configuration that served the rest of the epoch.
+
+    Args:
+        trace (EpochTrace): The epoch, an entry of ``loader.online_traces`` (``[0]`` is the first epoch's).
+        path: The PNG file to write (a str or ``os.PathLike``).
+        title (str): The plot's title. Default None: the epoch, its slices and samples.
+
+    Returns:
+        Path: The file written.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install "autoloader[plot]"``).
+        OSError: ``path`` cannot be written.
+    """
     if not available():
         raise ImportError(MISSING)
     import matplotlib
