@@ -68,13 +68,17 @@ def make_loader(
     How: the machine is probed (usable CPUs under affinity and cgroup quota, cgroup-aware memory, free ``/dev/shm``,
     GPUs without initialising CUDA, ``ulimit -n``); the ``num_workers=0`` candidate gives the cost of a batch and of
     the step, which predict the worker count where loading meets the step or fills the CPUs; the search then doubles
-    while that pays and bisects down to the fewest within 5 % (typically 3-7 candidates). Only a candidate's steady
-    state is timed: its start-up and the burst of batches its workers prefetched are skipped (NOTE [ Trial timing ]
-    in ``autoloader/measure/run.py``). No candidate starts whose predicted memory exceeds the budget or whose batches
-    in flight overflow ``/dev/shm``. Online, switching candidates is hidden behind the batches in flight (NOTE
-    [ Hidden switch ] in ``autoloader/tuning/handover.py``). Under ``torch.distributed`` the ranks of a node tune
-    together and agree on one configuration; each node decides for itself (NOTE [ One decision across ranks ] in
-    ``autoloader/distributed.py``).
+    while that pays and bisects down to the fewest within 5 % (typically 3-7 candidates); once a candidate reaches
+    the rate the step or the usable CPUs bound every worker count to, no larger one starts. ``prefetch_factor`` is
+    tried only when the step waits on a loader that keeps up on average (jitter), ``pin_memory`` only for CUDA;
+    ``persistent_workers`` is on unless the workers would hold more than half the memory budget. Only a candidate's
+    steady state is timed: its start-up and the burst of batches its workers prefetched are skipped (NOTE [ Trial
+    timing ] in ``autoloader/measure/run.py``). No candidate starts whose predicted memory exceeds the budget or
+    whose batches in flight overflow ``/dev/shm`` (its row says why it was skipped). The bottleneck is named from the
+    same measurements (``TuneResult.bottleneck``). Online, switching candidates is hidden behind the batches in
+    flight (NOTE [ Hidden switch ] in ``autoloader/tuning/handover.py``). Under ``torch.distributed`` the ranks of a
+    node tune together and agree on one configuration; each node decides for itself (NOTE [ One decision across
+    ranks ] in ``autoloader/distributed.py``).
 
     A candidate that fails (a worker killed by the out-of-memory killer, a bus error from a full ``/dev/shm``, a
     trial past its time limit, too many open files) is recorded in ``loader.tuning.trials`` with ``status="failed"``
@@ -123,12 +127,20 @@ def make_loader(
             ``tuning="trials"`` nor for an ``IterableDataset``. False freezes the first decision.
         cache: Where the choice is kept: True (default: ``$AUTOLOADER_CACHE_DIR``, else
             ``$XDG_CACHE_HOME/autoloader``, else ``~/.cache/autoloader``), False (no cache), or a directory (a str
-            or ``os.PathLike``). One JSON file per key, written atomically, validated on every read: a corrupt entry
-            is a miss with an ``AutoloaderWarning``, an unwritable directory costs only the caching. A cached
-            configuration whose workers no longer fit today's memory or ``/dev/shm`` is tuned again.
+            or ``os.PathLike``). One JSON file per key (NOTE [ What the cache key covers ] in
+            ``autoloader/cache/fingerprint.py``: the dataset's fingerprint or ``key``, ``batch_size``, the
+            ``collate_fn``/``sampler``/``batch_sampler`` classes, ``drop_last``, the step, the device type, the knobs
+            you fixed, the transform, and the machine, not its hostname), written atomically, validated on every
+            read, no pickle: a corrupt entry is a miss with an ``AutoloaderWarning``, an unwritable directory costs
+            only the caching. A hit costs one sample read and a probe. Each online decision replaces the entry; a
+            tuning in which every worker count failed is not cached; a cached configuration whose workers no longer
+            fit today's memory or ``/dev/shm`` is tuned again.
         refresh (bool): True tunes again and replaces the cached result. Default False.
         budget (float): Seconds the trials may take, > 0. Default None: 30 s (typically 3-12 s are used). When it
-            runs out the best found so far is chosen, at most one trial's time limit later.
+            runs out the best found so far is chosen, at most one trial's time limit later. Each trial has a
+            wall-clock limit and its stuck workers are terminated (the limit uses ``SIGALRM``: called from another
+            thread than the main one, or under a ``SIGALRM`` handler of yours, a blocking ``num_workers=0`` trial
+            cannot be cut). Online tuning has no limit of its own: a dataset that blocks, blocks your loop.
         max_workers (int): The most worker processes ever tried, an int >= 0 (0: load in the main process only).
             Default None: as many as the usable CPUs and the open-files limit (``ulimit -n // 32``) allow.
         key (str): A name for the dataset in the cache key, instead of its fingerprint (its class, ``len()``, the
