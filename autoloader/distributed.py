@@ -161,9 +161,10 @@ class Group:
         (or the dataset is an ``IterableDataset``, which shards itself). Global: every rank of the job calls it.
 
         When autoloader shards, every rank must pass the same batch size, dataset length, shuffle and drop_last (a
-        ValueError on every rank names the difference). The sampler's seed is the ``generator``'s initial seed (else 0), rank 0's, since a
-        ``DistributedSampler`` only partitions the data when every rank shuffles with the same seed. Returns the
-        DataLoader keywords and the ``shuffle`` to pass on (the sampler shuffles, the loader must not).
+        ValueError on every rank names the difference). The sampler's seed is the ``generator``'s initial seed (else
+        0), rank 0's, since a ``DistributedSampler`` only partitions the data when every rank shuffles with the same
+        seed. Returns the DataLoader keywords and the ``shuffle`` to pass on (the sampler shuffles, the loader must
+        not).
         """
         kwargs = dict(loader_kwargs)
         generator = kwargs.get("generator")
