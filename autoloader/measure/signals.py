@@ -13,9 +13,10 @@
 # - when the interrupted frame is inside the standard library's synchronisation code (threading, queue,
 #   multiprocessing), or where Python swallows exceptions ("Exception ignored in ...": a ``__del__``, a callback that
 #   ``os.fork()`` runs, such as logging's lock release, where a Ctrl-C while workers were forked was lost), a
-#   handler's exception is kept, not raised, and a 10 ms timer (SIGALRM) retries until the thread is somewhere safe. Blocking reads are safe places and raise at once: multiprocessing.connection and selectors
-#   (the pipe under ``Queue.get``, inside its try/finally), and a ``Condition.wait`` called by ``queue.Queue.get``
-#   once its try block is entered (the pin-memory results), which releases what it holds on the way out.
+#   handler's exception is kept, not raised, and a 10 ms timer (SIGALRM) retries until the thread is somewhere safe.
+#   Blocking reads are safe places and raise at once: multiprocessing.connection and selectors (the pipe under
+#   ``Queue.get``, inside its try/finally), and a ``Condition.wait`` called by ``queue.Queue.get`` once its try block
+#   is entered (the pin-memory results), which releases what it holds on the way out.
 # - in a function marked ``@cleanup`` (``Run.stop``) before it entered its ``shield()``, and while entering it, a
 #   handler's exception is kept the same way: a Ctrl-C that lands as a run starts its cleanup must not skip it (it
 #   left a trial's workers running).
