@@ -16,7 +16,8 @@ field by field and against a digest when loaded, then against the loader it resu
 #   yields (``pulls_made``), and samplers draw as they are pulled: ``RandomSampler(generator=g)`` draws a chunk of 32
 #   indices at a time with ``replacement=True``, and one more ``randperm`` when asked past its end. The resume asks
 #   the redrawn epoch for exactly as many (keeping the ones not yet delivered), so those draws happen once, before
-#   ``now`` is put back, as in the saver; what the resumer pulls beyond them draws from ``now``, as the saver would have.
+#   ``now`` is put back, as in the saver; what the resumer pulls beyond them draws from ``now``, as the saver would
+#   have.
 # - ``now``: every RNG when ``state_dict()`` was called: the loop's own draws continue from there.
 # - ``ahead``: the ambient RNGs just before the batch the prefetcher held unyielded was loaded in the main process
 #   (only with a side stream, which reads one batch ahead: NOTE [ Stream synchronisation ] in prefetch.py). A dataset
@@ -198,9 +199,10 @@ def check(state: LoaderState, loader: Any) -> None:
                              f"batch_sampler and drop_last as the run that saved it, or start without the state")
     saved_gens, here_gens = set(state.now.generators), set(generators(parts_of(loader)))
     if saved_gens != here_gens:
-        raise ValueError(f"load_state_dict(state): the state was saved with generators on {sorted(saved_gens) or 'nothing'}"
-                         f", this loader has them on {sorted(here_gens) or 'nothing'}: pass the same generator= "
-                         f"(DataLoader or sampler) as the run that saved it")
+        raise ValueError(f"load_state_dict(state): the state was saved with generators on "
+                         f"{sorted(saved_gens) or 'nothing'}, this loader has them on "
+                         f"{sorted(here_gens) or 'nothing'}: pass the same generator= (DataLoader or sampler) as the "
+                         f"run that saved it")
     length = epoch_length(loader)
     if state.length is not None and length is not None and length != state.length:
         raise ValueError(f"load_state_dict(state): the saved epoch had {state.length} batches, this loader has "
