@@ -33,7 +33,7 @@ def check_budget(budget: Any) -> None:
         return
     if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
         raise TypeError(f"budget must be a number of seconds such as budget=30, got {budget!r}")
-    if not budget > 0:
+    if not float(budget) > 0:
         raise ValueError(f"budget={budget!r} must be > 0 seconds; pass num_workers=... to skip tuning instead")
 
 
@@ -56,7 +56,7 @@ def check_memory_budget(memory_budget: Any) -> Union[None, int, float]:
         raise TypeError(f"memory_budget must be bytes (an int such as memory_budget=8 * 2**30) or a fraction of the "
                         f"available memory (a float in (0, 1] such as memory_budget=0.5), got {memory_budget!r} "
                         f"({type(memory_budget).__name__})")
-    if _is_int(memory_budget):
+    if isinstance(memory_budget, numbers.Integral):  # an int (a bool was refused above)
         if memory_budget < 1:
             raise ValueError(f"memory_budget={memory_budget} must be >= 1 byte (e.g. memory_budget=8 * 2**30), or a "
                              f"fraction such as memory_budget=0.5; leave it out for the default")

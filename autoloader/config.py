@@ -140,56 +140,106 @@ def without_worker_only(kwargs: Mapping[str, Any]) -> dict:
 
 @dataclass(frozen=True)
 class LoaderConfig:
-    """A DataLoader configuration: one field per recorded knob (``KNOBS``). ``prefetch_factor`` is None without
-    workers, as are the other worker-only knobs' effects."""
+    """A DataLoader configuration: the knobs autoloader decides or records, one field each (``KNOBS``).
+
+    ``loader.tuning.config`` is the one chosen; ``DataLoader(dataset, batch_size, **config.loader_kwargs())`` builds
+    it (``threads`` and ``native_threads`` are autoloader's own, applied through the dataset and the workers'
+    ``worker_init_fn``). The worker-only knobs are off without workers.
+
+    Attributes:
+        num_workers (int): DataLoader worker processes, >= 0 (0: batches are loaded in the main process).
+        prefetch_factor (int): Batches each worker loads ahead, >= 1; None exactly when ``num_workers == 0``.
+        pin_memory (bool): Batches are copied into page-locked memory, for faster and asynchronous copies to CUDA.
+        persistent_workers (bool): Workers stay alive between epochs (off when they would hold more than half the
+            memory budget); False without workers.
+        threads (int): Threads fetching each batch's samples inside every loading process, >= 1 (1: none; see
+            ``autoloader.ThreadedDataset``).
+        multiprocessing_context (str): How the workers start (``"fork"``, ``"spawn"``, ``"forkserver"``) when you
+            chose; None: the platform's default.
+        native_threads (int): The most threads each worker's native pools (BLAS, OpenMP, OpenCV, numexpr) keep, >= 1
+            (NOTE [ Native thread pools ] in ``autoloader/loader/native.py``); None: not limited, and always None
+            without workers (the main process is never touched).
+
+    Raises:
+        ValueError: A knob out of range (e.g. ``num_workers=-1``, ``prefetch_factor=0``), or a worker-only knob set
+            with ``num_workers=0``.
+        TypeError: ``pin_memory`` or ``persistent_workers`` that is not a bool, or a ``multiprocessing_context``
+            that is not a start method.
+    """
 
     num_workers: int
     prefetch_factor: Optional[int] = None
     pin_memory: bool = False
     persistent_workers: bool = False
     threads: int = 1
-    """Threads fetching a batch's samples inside each process (see ``autoloader.loader.threads``); 1: none."""
     multiprocessing_context: Optional[str] = None
-    """How the workers start ('fork', 'spawn', 'forkserver'), when the user chose; None: the platform's default."""
     native_threads: Optional[int] = None
-    """The most threads each worker's native pools (BLAS, OpenMP, OpenCV, numexpr) keep (see NOTE [ Native thread
-    pools ] in loader/native.py); None: not limited, and always None without workers (the main process is never
-    touched)."""
 
     def __post_init__(self) -> None:
         check_knobs(dataclasses.asdict(self))
 
     def in_flight(self) -> int:
-        """Batches its workers hold beyond what the DataLoader returned (``in_flight``)."""
+        """Batches its workers hold beyond what the DataLoader returned.
+
+        Returns:
+            int: ``num_workers * prefetch_factor`` (torch's priming loop), 0 without workers.
+        """
         return in_flight(self.num_workers, self.prefetch_factor)
 
     def burst_batches(self) -> int:
-        """Batches consumed before a measuring window opens: the start-up burst (what is in flight when the first
-        batch comes, then one more wave of ``num_workers``; NOTE [ Trial timing ], 2. in measure/run.py); 1
-        without workers (the first batch, start-up included)."""
+        """Batches consumed before a measuring window opens: the start-up burst.
+
+        Returns:
+            int: What is in flight when the first batch comes, plus one more wave of ``num_workers`` (NOTE [ Trial
+            timing ], 2. in ``autoloader/measure/run.py``); 1 without workers (the first batch, start-up included).
+        """
         return self.in_flight() + self.num_workers if self.num_workers else 1
 
     def shm_batches(self) -> int:
-        """Batches in /dev/shm at most: those in flight, plus the one being pinned and the one the loop holds; 0
-        without workers (batches are made in the main process)."""
+        """Batches in ``/dev/shm`` at most.
+
+        Returns:
+            int: Those in flight, plus the one being pinned and the one the loop holds; 0 without workers (batches
+            are made in the main process).
+        """
         return self.in_flight() + 2 if self.num_workers else 0
 
     def worker_batches(self) -> int:
-        """Batches one worker's memory may hold: its share of those in flight, queued, and as many being built."""
+        """Batches one worker's memory may hold.
+
+        Returns:
+            int: Its share of those in flight, queued, and as many being built.
+        """
         return 2 * self.in_flight() // self.num_workers if self.num_workers else 2 * DEFAULT_PREFETCH
 
     def loader_kwargs(self) -> dict:
-        """The keywords to pass to ``torch.utils.data.DataLoader`` for this configuration; the worker-only ones only
-        with workers, and none left unset (None: DataLoader's own default)."""
+        """The keywords to pass to ``torch.utils.data.DataLoader`` for this configuration.
+
+        Returns:
+            dict: The DataLoader knobs (not ``threads`` or ``native_threads``), the worker-only ones only with
+            workers, none that is None (DataLoader's own default then).
+        """
         return {k.name: getattr(self, k.name) for k in KNOBS if k.recorded and k.loader_arg
                 and (self.num_workers > 0 or not k.worker_only) and getattr(self, k.name) is not None}
 
     def same_candidate(self, other: "LoaderConfig") -> bool:
-        """The same candidate as ``other`` whatever the knobs set only on decisions (``NOT_A_CANDIDATE``)."""
+        """Whether it is the same candidate as ``other``, whatever the knobs set only on decisions.
+
+        Args:
+            other: Another configuration.
+
+        Returns:
+            bool: True when every knob but those decided after the search (``persistent_workers``) is equal.
+        """
         return all(getattr(self, k) == getattr(other, k) for k in RECORDED if k not in NOT_A_CANDIDATE)
 
     def label(self) -> str:
-        """Short text: ``workers=4 prefetch=2 threads=8 pin``."""
+        """The configuration as short text, as the reports show it.
+
+        Returns:
+            str: e.g. ``"workers=4 prefetch=2 threads=8 pin"``: the worker count and prefetch always, the other
+            knobs when not their default.
+        """
         parts = []
         for knob in KNOBS:
             value = getattr(self, knob.name) if knob.recorded else knob.off
@@ -198,10 +248,27 @@ class LoaderConfig:
         return " ".join(parts)
 
     def to_dict(self) -> dict:
+        """The configuration as plain JSON data.
+
+        Returns:
+            dict: One entry per field; ``from_dict`` reads it back.
+        """
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "LoaderConfig":
+        """Rebuild a configuration from what ``to_dict`` returned.
+
+        Args:
+            data: A mapping of field names to values.
+
+        Returns:
+            LoaderConfig: The configuration.
+
+        Raises:
+            ValueError: An unknown field, or a value out of range.
+            TypeError: A missing ``num_workers``, or a flag that is not a bool.
+        """
         unknown = set(data) - set(RECORDED)
         if unknown:
             raise ValueError(f"unknown LoaderConfig fields {sorted(unknown)}")

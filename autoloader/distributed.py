@@ -40,7 +40,8 @@ import os
 import re
 import socket
 import sys
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from types import FrameType
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, overload
 
 import torch.distributed as dist
 from torch.utils.data import IterableDataset
@@ -160,9 +161,10 @@ class Group:
         (or the dataset is an ``IterableDataset``, which shards itself). Global: every rank of the job calls it.
 
         When autoloader shards, every rank must pass the same batch size, dataset length, shuffle and drop_last (a
-        ValueError on every rank names the difference). The sampler's seed is the ``generator``'s initial seed (else 0), rank 0's, since a
-        ``DistributedSampler`` only partitions the data when every rank shuffles with the same seed. Returns the
-        DataLoader keywords and the ``shuffle`` to pass on (the sampler shuffles, the loader must not).
+        ValueError on every rank names the difference). The sampler's seed is the ``generator``'s initial seed (else
+        0), rank 0's, since a ``DistributedSampler`` only partitions the data when every rank shuffles with the same
+        seed. Returns the DataLoader keywords and the ``shuffle`` to pass on (the sampler shuffles, the loader must
+        not).
         """
         kwargs = dict(loader_kwargs)
         generator = kwargs.get("generator")
@@ -198,10 +200,16 @@ class Group:
         shm = dataclasses.replace(profile.shm, free_bytes=_share(profile.shm.free_bytes, n))
         return dataclasses.replace(profile, cpu=cpu, memory=memory, shm=shm)
 
+    @overload
+    def broadcast(self, result: TuneResult, *, point: str = ...) -> TuneResult: ...
+    @overload
+    def broadcast(self, result: Optional[TuneResult], *, point: str = ...) -> Optional[TuneResult]: ...
+
     def broadcast(self, result: Optional[TuneResult], *, point: str = "decision") -> Optional[TuneResult]:
         """The node leader's result (or miss) on every rank of the node (``Coordinator.leader`` at ``point``: the
         cached, the tuned, an online decision), sent as its plain JSON form; with several nodes its reason starts with
-        the node that decided (``Node.label``)."""
+        the node that decided (``Node.label``). Every rank passes a result of the same kind (all a miss, or all a
+        result), so a result in gives a result out."""
         data = self.coordinator().leader(point, None if result is None else result.to_dict())
         if data is None:
             return None
@@ -215,9 +223,23 @@ class Group:
 
 
 def node_decisions(loader: Any) -> List[Dict[str, Any]]:
-    """Every node's decision for ``loader`` (a ``make_loader`` result, or anything with ``.tuning``), on every rank;
-    rank 0 logs them, one line per node. A collective over all ranks: call it on every rank at a point where they all
-    meet anyway (after an epoch), never inside one (a node tuning online would wait for the others)."""
+    """Every node's decision for ``loader``, on every rank; rank 0 logs them, one line per node.
+
+    Each node decides for itself (NOTE [ One decision across ranks ]): this gathers what each decided. A collective
+    over all ranks: call it on every rank at a point where they all meet anyway (after an epoch), never inside one
+    (a node tuning online may still be searching, and would wait for the others).
+
+    Args:
+        loader: A ``make_loader`` result, or anything with a ``.tuning`` (a ``TuneResult`` or None).
+
+    Returns:
+        list: One dict per node, in node order: ``node`` (its index), ``ranks`` (its global ranks), ``host`` (its
+        leader's hostname), and, when it has decided, ``config`` (the configuration's label), ``num_workers``,
+        ``source``, ``samples_per_s`` and ``reason`` (the node leader's ``loader.tuning``).
+
+    Raises:
+        ValueError: ``torch.distributed`` is not initialised (call ``init_process_group()`` first).
+    """
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError("node_decisions needs torch.distributed.init_process_group() to have run first")
     tuning = getattr(loader, "tuning", None)
@@ -297,16 +319,17 @@ def _refuse_second_sharding(num_replicas: int, *, depth: int = 8) -> None:
     shard_type = getattr(module, "BatchSamplerShard", None)
     if not isinstance(shard_type, type):
         return
-    frame = sys._getframe(2)
+    frame: Optional[FrameType] = sys._getframe(2)
     for _ in range(depth):
         if frame is None:
             return
         owner = frame.f_locals.get("self")
-        if isinstance(owner, shard_type) and getattr(owner, "num_processes", 1) > 1:
+        processes = getattr(owner, "num_processes", 1) if isinstance(owner, shard_type) else 1
+        if processes > 1:
             raise RuntimeError(
                 f"autoloader: accelerate shards this DataLoader again (BatchSamplerShard over "
-                f"{owner.num_processes} processes) although autoloader already shards it across {num_replicas} "
-                f"processes with a DistributedSampler: each process would see 1/{num_replicas * owner.num_processes} "
+                f"{processes} processes) although autoloader already shards it across {num_replicas} "
+                f"processes with a DistributedSampler: each process would see 1/{num_replicas * processes} "
                 f"of the data. Pass the PrefetchLoader itself to accelerator.prepare (it comes back unchanged), or "
                 f"build it with make_loader(..., distributed=False) and prepare loader.loader")
         frame = frame.f_back

@@ -10,15 +10,22 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class AutoloaderWarning(UserWarning):
-    """Something degraded (a cache entry, a trial, a guard) but a working loader was still returned.
+    """The category of every warning autoloader gives: something degraded but a working loader was still returned.
 
-    Filter with ``warnings.filterwarnings("ignore", category=autoloader.AutoloaderWarning)``.
+    E.g. a corrupt cache entry (tuned again), an unwritable cache directory, no candidate that could be measured
+    (``num_workers=0`` then), workers whose memory grows by copy-on-read past the memory budget, an
+    ``IterableDataset`` that every worker repeats, ``threads`` that cannot apply. Each message names the fix.
+    Filter with ``warnings.filterwarnings("ignore", category=autoloader.AutoloaderWarning)``; the details are logged
+    to ``logging.getLogger("autoloader")``.
     """
 
 
 class TuningError(RuntimeError):
-    """autoloader's own machinery failed during a trial (not the dataset, not the step). ``make_loader`` catches it,
-    warns and falls back to a safe configuration; ``tune`` raises it."""
+    """autoloader's own machinery failed while tuning: not your dataset or step, whose exceptions reach you unchanged.
+
+    ``tune`` raises it; ``make_loader`` catches it, warns (``AutoloaderWarning``) and falls back to a safe
+    configuration (``loader.tuning.source == "fallback"``), which it does not cache.
+    """
 
 
 class TrialTimeout(Exception):

@@ -55,39 +55,165 @@ def make_loader(
     native_threads: Optional[Union[bool, int]] = None,
     **dataloader_kwargs: Any,
 ) -> PrefetchLoader:
-    """A DataLoader tuned for this machine, dataset and training step, wrapped in a ``PrefetchLoader``.
+    """Build a DataLoader tuned for this machine, dataset and training step, wrapped in a ``PrefetchLoader``.
 
-    On a cache hit no trial runs and no worker starts. On a miss (or with ``refresh=True``), ``tuning`` says how:
-    ``"online"`` returns at once and tunes during the first epoch, in the training loop itself (see ``tuning/online.py``);
-    ``"trials"`` times a few candidates against ``step`` first (``tune()``); ``"auto"`` is online for a map-style
-    dataset when ``step`` is None, else trials. With ``retune`` (and a map-style dataset) the loader searches again,
-    online, after an epoch whose rate or stall moved away from the decision's (not with ``tuning="trials"``). The
-    choice is cached; ``loader.cache_key`` names the entry. Every other keyword goes to
-    ``torch.utils.data.DataLoader`` unchanged; ``num_workers``, ``prefetch_factor``, ``pin_memory`` or
-    ``persistent_workers`` given explicitly are never overridden. ``distributed``: None follows
-    ``torch.distributed.is_initialized()``.
+    On a cache hit no trial runs and no worker starts. On a miss (or with ``refresh=True``) the configuration
+    (``num_workers``, ``prefetch_factor``, ``pin_memory``, ``persistent_workers``, threads, native thread pools) is
+    found by measuring candidates, each a real DataLoader with your arguments: online, in your own loop during the
+    first epoch, or by short trials before this returns (``tuning``). The choice is the fewest workers (then threads,
+    worker memory, ``prefetch_factor``) within 5 % of the best measured rate, within the memory budget, and it is
+    cached per dataset and machine. Tuning leaves your RNG states (torch's, Python's and numpy's global ones, your
+    ``generator``) exactly as they were: the batches equal a plain ``DataLoader``'s with the same arguments and seed.
 
-    ``threads`` (map-style datasets only; ``__getitem__`` must be thread-safe): False (default) fetches each sample
-    in turn; an int N fetches each batch's samples with N threads in every loading process (the main one with
-    ``num_workers=0``, else each worker); True lets the tuner choose threads per process: when the process-only choice
-    mostly waits, a few candidates with fewer processes and more threads are measured against it, and kept when
-    within the tolerance of its rate (see ``autoloader.loader.threads`` for what ``loader.dataset`` then is).
+    How: the machine is probed (usable CPUs under affinity and cgroup quota, cgroup-aware memory, free ``/dev/shm``,
+    GPUs without initialising CUDA, ``ulimit -n``); the ``num_workers=0`` candidate gives the cost of a batch and of
+    the step, which predict the worker count where loading meets the step or fills the CPUs; the search then doubles
+    while that pays and bisects down to the fewest within 5 % (typically 3-7 candidates); once a candidate reaches
+    the rate the step or the usable CPUs bound every worker count to, no larger one starts. ``prefetch_factor`` is
+    tried only when the step waits on a loader that keeps up on average (jitter), ``pin_memory`` only for CUDA;
+    ``persistent_workers`` is on unless the workers would hold more than half the memory budget. Only a candidate's
+    steady state is timed: its start-up and the burst of batches its workers prefetched are skipped (NOTE [ Trial
+    timing ] in ``autoloader/measure/run.py``). No candidate starts whose predicted memory exceeds the budget or
+    whose batches in flight overflow ``/dev/shm`` (its row says why it was skipped). The bottleneck is named from the
+    same measurements (``TuneResult.bottleneck``). Online, switching candidates is hidden behind the batches in
+    flight (NOTE [ Hidden switch ] in ``autoloader/tuning/handover.py``). Under ``torch.distributed`` the ranks of a
+    node tune together and agree on one configuration; each node decides for itself (NOTE [ One decision across
+    ranks ] in ``autoloader/distributed.py``).
 
-    ``memory_budget``: what the loader's workers, batches in flight, pinned copies and thread buffers may take: bytes
-    (an int), or a fraction in (0, 1] of the memory available to this process (the cgroup's headroom when tighter,
-    divided among the ranks of a node); default half of it. A candidate that would exceed it is not tried, and the
-    choice stays under it, also as forecast for the end of an epoch when workers grow by copy-on-read (a warning then
-    names the fix). See NOTE [ Memory budget ] in ``search/budget.py``.
+    A candidate that fails (a worker killed by the out-of-memory killer, a bus error from a full ``/dev/shm``, a
+    trial past its time limit, too many open files) is recorded in ``loader.tuning.trials`` with ``status="failed"``
+    and the reason, and the search goes on; if none works you get ``num_workers=0`` and an ``AutoloaderWarning``.
+    Exceptions of your own dataset, ``collate_fn`` or ``step``, and Ctrl-C, reach you unchanged, after the
+    candidate's workers are reaped; nothing is cached then.
 
-    ``native_threads``: the native thread pools (numpy's OpenBLAS/MKL, OpenMP, OpenCV, numexpr) inside each worker,
-    never the main process's. None (default): limited to the worker's share of the usable CPUs, one left to the main
-    process (``max(1, (CPUs - 1) // num_workers)``), and when the serial trial shows native threads in use, the choice
-    is measured without the limit too and the limit kept only when at least as fast; ``loader.tuning.native_threads``
-    is the limit (None: none).
-    An int N limits every worker's pools to N threads; False leaves them alone. Your ``worker_init_fn`` runs after
-    the limit, so its own limits win. Needs ``threadpoolctl`` for the BLAS/OpenMP pools (``autoloader[native]``);
-    without it only OpenCV, numexpr and libraries loaded later are limited. See NOTE [ Native thread pools ] in
-    ``loader/native.py``.
+    Args:
+        dataset: What to load: a map-style ``torch.utils.data.Dataset`` (``__getitem__`` and ``__len__``, not empty;
+            tuned online or with trials) or an ``IterableDataset`` (tuned with trials, never re-tuned, never
+            sharded by autoloader: split its stream by ``torch.utils.data.get_worker_info()`` in ``__iter__``; one
+            that says how many shards it reads, such as WebDataset or a streaming ``datasets`` dataset, is never
+            given more workers than shards).
+        batch_size (int): Samples per batch, an int >= 1 (default 1), as ``DataLoader``'s. Leave it 1 with
+            ``batch_sampler=``.
+        shuffle (bool): Reshuffle the samples every epoch (default False), as ``DataLoader``'s. Not with ``sampler=``
+            nor with an ``IterableDataset``.
+        step: What trials are timed against (online tuning needs none: your own loop is the step). None (default):
+            the copy to the device only. A number of seconds >= 0: a simulated step of that long per batch (a
+            GPU-side sleep on CUDA, ``time.sleep`` on the CPU: both leave the host CPU free, as a real GPU step
+            does). A callable: called with each batch already on the device, e.g. your real forward and backward; it
+            runs a few dozen times during tuning. With a ``step``, ``tuning="auto"`` tunes with trials.
+        device: Where batches go: a ``torch.device`` or a name such as ``"cuda"``, ``"cuda:1"`` or ``"cpu"``.
+            Default None: the current CUDA device when CUDA is available, else ``"cpu"``. Resolved once to
+            ``cuda:{index}``; under a process group the current CUDA device must be the one ``LOCAL_RANK`` names
+            (``torch.cuda.set_device(local_rank)`` first).
+        normalize: ``(mean, std)``, one number per channel in the input's own units (0-255 for uint8 images),
+            applied on the device to the input tensor after ``dtype``: ``(x - mean) / std``. Default None: none. An
+            integer input needs a floating ``dtype``.
+        dtype (torch.dtype): The input tensor is converted to it on the device, e.g. ``torch.float32`` for uint8
+            images (which then cross the bus at a quarter of the float32 size). Default None: unchanged.
+        input_key: For mapping (dict) batches, the key of the input tensor that ``normalize`` and ``dtype`` apply
+            to, required with them (e.g. ``"pixel_values"``). Otherwise the input is the batch itself when it is a
+            tensor, else its first element. Every other tensor is moved to the device unchanged.
+        tuning (str): How a configuration is found when the cache holds none: ``"online"``: this returns at once and
+            the first epoch is served by a sequence of candidate DataLoaders, each measured on your own loop, and
+            yields exactly the batches a plain ``DataLoader`` would (same samples, order and batch boundaries, your
+            RNG untouched); map-style datasets only, not with ``num_workers`` fixed or ``max_workers=0``.
+            ``"trials"``: a pre-pass of short trials, timed against ``step`` (typically 3-12 s, within ``budget``),
+            before this returns. ``"auto"`` (default): ``"online"`` for a map-style dataset when ``step`` is None,
+            else ``"trials"``. A cached result is used as it is in every mode.
+        retune (bool): True (default): after an epoch run with the decision whose rate or stall moved away from the
+            decision's (the loop waited for data 10 % of the epoch or more, or the epoch ran more than 15 % slower
+            or faster), or that hardly waited for data with more than one worker, the next epoch searches again,
+            online, from the configuration in force (``loader.decisions`` says which rule fired). Not with
+            ``tuning="trials"`` nor for an ``IterableDataset``. False freezes the first decision.
+        cache: Where the choice is kept: True (default: ``$AUTOLOADER_CACHE_DIR``, else
+            ``$XDG_CACHE_HOME/autoloader``, else ``~/.cache/autoloader``), False (no cache), or a directory (a str
+            or ``os.PathLike``). One JSON file per key (NOTE [ What the cache key covers ] in
+            ``autoloader/cache/fingerprint.py``: the dataset's fingerprint or ``key``, ``batch_size``, the
+            ``collate_fn``/``sampler``/``batch_sampler`` classes, ``drop_last``, the step, the device type, the knobs
+            you fixed, the transform, and the machine, not its hostname), written atomically, validated on every
+            read, no pickle: a corrupt entry is a miss with an ``AutoloaderWarning``, an unwritable directory costs
+            only the caching. A hit costs one sample read and a probe. Each online decision replaces the entry; a
+            tuning in which every worker count failed is not cached; a cached configuration whose workers no longer
+            fit today's memory or ``/dev/shm`` is tuned again.
+        refresh (bool): True tunes again and replaces the cached result. Default False.
+        budget (float): Seconds the trials may take, > 0. Default None: 30 s (typically 3-12 s are used). When it
+            runs out the best found so far is chosen, at most one trial's time limit later. Each trial has a
+            wall-clock limit and its stuck workers are terminated (the limit uses ``SIGALRM``: called from another
+            thread than the main one, or under a ``SIGALRM`` handler of yours, a blocking ``num_workers=0`` trial
+            cannot be cut). Online tuning has no limit of its own: a dataset that blocks, blocks your loop.
+        max_workers (int): The most worker processes ever tried, an int >= 0 (0: load in the main process only).
+            Default None: as many as the usable CPUs and the open-files limit (``ulimit -n // 32``) allow.
+        key (str): A name for the dataset in the cache key, instead of its fingerprint (its class, ``len()``, the
+            types, shapes and dtypes of one sample, its ``root``). Give two datasets that fingerprint alike (e.g.
+            two Arrow datasets of the same length and shapes) their own names. Default None.
+        distributed (bool): None (default) follows ``torch.distributed.is_initialized()``; True requires an
+            initialised process group; False never shards. When distributed, a ``DistributedSampler`` shards the
+            data across every rank (unless you pass a ``sampler``, ``batch_sampler`` or an ``IterableDataset``),
+            seeded from your ``generator`` (else 0); each rank gets its share of its node's CPUs, memory and
+            ``/dev/shm``; the node's ranks tune together and agree on one configuration; the node leader alone
+            reads and writes the cache. Call it on every rank with the same arguments, after
+            ``init_process_group``.
+        threads: Threads fetching each batch's samples inside every loading process (the main one with
+            ``num_workers=0``, else each worker): for data that waits (network, object storage), far less memory
+            than processes. False (default): none. True: the tuner decides; when the serial candidate mostly waits,
+            processes x threads candidates are measured first and kept when they win within 5 %. An int N >= 1: N
+            threads per process (1: none). Map-style datasets only, and ``__getitem__`` must be thread-safe (open a
+            file handle per thread, e.g. in a ``threading.local()``). ``loader.dataset`` is then an
+            ``autoloader.ThreadedDataset``; ``autoloader.unwrap(loader.dataset)`` gives yours back.
+        memory_budget: What the loader may add to memory (its workers' private memory and their growth, batches in
+            flight, pinned copies, thread buffers): bytes as an int >= 1 (e.g. ``8 * 2**30``), or a float fraction
+            in (0, 1] of the memory available to this process (the machine's available memory or the cgroup's
+            headroom, whichever is smaller, divided among the ranks of a node). Default None: 0.5. A candidate that
+            would exceed it is not tried, and the choice stays within it, also as forecast for the end of an epoch
+            when workers grow by copy-on-read (an ``AutoloaderWarning`` then names the fix). NOTE [ Memory budget ]
+            in ``autoloader/search/budget.py``.
+        native_threads: The BLAS, OpenMP, OpenCV and numexpr thread pools inside each worker, never the main
+            process's. None (default): limited to each worker's share of the usable CPUs, one left to the main
+            process (``max(1, (CPUs - 1) // num_workers)``); when the serial candidate shows native threads in use,
+            the choice is also measured without the limit, which is kept only when at least as fast. An int N >= 1:
+            every worker's pools limited to N threads, never measured without. False: the pools are left alone.
+            Your ``worker_init_fn`` runs after the limit, so its own limits win. The BLAS and OpenMP pools need
+            ``threadpoolctl`` (``pip install "autoloader[native]"``). NOTE [ Native thread pools ] in
+            ``autoloader/loader/native.py``.
+        **dataloader_kwargs: Every other ``torch.utils.data.DataLoader`` argument (``collate_fn``, ``sampler``,
+            ``batch_sampler``, ``drop_last``, ``worker_init_fn``, ``generator``, ``multiprocessing_context``,
+            ``timeout``, ...), passed unchanged to every DataLoader built. ``num_workers``, ``prefetch_factor``,
+            ``pin_memory`` or ``persistent_workers`` given here are never overridden; the other knobs are still
+            tuned.
+
+    Returns:
+        PrefetchLoader: The loader. Iterate it as a DataLoader: batches come already on ``device``, converted and
+        normalised. ``loader.tuning`` is the ``TuneResult`` in force (``print`` it for what was chosen, why, and
+        each candidate's measurements); ``loader.decisions`` every online decision; ``loader.stats`` and
+        ``loader.history`` how long the loop waited for data; ``loader.loader`` the DataLoader in force;
+        ``loader.cache_key`` the cache entry; ``state_dict()`` and ``load_state_dict()`` checkpoint and resume it
+        exactly. ``help(autoloader.PrefetchLoader)`` describes each.
+
+    Raises:
+        TypeError: An argument of the wrong type, before any work: e.g. ``batch_size=8.0``, ``step="fast"``,
+            ``threads="8"``, ``cache=1``, a ``dataset`` without ``__getitem__`` and ``__len__``, or a keyword that is
+            neither make_loader's nor a DataLoader argument (``num_worker=``). The message names the argument, its
+            value and the fix.
+        ValueError: A bad value, before any work: ``batch_size=0``, ``budget<=0``, ``max_workers<0``, a negative
+            ``step``, an empty dataset, ``shuffle=True`` with a ``sampler``, a ``batch_sampler`` with
+            ``batch_size``/``shuffle``/``sampler``/``drop_last``, a ``tuning`` not in ``("auto", "online",
+            "trials")``, ``tuning="online"`` for a loader that cannot be tuned online, ``memory_budget`` or
+            ``native_threads`` out of range, ``threads`` with an ``IterableDataset``; with ``spawn``/``forkserver``
+            workers, a dataset, ``collate_fn`` or ``worker_init_fn`` that cannot be pickled (named down to the
+            attribute); ``distributed=True`` without a process group; ranks that disagree on ``batch_size``, the
+            dataset's length, ``shuffle`` or ``drop_last``; a current CUDA device other than ``LOCAL_RANK``'s.
+        RuntimeError: Later, from iterating the loader: it was made before ``torch.distributed`` was initialised
+            (so it is not sharded) and is iterated by several processes (call ``make_loader`` after
+            ``init_process_group``, or pass ``distributed=False``); or Accelerate's ``prepare`` shards its
+            ``.loader`` a second time (prepare the ``PrefetchLoader`` itself).
+
+    Example:
+        loader = make_loader(train_set, batch_size=64, shuffle=True, drop_last=True)
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            for images, labels in loader:       # on the device; the first epoch tunes the loader as it trains
+                train_step(images, labels)
+        print(loader.tuning)                    # what was chosen, why, and what each candidate measured
     """
     started = time.perf_counter()
     for name, value in (("refresh", refresh), ("retune", retune)):
@@ -119,10 +245,12 @@ def make_loader(
         source: Any = OnlineLoader(request, search, retune=retune)
         result, cache_key = None, slot.key
     else:
+        assert result is not None  # a miss was tuned above unless it is searched online (the branch before)
         source, cache_key = request.data_loader(result.config), slot.key if in_cache else None
     loader = PrefetchLoader(source, device=request.device, tuning=result, cache_key=cache_key,
                             single_process=request.unsharded, **request.transform)
     result = loader.tuning
+    assert result is not None  # a result, or the online source's decision in force
     node = request.group.node if request.group is not None else None
     log.info("autoloader%s: %s, %s samples/s, bottleneck %s, from %s, %.2f s",
              f" ({node.label})" if node is not None and node.count > 1 else "", result.config.label(),
@@ -139,7 +267,8 @@ def _tune(request: Request, profile: MachineProfile) -> TuneResult:
     except TuningError as err:
         warn_user(f"autoloader could not tune ({err}); using a safe default configuration")
         result = fallback_result(request.fixed, device=request.device, reason=str(err),
-                                 threads=request.fixed_threads, native_threads=fallback_limit(request, usable_cpus=usable_cpus(profile)))
+                                 threads=request.fixed_threads,
+                                 native_threads=fallback_limit(request, usable_cpus=usable_cpus(profile)))
     return result if group is None else group.broadcast(result, point="tuned decision")
 
 

@@ -6,13 +6,15 @@
   Accelerate, ``datasets`` or WebDataset run in ``tests/integrations/test_readme_blocks.py`` with the real libraries.
 - output blocks (a ``$ command`` then what it prints, or what the python block above printed): the command is run
   and every line of the README's output must have a line of the same shape in the real output (the same words, any
-  numbers: ``same_shape``); a line of ``...`` stands for lines left out. The Development map must list every module.
+  numbers: ``same_shape``); a line of ``...`` stands for lines left out. The Development map must list every module,
+  and its table of ``NOTE [ ... ]`` blocks every block, each in the file that defines it.
 - the "Measured results" table: every number in a row is in the results file the row links
   (``tests/benchmarks/results/``, which the benchmarks write); the Install table lists setup.cfg's extras as they are;
-  no internal work-item number ("issue 22", "#22") in the README, the reference or a results file.
-Each block is claimed by exactly one check below (``test_every_block_is_checked``), so a new block needs one;
-``docs/reference.md`` has no block to check. The checks that run ``autotune``, trials or torchrun are marked ``slow``:
-CI runs them (``.ci/run``), the default run not.
+  no internal work-item number ("issue 22", "#22") in the README or a results file; the reference is in the code
+  (``tests/test_reference.py``), and the top level holds only what the project's layout allows (no ``docs/``).
+Each block is claimed by exactly one check below (``test_every_block_is_checked``), so a new block needs one. The
+checks that run ``autotune``, trials or torchrun are marked ``slow``: CI runs them (``.ci/run``), the default run
+not.
 """
 from __future__ import annotations
 
@@ -40,7 +42,6 @@ from helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-REFERENCE = ROOT / "docs" / "reference.md"
 RESULTS = ROOT / "tests" / "benchmarks" / "results"
 
 
@@ -312,6 +313,42 @@ def test_the_development_map_lists_every_module_and_nothing_else():
     assert listed == actual
 
 
+NOTE_DEFINITION = re.compile(r"^\s*# NOTE \[ (.+?) \]\s*$", re.MULTILINE)
+
+
+def note_table() -> Dict[str, List[str]]:
+    """The Development section's table of NOTE blocks: file (under autoloader/) -> the blocks it lists there."""
+    section = README.read_text().split("\n## Development\n", 1)[1]
+    listed: Dict[str, List[str]] = {}
+    for row in section.splitlines():
+        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        if row.startswith("| `") and len(cells) == 2:
+            listed[cells[0].strip("`")] = [name.strip() for name in cells[1].split(";")]
+    assert listed, "the Development section has no table of NOTE blocks"
+    return listed
+
+
+def test_every_listed_note_is_in_the_file_it_names_and_every_note_is_listed():
+    defined = {path.relative_to(ROOT / "autoloader").as_posix(): NOTE_DEFINITION.findall(path.read_text())
+               for path in (ROOT / "autoloader").rglob("*.py")}
+    for path, names in note_table().items():
+        assert path in defined, f"README lists NOTE blocks in autoloader/{path}, which does not exist"
+        missing = [name for name in names if name not in defined[path]]
+        assert missing == [], f"autoloader/{path} defines no NOTE {missing} (it has {defined[path]})"
+    unlisted = sorted(f"{path}: {name}" for path, names in defined.items() for name in names
+                      if name not in note_table().get(path, []))
+    assert unlisted == [], f"NOTE blocks the README's Development table does not list: {unlisted}"
+
+
+def test_the_top_level_holds_only_the_projects_layout():
+    allowed = {"setup.cfg", "setup.py", "autoloader", "tests", "scripts", "README.md", ".ci"}
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout: the tracked files are unknown")
+    top = {line.split("/", 1)[0] for line in tracked.stdout.splitlines()}
+    assert {name for name in top if not name.startswith(".")} <= allowed, sorted(top)
+
+
 # ---------------------------------------------------------------- every block is claimed
 
 CLAIMED = ("# 1. install", "from autoloader import make_loader", "torch.save({\"model\"", "# mydata.py",
@@ -322,7 +359,6 @@ CLAIMED = ("# 1. install", "from autoloader import make_loader", "torch.save({\"
 def test_every_block_is_checked():
     unclaimed = [f"README.md:{b.line}: {b.first!r}" for b in blocks() if not b.first.startswith(CLAIMED)]
     assert unclaimed == [], "a README code block no test runs: add it to tests/test_readme.py"
-    assert blocks(REFERENCE) == [], "docs/reference.md has a code block no test runs: move it to the README, checked"
 
 
 
@@ -405,7 +441,7 @@ def test_internal_references_are_found_and_public_ones_are_not():
 
 
 def test_no_internal_work_item_numbers_where_users_read():
-    for path in [README, REFERENCE, *sorted(RESULTS.glob("*.md"))]:
+    for path in [README, *sorted(RESULTS.glob("*.md"))]:
         assert internal_references(path.read_text()) == [], path.relative_to(ROOT)
 
 

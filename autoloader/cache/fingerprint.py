@@ -87,7 +87,7 @@ def _structure(obj: Any, depth: int = 0) -> Any:
     if isinstance(obj, (np.generic,) + _SIMPLE):
         return {"type": name}
     if isinstance(obj, tuple) and hasattr(type(obj), "_fields"):
-        fields = {str(f): _structure(v, depth + 1) for f, v in zip(type(obj)._fields, obj)}
+        fields = {str(f): _structure(v, depth + 1) for f, v in zip(getattr(type(obj), "_fields"), obj)}
         return {"type": name, "fields": fields}
     if isinstance(obj, (list, tuple)):
         return {"type": name, "len": len(obj), "items": [_structure(v, depth + 1) for v in obj[:_MAX_ITEMS]]}

@@ -17,7 +17,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Optional, Union
+from typing import Any, List, Literal, Optional, Union, overload
 
 from .._fs import PROFILE_FILE, atomic_write_json, default_cache_dir
 from ..errors import warn_user
@@ -255,6 +255,14 @@ def _unlink(path: Path) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+@overload
+def resolve_cache(cache: Literal[False]) -> None: ...
+@overload
+def resolve_cache(cache: Union[Literal[True], str, "os.PathLike[str]"]) -> TuneCache: ...
+@overload
+def resolve_cache(cache: Union[bool, str, "os.PathLike[str]"]) -> Optional[TuneCache]: ...
 
 
 def resolve_cache(cache: Union[bool, str, "os.PathLike[str]"]) -> Optional[TuneCache]:

@@ -186,6 +186,7 @@ def _tune(args: argparse.Namespace) -> int:
         hint = "" if args.traceback else " (--traceback shows where)"
         raise CliError(f"tuning {args.spec} failed: {type(err).__name__}: {err}{hint}") from None
     result, key = loader.tuning, loader.cache_key
+    assert result is not None  # make_loader's loaders are tuned
     del loader
     plotted = _write_plot(args, result, f"autotune tune {args.spec}")
     call = (f"make_loader(dataset, {args.batch_size}" + "".join(

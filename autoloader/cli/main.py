@@ -13,6 +13,7 @@ from typing import Any, List, Optional
 
 import torch
 
+from ..search.candidates import DEFAULT_BUDGET_S
 from .commands import PROG, cmd_clear, cmd_demo, cmd_doctor, cmd_probe, cmd_show, cmd_tune
 
 DEMO_BUDGET_S = 20.0
@@ -74,76 +75,146 @@ def _device(text: str) -> str:
     return text
 
 
+_DEMO = """\
+Without a command: probe this machine (CPUs, memory, /dev/shm, disk, GPUs), save the profile as machine.json in
+the cache directory, then tune a built-in demo dataset (synthetic 3x64x64 images, zlib-decoded and augmented per
+sample, about 1-2 ms of one core each; nothing is downloaded) with trials, and compare the result with the two
+usual guesses, num_workers=0 and one worker per usable CPU minus one. Progress (one line per trial) goes to
+stderr, the report to stdout; a "*" marks the chosen row."""
+
+_EPILOG = """\
+Every command takes --json: JSON alone on stdout (progress and warnings on stderr); without a command it prints
+{"profile", "profile_path", "demo", "result", "baselines", "plot"}. Exit status: 0 success, 1 failure (one line on
+stderr saying why), 2 bad usage. The cache directory is $AUTOLOADER_CACHE_DIR, else $XDG_CACHE_HOME/autoloader,
+else ~/.cache/autoloader. `autotune COMMAND --help` describes each command; in Python,
+help(autoloader.make_loader) describes every argument of the loader."""
+
+_PROBE = """\
+Probe CPUs (affinity, cgroup quota), memory (cgroup-aware), /dev/shm, the disk's read speed with the page cache
+bypassed (about 5 s) and the GPUs (without initialising CUDA), print the machine profile and save it as
+machine.json in the cache directory, where make_loader reads the disk figures. --json prints the profile's fields
+(MachineProfile.to_dict)."""
+
+_TUNE = """\
+Import MODULE (the current directory is importable), get the dataset from FACTORY (a function or class returning
+one, or a dataset attribute), tune it with trials exactly as make_loader(dataset, batch_size, step=...,
+budget=..., max_workers=..., device=..., shuffle=..., key=...) would and cache the result under the key that call
+looks up, so your training script starts with no trials. Run again, the answer comes from the cache (--force
+tunes again). --json prints {"spec", "dataset", "batch_size", "arguments", "key", "cache_dir", "result", "plot"}.
+A MODULE that cannot be imported, a FACTORY it does not have, or a factory that returns no Dataset fails with
+one line and exit status 1."""
+
+_SHOW = """\
+List the cached tunings (the dataset and arguments, the chosen configuration, its rate and bottleneck, when it
+was tuned) and the saved machine profile; an entry that cannot be used is listed with the reason. --json prints
+{"cache_dir", "entries": [{"key", "path", "created", "meta", "error", "result"}], "profile"}."""
+
+_CLEAR = """\
+Remove cached tunings: KEY removes one entry (a key `autotune show` lists, or a unique prefix of one); without KEY
+every tuning is removed and machine.json kept; --all removes the machine profile too. Prints what it removed; an
+unknown or ambiguous KEY is an error (exit status 1). --json prints {"cache_dir", "removed", "keys",
+"profile_removed"}."""
+
+_DOCTOR = """\
+Check what makes DataLoader workers slow, crash or leak, and say how to fix each: /dev/shm against what the cached
+configurations need, the memory budget a loader gets here (and where it comes from: cgroup, available or user),
+the open-files limit, a CPU quota or affinity smaller than os.cpu_count(), the start method, the thread variables,
+the native thread pools, the GPUs and leftover processes holding /dev/nvidia*, whether the saved profile still
+matches the machine, and unusable cache entries. Each finding is a line [ok], [warn], [fail] or [info], then its
+fix: line. Exit status 1 when a check fails (a warning is not a failure). --json prints {"findings": [{"name",
+"status", "detail", "fix"}]}, status one of ok, warn, fail, info."""
+
+
+def _parser(sub: Any, name: str, line: str, description: str) -> argparse.ArgumentParser:
+    """A subcommand: ``line`` is its line in ``autotune --help``, ``description`` heads its own ``--help``."""
+    return sub.add_parser(name, help=line, description=description,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def _tuning_options(parser: argparse.ArgumentParser, *, batch_default: Optional[int], budget_default: Optional[float],
                     budget_help: str) -> None:
     parser.add_argument("--batch-size", type=_int_at_least(1), default=batch_default, required=batch_default is None,
-                        metavar="N", help="samples per batch" + (f" (default {batch_default})" if batch_default
-                                                                else " (the one your training uses)"))
+                        metavar="N", help="samples per batch, >= 1" + (f" (default {batch_default})" if batch_default
+                                                                       else " (required: the one your training uses)"))
     parser.add_argument("--step", type=lambda t: _seconds(t, positive=False), metavar="SECONDS",
-                        help="simulate a training step of SECONDS per batch (default: none, only the transfer)")
+                        help="simulate a training step of SECONDS per batch, >= 0 (default: none, only the copy to "
+                             "the device)")
     parser.add_argument("--budget", type=lambda t: _seconds(t, positive=True), default=budget_default,
                         metavar="SECONDS", help=budget_help)
-    parser.add_argument("--max-workers", type=_int_at_least(0), metavar="N", help="never try more than N workers")
+    parser.add_argument("--max-workers", type=_int_at_least(0), metavar="N",
+                        help="never try more than N workers, >= 0 (default: as many as the usable CPUs and the "
+                             "open-files limit allow)")
     parser.add_argument("--memory-budget", type=memory_budget_arg, metavar="BYTES|FRACTION",
-                        help="what the loader may take of memory: bytes (8GiB, 512MiB) or a fraction of the available "
-                             "memory (default 0.5; cgroup-aware)")
+                        help="what the loader may add to memory: bytes (8GiB, 512MiB, 1073741824) or a fraction in "
+                             "(0, 1] of the memory available to this process (default 0.5; cgroup-aware)")
     parser.add_argument("--device", type=_device, help="where batches go: cuda, cuda:N or cpu (default: cuda if "
-                                                       "available)")
-    parser.add_argument("--json", action="store_true", help="print JSON and nothing else on stdout")
-    parser.add_argument("--plot", metavar="FILE.png", help="plot samples/s against num_workers (needs matplotlib)")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+                                                       "available, else cpu)")
+    parser.add_argument("--json", action="store_true", help="print JSON and nothing else on stdout (default: a "
+                                                            "readable report)")
+    parser.add_argument("--plot", metavar="FILE.png", help="also write a PNG of samples/s against num_workers (needs "
+                                                           "matplotlib: pip install \"autoloader[plot]\"; default: "
+                                                           "no plot)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr (default: one per trial)")
+
+
+def _json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON and nothing else on stdout (default: a "
+                                                            "readable report)")
+
+
+def _disk_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", metavar="DIR", help="measure disk reads here, where your data lives (default: "
+                                                          "the cache directory)")
+    parser.add_argument("--no-disk", action="store_true", help="skip the disk measurement (default: measure it, "
+                                                               "about 5 s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG, description="Probe this machine and tune PyTorch DataLoaders for it. Without a command: probe the "
-                               "machine, save the profile, tune a built-in demo dataset and print a report.")
+    """The ``autotune`` command line: the demo's options, and one subparser per command."""
+    parser = argparse.ArgumentParser(prog=PROG, description="Probe this machine and tune PyTorch DataLoaders for "
+                                     "it.\n\n" + _DEMO, epilog=_EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     _tuning_options(parser, batch_default=DEMO_BATCH_SIZE, budget_default=DEMO_BUDGET_S,
-                    budget_help=f"seconds of trials for the demo (default {DEMO_BUDGET_S:g})")
-    parser.add_argument("--data-dir", metavar="DIR", help="measure disk reads here (default: the cache directory)")
-    parser.add_argument("--no-disk", action="store_true", help="skip the disk measurement (about 5 s)")
+                    budget_help=f"seconds of trials for the demo, > 0 (default {DEMO_BUDGET_S:g})")
+    _disk_options(parser)
     parser.set_defaults(func=cmd_demo)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
-    probe = sub.add_parser("probe", help="probe CPUs, memory, /dev/shm, disk and GPUs; save the machine profile",
-                           description="Probe CPUs, memory, /dev/shm, disk and GPUs, print the machine profile and "
-                                       "save it as machine.json in the cache directory.")
-    probe.add_argument("--data-dir", metavar="DIR",
-                       help="measure disk reads here (where your data lives); default: the cache directory")
-    probe.add_argument("--json", action="store_true", help="print the profile as JSON and nothing else")
-    probe.add_argument("--no-disk", action="store_true", help="skip the disk measurement (about 5 s)")
+    probe = _parser(sub, "probe", "probe CPUs, memory, /dev/shm, disk and GPUs; save the machine profile", _PROBE)
+    _disk_options(probe)
+    _json_option(probe)
     probe.set_defaults(func=cmd_probe)
 
-    tune = sub.add_parser("tune", help="tune your dataset and cache the result for make_loader",
-                          description="Import MODULE (the current directory is importable), get the dataset from "
-                                      "FACTORY (a function returning one, or a dataset attribute), tune it exactly as "
-                                      "make_loader(dataset, batch_size, step=..., ...) would and cache the result, so "
-                                      "that call in your training script starts at once.")
-    tune.add_argument("spec", metavar="MODULE:FACTORY", help="e.g. mydata:make_train_set")
+    tune = _parser(sub, "tune", "tune your dataset ahead of time and cache the result for make_loader", _TUNE)
+    tune.add_argument("spec", metavar="MODULE:FACTORY",
+                      help="where the dataset comes from (required), e.g. mydata:make_train_set")
     _tuning_options(tune, batch_default=None, budget_default=None,
-                    budget_help="seconds of trials (default: make_loader's default)")
-    tune.add_argument("--shuffle", action="store_true", help="tune for shuffle=True (as make_loader(shuffle=True))")
-    tune.add_argument("--key", help="the cache key name, as make_loader(key=...)")
-    tune.add_argument("--force", action="store_true", help="tune again even when a cached result exists")
-    tune.add_argument("--traceback", action="store_true", help="show the full traceback when your code fails")
+                    budget_help=f"seconds of trials, > 0 (default: make_loader's, {DEFAULT_BUDGET_S:g})")
+    tune.add_argument("--shuffle", action="store_true", help="tune for shuffle=True, as make_loader(shuffle=True) "
+                                                             "(default: shuffle=False)")
+    tune.add_argument("--key", help="name the dataset in the cache key, as make_loader(key=...) (default: its "
+                                    "fingerprint)")
+    tune.add_argument("--force", action="store_true", help="tune again even when a cached result exists (default: "
+                                                           "use the cached one)")
+    tune.add_argument("--traceback", action="store_true", help="show the full traceback when your code fails "
+                                                               "(default: one line)")
     tune.set_defaults(func=cmd_tune)
 
-    show = sub.add_parser("show", help="list cached tunings and the saved machine profile")
-    show.add_argument("--json", action="store_true", help="print JSON and nothing else")
+    show = _parser(sub, "show", "list the cached tunings and the saved machine profile", _SHOW)
+    _json_option(show)
     show.set_defaults(func=cmd_show)
 
-    clear = sub.add_parser("clear", help="remove cached tunings (machine.json is kept unless --all)")
+    clear = _parser(sub, "clear", "remove cached tunings (machine.json is kept unless --all)", _CLEAR)
     which = clear.add_mutually_exclusive_group()
-    which.add_argument("--all", action="store_true", help="also remove the saved machine profile")
-    which.add_argument("key", nargs="?", metavar="KEY", help="remove only this entry (a key `show` lists, or a "
-                                                             "unique prefix of one)")
-    clear.add_argument("--json", action="store_true", help="print JSON and nothing else")
+    which.add_argument("--all", action="store_true", help="also remove the saved machine profile (default: keep it)")
+    which.add_argument("key", nargs="?", metavar="KEY", help="remove only this entry: a key `autotune show` lists, or "
+                                                             "a unique prefix of one (default: every tuning)")
+    _json_option(clear)
     clear.set_defaults(func=cmd_clear)
 
-    doctor = sub.add_parser("doctor", help="check the settings that make DataLoader workers slow, crash or leak",
-                            description="Check /dev/shm, open-file limits, CPU quota, start method, thread "
-                                        "variables, GPUs and processes holding them. Exit 1 if a check fails.")
-    doctor.add_argument("--json", action="store_true", help="print JSON and nothing else")
+    doctor = _parser(sub, "doctor", "check what makes DataLoader workers slow, crash or leak, and name the fix",
+                     _DOCTOR)
+    _json_option(doctor)
     doctor.set_defaults(func=cmd_doctor)
     return parser
 

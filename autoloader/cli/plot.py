@@ -21,9 +21,24 @@ def available() -> bool:
 
 def plot_tune_result(result: "TuneResult", path: Union[str, "os.PathLike[str]"], *,
                      title: Optional[str] = None) -> Path:
-    """Write a PNG of the ok trials' rates: one series per prefetch_factor (``num_workers=0`` joins each) and, when
-    threads were tried, per threads per process (square markers, dashed), the chosen point ringed, the consumer's own
-    rate as a dashed line when known. Raises ``ImportError`` without matplotlib."""
+    """Write a PNG of a tuning's measured rates against ``num_workers`` (``autotune --plot``).
+
+    One series per ``prefetch_factor`` (``num_workers=0`` joins each) and, when threads were tried, per threads per
+    process (square markers, dashed), the chosen point ringed, the training step's own rate as a dashed line when
+    known.
+
+    Args:
+        result (TuneResult): A tuning, e.g. ``loader.tuning`` or what ``tune()`` returned.
+        path: The PNG file to write (a str or ``os.PathLike``).
+        title (str): The plot's title. Default None: the source and the bottleneck.
+
+    Returns:
+        Path: The file written.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install "autoloader[plot]"``).
+        OSError: ``path`` cannot be written.
+    """
     if not available():
         raise ImportError(MISSING)
     import matplotlib
@@ -32,13 +47,13 @@ def plot_tune_result(result: "TuneResult", path: Union[str, "os.PathLike[str]"],
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    ok = [t for t in result.trials if t.ok]
-    serial = [(0, t.samples_per_s) for t in ok if t.config.num_workers == 0 and t.config.threads == 1]
+    ok = [(t, t.samples_per_s) for t in result.trials if t.ok and t.samples_per_s is not None]  # ok: measured
+    serial = [(0, rate) for t, rate in ok if t.config.num_workers == 0 and t.config.threads == 1]
     series: Dict[Tuple[int, int, bool], List[Tuple[int, float]]] = {}
-    for trial in ok:  # one line per threads per process, prefetch_factor and pin_memory
+    for trial, rate in ok:  # one line per threads per process, prefetch_factor and pin_memory
         if trial.config.num_workers or trial.config.threads > 1:
             series.setdefault((trial.config.threads, trial.config.prefetch_factor or 0, trial.config.pin_memory),
-                              []).append((trial.config.num_workers, trial.samples_per_s))
+                              []).append((trial.config.num_workers, rate))
     fig = Figure(figsize=(7, 4.2), dpi=110)
     ax = fig.add_subplot(1, 1, 1)
     pins = {pin for _, _, pin in series}
@@ -60,7 +75,7 @@ def plot_tune_result(result: "TuneResult", path: Union[str, "os.PathLike[str]"],
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("num_workers")
     ax.set_ylabel("samples/s")
-    tops = [t.samples_per_s for t in ok] + [result.consumer_samples_per_s or 0.0]
+    tops = [rate for _, rate in ok] + [result.consumer_samples_per_s or 0.0]
     ax.set_ylim(0, 1.15 * max(tops) if max(tops) > 0 else 1.0)
     ax.set_title(title or f"autoloader trials ({result.source}, bottleneck: {result.bottleneck or 'unknown'})")
     ax.grid(True, alpha=0.3)
@@ -117,10 +132,22 @@ def _switch_gaps(batches: Sequence[Tuple[float, int]],
 
 def plot_online_epoch(trace: "EpochTrace", path: Union[str, "os.PathLike[str]"], *,
                       title: Optional[str] = None) -> Path:
-    """Write a PNG of one epoch that tuned online (``loader.online_traces[0]`` is the first): the loop's rolling
-    samples/s over the epoch, each candidate's slice shaded and labelled with its configuration and measured rate
-    (a dashed segment at that rate), the switches between candidates hatched, and the configuration that served
-    the rest of the epoch. Raises ``ImportError`` without matplotlib."""
+    """Write a PNG of one epoch that tuned online: the loop's rolling samples/s over the epoch, each candidate's slice
+    shaded and labelled with its configuration and measured rate (a dashed segment at that rate), the switches
+    between candidates hatched, and the configuration that served the rest of the epoch.
+
+    Args:
+        trace (EpochTrace): The epoch, an entry of ``loader.online_traces`` (``[0]`` is the first epoch's).
+        path: The PNG file to write (a str or ``os.PathLike``).
+        title (str): The plot's title. Default None: the epoch, its slices and samples.
+
+    Returns:
+        Path: The file written.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install "autoloader[plot]"``).
+        OSError: ``path`` cannot be written.
+    """
     if not available():
         raise ImportError(MISSING)
     import matplotlib

@@ -27,8 +27,9 @@ def rebuild_mapping(original: Mapping, items: dict) -> Mapping:
             return clone
         except (TypeError, AttributeError, copy.Error):
             return items
+    rebuild: Any = type(original)  # a Mapping subclass whose constructor takes the items, or raises
     try:
-        return type(original)(items)
+        return rebuild(items)
     except (TypeError, ValueError):
         return items
 

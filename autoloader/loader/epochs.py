@@ -31,10 +31,17 @@ logger = logging.getLogger("autoloader.prefetch")
 
 @dataclass(frozen=True)
 class EpochStats:
-    """One epoch as the consumer saw it: ``wait_s`` is the time spent inside ``next()`` waiting for data.
+    """One epoch as the training loop saw it: ``loader.stats`` (the current epoch), ``loader.history`` (all).
 
-    On CUDA this is host-side waiting only: no device synchronisation is made, so a copy still running on the GPU
-    when the consumer's kernels are queued is not counted.
+    Timed on the host with two ``perf_counter`` calls per batch. On CUDA this is host-side waiting only: no device
+    synchronisation is made, so a copy still running on the GPU when the consumer's kernels are queued is not
+    counted.
+
+    Attributes:
+        epoch (int): The epoch's number (``set_epoch``'s, else counted from 0).
+        batches (int): Batches handed to the loop so far.
+        wall_s (float): Seconds from the epoch's start to the latest batch handed out (to its end once finished).
+        wait_s (float): Of ``wall_s``, the seconds the loop spent inside ``next()`` waiting for data.
     """
 
     epoch: int
@@ -44,6 +51,8 @@ class EpochStats:
 
     @property
     def stall_fraction(self) -> float:
+        """The share of the epoch the loop waited for data, ``wait_s / wall_s`` (0 to 1; 0 before any time passed).
+        Near 0: the input pipeline keeps up; near 1: the step (the GPU) starves."""
         return self.wait_s / self.wall_s if self.wall_s > 0 else 0.0
 
 
@@ -76,7 +85,7 @@ def numbered_samplers(loader: Any) -> List[Any]:
     return [s for s in samplers(loader) if isinstance(getattr(s, "epoch", None), int)]
 
 
-def advance_epochs(loader: Any, record: Sequence[int], *, epoch_set: bool) -> List[int]:
+def advance_epochs(loader: Any, record: Optional[Sequence[int]], *, epoch_set: bool) -> List[int]:
     """At an epoch's start: when neither ``set_epoch`` on the loader (``epoch_set``) nor anyone on the samplers
     themselves changed their ``epoch`` since the last epoch started (``record``), advance it by one, as Accelerate's
     loaders do, so a ``DistributedSampler`` reshuffles every epoch. Returns the new record."""

@@ -41,13 +41,49 @@ _END = object()
 
 
 class PrefetchLoader:
-    """Wraps ``loader`` (a DataLoader or any iterable of batches) and yields its batches on ``device``.
+    """Yields the batches of ``loader`` already on ``device``: what ``make_loader`` returns, or a wrapper of your own.
 
-    ``dtype`` then ``normalize=(mean, std)`` (per channel, in the input's units: 0-255 for uint8 images) apply to
-    the input tensor only: the batch itself when it is a tensor, its first element when it is a tuple/list,
-    ``batch[input_key]`` when it is a mapping. ``stats``/``history`` report the time the consumer waited for data
-    (see ``EpochStats``). ``single_process`` (set by ``make_loader`` for a loader it did not shard) makes iterating
-    under a multi-process ``torch.distributed`` group an error instead of every rank reading the whole dataset.
+    On CUDA, batch i+1 is copied with ``non_blocking=True`` on one side stream per device while your step runs on
+    batch i, converted and normalised there (NOTE [ Stream synchronisation ] below, NOTE [ One side stream per
+    device ] in ``autoloader/loader/device.py``). Batches of any nesting (tuples, lists, namedtuples, dicts) are
+    moved; other objects pass through. On the CPU it reads nothing ahead: the loop gets the DataLoader's own objects
+    in the DataLoader's order and RNG draws. It answers what training frameworks read of a DataLoader (``len()``,
+    ``dataset``, ``batch_size``, ``sampler``, ``batch_sampler``, ``worker_init_fn``), and when nothing called
+    ``set_epoch`` between two epochs it advances its samplers' epoch itself, so a ``DistributedSampler``
+    reshuffles every epoch in Accelerate-style loops too (NOTE [ What frameworks read ] below). A ``break``
+    mid-epoch and a new epoch after it are fine.
+
+    Example:
+        loader = PrefetchLoader(DataLoader(ds, batch_size=64, pin_memory=True, num_workers=4), device="cuda",
+                                normalize=((123.7, 116.3, 103.5), (58.4, 57.1, 57.4)), dtype=torch.float32)
+
+    Args:
+        loader: What to wrap: a ``torch.utils.data.DataLoader`` (checkpoints resume it exactly mid-epoch), or any
+            iterable of batches (iterated as it is; a state saved mid-epoch cannot resume it).
+        device: Where batches go: a ``torch.device`` or a name (``"cuda"``, ``"cuda:1"``, ``"cpu"``). Default None:
+            the current CUDA device when CUDA is available, else ``"cpu"``.
+        normalize: ``(mean, std)``, one number per channel in the input's own units (0-255 for uint8 images),
+            applied to the input tensor after ``dtype``. Default None: none.
+        dtype (torch.dtype): The input tensor converted to it on the device (e.g. ``torch.float32``). Default None.
+        input_key: For mapping batches, the key of the input tensor ``normalize``/``dtype`` apply to; otherwise the
+            input is the batch itself when it is a tensor, else its first element. Default None.
+        tuning (TuneResult): The tuning behind ``loader`` (``make_loader`` passes it), shown by ``tuning``. Default
+            None.
+        cache_key (str): The cache entry holding ``tuning`` (``make_loader`` passes it). Default None.
+        single_process (bool): Set by ``make_loader`` for a loader it did not shard: iterating it under a
+            ``torch.distributed`` group of several processes is then an error instead of every rank reading the
+            whole dataset. Default False.
+
+    Attributes:
+        device (torch.device): Where batches go, resolved (``cuda:{index}`` or ``cpu``).
+        cache_key (str): The cache entry holding ``tuning`` (``autotune show`` lists it); None when not cached.
+
+    Raises:
+        TypeError: ``loader`` is not iterable; ``device``, ``normalize`` or ``dtype`` of the wrong type.
+        ValueError: An unknown or unavailable ``device`` (e.g. ``"cuda"`` without CUDA); ``normalize`` with an
+            unequal number of channels in ``mean`` and ``std``, a zero ``std``, or an integer ``dtype``.
+        RuntimeError: On iteration, with ``single_process``, when several ``torch.distributed`` processes iterate
+            it (call ``make_loader`` after ``init_process_group``, or pass ``distributed=False``).
     """
 
     def __init__(self, loader: Iterable, *, device: Union[str, torch.device, None] = None,
@@ -71,9 +107,10 @@ class PrefetchLoader:
 
     @property
     def loader(self) -> Any:
-        """The DataLoader in force: the one wrapped, or the one online tuning's source says is in force
-        (``Source.in_force``). With a side stream the prefetcher reads one batch ahead, so while the loop holds a
-        batch this is the DataLoader serving the next one."""
+        """The DataLoader in force: the one wrapped, or, tuned online, the candidate's serving now (after the
+        search, a plain DataLoader with the decision). With a side stream the prefetcher reads one batch ahead, so
+        while the loop holds a batch this is the DataLoader serving the next one. Never pass it to a framework that
+        shards (Accelerate's ``prepare``): pass the ``PrefetchLoader``."""
         return self._source.in_force
 
     @property
@@ -83,32 +120,38 @@ class PrefetchLoader:
 
     @property
     def tuning(self) -> Optional[TuneResult]:
-        """What ``make_loader`` chose and why (``print`` it for the trial table); with online tuning, the decision
-        in force; None for a loader you wrapped yourself."""
+        """What ``make_loader`` chose and why, a ``TuneResult`` (``print`` it for the candidates' table): tuned
+        online, the decision in force (before the first decision, a placeholder saying so, ``source="online"``);
+        None for a loader you wrapped yourself."""
         return self._tuning if self._tuning is not None else self._source.tuning
 
     @property
     def decisions(self) -> Tuple[Any, ...]:
-        """Every online decision (``results.Decision``: epoch, config, rate, stall, why), oldest first; () without
-        online tuning."""
+        """Every online decision, oldest first; () without online tuning. Each is a ``Decision(epoch, config,
+        samples_per_s, stall_fraction, why, candidates, search_s, switch_s)``: the configuration that served from
+        ``epoch`` on, what it measured, why its search ran (first tuning, or the re-tune rule that fired), and the
+        candidates and seconds its search took (``help(autoloader.results.Decision)``)."""
         return tuple(self._source.decisions)
 
     @property
     def online_traces(self) -> Tuple[Any, ...]:
-        """Every epoch that searched online (``tuning.online.EpochTrace``), oldest first: when each batch reached the
-        loop and each candidate's slice (``autoloader.cli.plot.plot_online_epoch`` draws one); () without online
-        tuning."""
+        """Every epoch that searched online (``autoloader.results.EpochTrace``), oldest first: when each batch
+        reached the loop and each candidate's slice (``autoloader.cli.plot.plot_online_epoch`` draws one); () without
+        online tuning."""
         return tuple(self._source.traces)
 
     def __len__(self) -> int:
-        return len(self._frame)  # type: ignore[arg-type]
+        return len(self._frame)
 
     @property
     def dataset(self) -> Any:
+        """The wrapped DataLoader's dataset (an ``autoloader.ThreadedDataset`` around yours when the configuration
+        uses threads: ``autoloader.unwrap`` gives yours back); None for an iterable without one."""
         return getattr(self._frame, "dataset", None)
 
     @property
     def batch_size(self) -> Optional[int]:
+        """The wrapped DataLoader's ``batch_size``; None for an iterable without one."""
         return getattr(self._frame, "batch_size", None)
 
     @property
@@ -129,15 +172,20 @@ class PrefetchLoader:
 
     @property
     def sampler(self) -> Any:
+        """The wrapped DataLoader's sampler (the ``DistributedSampler`` autoloader shards with, when it does), for
+        frameworks that call its ``set_epoch``; None for an iterable without one."""
         return getattr(self._frame, "sampler", None)
 
     @property
     def batch_sampler(self) -> Any:
+        """The wrapped DataLoader's batch sampler; None for an iterable without one."""
         return getattr(self._frame, "batch_sampler", None)
 
     @property
     def worker_init_fn(self) -> Any:
-        """The user's (None when none): autoloader's limit of native pools is not shown (loader/native.py)."""
+        """The ``worker_init_fn`` you passed (None when none): autoloader's limit of the native pools, which runs
+        before it, is not shown. Settable (Lightning's ``seed_everything(workers=True)`` sets it): the new function
+        replaces yours and still runs after the limit."""
         return users_init(getattr(self._frame, "worker_init_fn", None))
 
     @worker_init_fn.setter
@@ -156,16 +204,26 @@ class PrefetchLoader:
 
     @property
     def stats(self) -> Optional[EpochStats]:
-        """The latest epoch's statistics (updated at every batch), None before the first epoch."""
+        """The latest epoch's ``EpochStats`` (updated at every batch): its batches, seconds, and the share of them
+        the loop waited for data (``stall_fraction``); None before the first epoch."""
         return self._clocks[-1].snapshot() if self._clocks else None
 
     @property
     def history(self) -> Tuple[EpochStats, ...]:
-        """Every epoch's statistics, oldest first."""
+        """Every epoch's ``EpochStats``, oldest first."""
         return tuple(clock.snapshot() for clock in self._clocks)
 
     def set_epoch(self, epoch: int) -> None:
-        """Number the next epoch and forward ``epoch`` to every sampler of the loader that has ``set_epoch``."""
+        """Number the next epoch and pass ``epoch`` to every sampler of the loader that has ``set_epoch`` (its
+        sampler, batch sampler and the batch sampler's sampler), so a ``DistributedSampler`` reshuffles. Optional:
+        without it, each epoch advances the samplers' epoch by one.
+
+        Args:
+            epoch (int): The next epoch's number.
+
+        Raises:
+            TypeError: ``epoch`` is not an int.
+        """
         if isinstance(epoch, bool) or not isinstance(epoch, int):
             raise TypeError(f"epoch must be an int, got {epoch!r}")
         self._next_epoch = epoch
@@ -180,12 +238,25 @@ class PrefetchLoader:
 
     # -- checkpoint and resume (NOTE [ Exact resume ] in state.py) ----------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
-        """Where the loop is (epoch, batches yielded) and the RNG states that redraw the epoch's order: a small dict
-        of ints, lists and strings, safe for ``torch.save`` and JSON (torchdata's ``StatefulDataLoader`` protocol,
-        which Lightning 2.x checkpoints). ``load_state_dict`` on a new loader resumes exactly after that batch.
+        """A checkpoint of where the loop is, to resume exactly with ``load_state_dict`` (torchdata's
+        ``StatefulDataLoader`` protocol, which Lightning 2.x checkpoints; Accelerate:
+        ``accelerator.register_for_checkpointing(loader)``). Any time in the loop, or between epochs (then it
+        resumes at the next epoch's start).
 
-        Under a torch.distributed group of several processes it is a collective (call it on every rank, as Lightning
-        and Accelerate do): it holds every rank's state, so the one file rank 0 writes resumes each rank."""
+        Under a ``torch.distributed`` group of several processes it is a collective (call it on every rank, as
+        Lightning and Accelerate do): it holds every rank's state, so the one file rank 0 writes resumes each rank.
+        How it resumes exactly: NOTE [ Exact resume ] in ``autoloader/loader/state.py``.
+
+        Returns:
+            dict: A small dict of ints, lists and strings (20-45 KB: the RNG states), safe for ``torch.save`` and
+            JSON: the epoch, the batches yielded, the RNG states that redraw the epoch's order (torch's, Python's
+            and numpy's global RNGs, every generator on the loader and its samplers, a sampler's own
+            ``state_dict()``), the decision in force, and a digest that refuses an edited state.
+
+        Raises:
+            ValueError: The loader cannot be resumed exactly: an ``IterableDataset`` without its own
+                ``state_dict()``, or one loaded by workers (only ``num_workers=0`` reads its position).
+        """
         tuning = self.tuning
         own = self._checkpoints.state(self._source, clock=self._clocks[-1] if self._clocks else None,
                                       next_epoch=self._next_epoch, held=self._held,
@@ -194,10 +265,28 @@ class PrefetchLoader:
         return gather_states(own, format=FORMAT)
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Resume from ``state_dict()``'s dict at the next ``iter()``: exactly the batches the saved run would have
-        yielded next, this epoch and the following ones, whatever this loader's workers, threads or decision.
-        A state that cannot resume this loader exactly (another dataset, sampler, batch size, world size, or a
-        damaged state) raises a ``ValueError`` saying what differs."""
+        """Resume from a ``state_dict()`` at the next ``iter()``: exactly the batches the saved run would have yielded
+        next (same samples, order and batch boundaries), this epoch and the following ones, and the loop's own draws
+        from torch's, Python's and numpy's RNGs continue as they would have. Call it on a new loader before
+        ``iter()``; no skipped sample is loaded.
+
+        May differ from the saved run: ``num_workers``, ``persistent_workers``, ``prefetch_factor``, threads,
+        pinning, the tuning mode and the decision (even an online search saved mid-search). May not: the dataset's
+        kind and length, the sampler and batch sampler, ``batch_size``, ``drop_last``, ``shuffle``, the generators,
+        the world size and rank. Not exact: random augmentation inside workers (other worker seeds); RNG draws made
+        between this call and the first ``iter()`` are overwritten.
+
+        Args:
+            state (dict): What ``state_dict()`` returned (e.g. read back with ``torch.load``).
+
+        Raises:
+            ValueError: The state cannot resume this loader exactly, before a batch is served: it was saved with
+                another dataset, sampler, batch sampler, ``batch_size``, ``drop_last``, ``shuffle``, generator,
+                epoch length or world size (the message names it); it was edited or truncated after
+                ``state_dict()`` made it (its digest); a sampler whose RNG autoloader cannot see drew another order
+                (give it ``state_dict()`` or a ``torch.Generator``); or an ``IterableDataset`` cannot take it.
+            TypeError: The wrapped iterable is not a DataLoader, and the state was saved mid-epoch.
+        """
         parsed = self._checkpoints.load(state, self._source)
         number = parsed.epoch + 1 if ends_epoch(parsed) else parsed.epoch
         self._source.set_epoch(number)
@@ -298,7 +387,7 @@ class PrefetchLoader:
         consumer = torch.cuda.current_stream(self.device) if stream is not None else None
         context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         with context:
-            if stream is not None:
+            if stream is not None and consumer is not None:  # both or neither
                 stream.wait_stream(consumer)
                 batch = map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
             if self._transform.active:

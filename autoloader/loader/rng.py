@@ -16,7 +16,7 @@ import base64
 import contextlib
 import random
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, cast
 
 import numpy as np
 import torch
@@ -77,7 +77,8 @@ class Ambient:
 
     @classmethod
     def take(cls) -> "Ambient":
-        return cls(torch.get_rng_state(), random.getstate(), np.random.get_state())
+        # the global RandomState is an MT19937, whose get_state() is the legacy tuple (numpy's stubs say a dict)
+        return cls(torch.get_rng_state(), random.getstate(), cast(Tuple[Any, ...], np.random.get_state()))
 
     def put(self) -> None:
         torch.set_rng_state(self.torch_state)

@@ -5,7 +5,7 @@ copies, converts and times what a source hands out, and composes its checkpoint 
 (``Checkpoints``, NOTE [ Exact resume ] in state.py)."""
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Optional, Protocol, Tuple
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional, Protocol, Tuple
 
 from torch.utils.data import DataLoader
 
@@ -21,23 +21,39 @@ class Source(Protocol):
     """A DataLoader's stand-in under a ``PrefetchLoader``. Implementations subclass it (``as_source`` recognises
     them by that, not by their attribute names)."""
 
-    frame: Any
-    """What the user and frameworks read as the DataLoader (its length, dataset, samplers, settings: NOTE [ What
-    frameworks read ] in prefetch.py)."""
-    in_force: Any
-    """The DataLoader serving the loop's current batch (online: a candidate's while one serves)."""
-    tuning: Any
-    """The ``TuneResult`` in force, None when the source knows of none."""
-    decisions: Tuple[Any, ...]
-    """Every online decision, oldest first; () for a source that does not tune."""
-    traces: Tuple[Any, ...]
-    """Every epoch that searched online; () for a source that does not tune."""
-    slicer: Optional[EpochSlicer]
-    """Its epochs' index order, drawn anew (a resume redraws the interrupted epoch from it); None: the source cannot
-    be resumed mid-epoch."""
-    epoch_source: Optional[EpochSource]
-    """The redrawn epoch serving the current epoch, which counts its sampler's pulls exactly; None while a DataLoader's
-    own iterator serves it (a checkpoint then counts the pulls from its configuration)."""
+    # Read-only for the checker (an implementation may answer each with a property, or set it once), and declared
+    # only for it: a property here would be inherited by the implementations at run time.
+    if TYPE_CHECKING:
+        @property
+        def frame(self) -> Any:
+            """What the user and frameworks read as the DataLoader (its length, dataset, samplers, settings: NOTE
+            [ What frameworks read ] in prefetch.py)."""
+
+        @property
+        def in_force(self) -> Any:
+            """The DataLoader serving the loop's current batch (online: a candidate's while one serves)."""
+
+        @property
+        def tuning(self) -> Any:
+            """The ``TuneResult`` in force, None when the source knows of none."""
+
+        @property
+        def decisions(self) -> Tuple[Any, ...]:
+            """Every online decision, oldest first; () for a source that does not tune."""
+
+        @property
+        def traces(self) -> Tuple[Any, ...]:
+            """Every epoch that searched online; () for a source that does not tune."""
+
+        @property
+        def slicer(self) -> Optional[EpochSlicer]:
+            """Its epochs' index order, drawn anew (a resume redraws the interrupted epoch from it); None: the source
+            cannot be resumed mid-epoch."""
+
+        @property
+        def epoch_source(self) -> Optional[EpochSource]:
+            """The redrawn epoch serving the current epoch, which counts its sampler's pulls exactly; None while a
+            DataLoader's own iterator serves it (a checkpoint then counts the pulls from its configuration)."""
 
     def set_epoch(self, epoch: int) -> None:
         """Number the next epoch (its samplers are told by the prefetcher)."""
@@ -53,6 +69,8 @@ class PlainSource(Source):
     """A DataLoader as a ``Source``: its own epochs; the rest of an interrupted one from a DataLoader with its
     settings over the redrawn order (``rest_of``)."""
 
+    frame: DataLoader
+    in_force: DataLoader
     tuning = None
     decisions: Tuple[Any, ...] = ()
     traces: Tuple[Any, ...] = ()
@@ -85,6 +103,8 @@ class IterableSource(Source):
     """Any other iterable of batches (a generator, a list, another library's loader): iterated as it is; a state
     saved mid-epoch cannot resume it (its order is not autoloader's to redraw)."""
 
+    frame: Iterable[Any]
+    in_force: Iterable[Any]
     tuning = None
     decisions: Tuple[Any, ...] = ()
     traces: Tuple[Any, ...] = ()

@@ -16,7 +16,8 @@ field by field and against a digest when loaded, then against the loader it resu
 #   yields (``pulls_made``), and samplers draw as they are pulled: ``RandomSampler(generator=g)`` draws a chunk of 32
 #   indices at a time with ``replacement=True``, and one more ``randperm`` when asked past its end. The resume asks
 #   the redrawn epoch for exactly as many (keeping the ones not yet delivered), so those draws happen once, before
-#   ``now`` is put back, as in the saver; what the resumer pulls beyond them draws from ``now``, as the saver would have.
+#   ``now`` is put back, as in the saver; what the resumer pulls beyond them draws from ``now``, as the saver would
+#   have.
 # - ``now``: every RNG when ``state_dict()`` was called: the loop's own draws continue from there.
 # - ``ahead``: the ambient RNGs just before the batch the prefetcher held unyielded was loaded in the main process
 #   (only with a side stream, which reads one batch ahead: NOTE [ Stream synchronisation ] in prefetch.py). A dataset
@@ -115,7 +116,8 @@ def _parsed(state: Any) -> LoaderState:
     if state.get("digest") != _digest({k: v for k, v in state.items() if k != "digest"}):
         raise StateError("the state does not match its digest (state['digest']): it was changed or truncated after "
                          "state_dict() made it")
-    epoch, batches, length, drawn = (state.get(k) for k in ("epoch", "batches", "length", "drawn"))
+    fields: List[Any] = [state.get(k) for k in ("epoch", "batches", "length", "drawn")]  # checked below
+    epoch, batches, length, drawn = fields
     _field(_is_int(epoch) and epoch >= 0, "epoch", "an int >= 0")
     _field(_is_int(batches) and batches >= 0, "batches", "an int >= 0")
     _field(length is None or _is_int(length) and length >= batches, "length", "None or an int >= state['batches']")
@@ -123,7 +125,7 @@ def _parsed(state: Any) -> LoaderState:
     for name in ("in_epoch", "epoch_set"):
         _field(isinstance(state.get(name), bool), name, "True or False")
     _field(isinstance(state.get("sampling"), dict), "sampling", "a dict")
-    ranks = state.get("ranks")
+    ranks: Any = state.get("ranks")
     _field(isinstance(ranks, dict) and all(_is_int(v) for v in ranks.values()), "ranks", "a dict of ints")
     _field(_int_list(state.get("sampler_epochs")), "sampler_epochs", "a list of ints")
     record = state.get("sampler_record")
@@ -203,9 +205,10 @@ def check(state: LoaderState, loader: Any) -> None:
                              f"batch_sampler and drop_last as the run that saved it, or start without the state")
     saved_gens, here_gens = set(state.now.generators), set(generators(parts_of(loader)))
     if saved_gens != here_gens:
-        raise ValueError(f"load_state_dict(state): the state was saved with generators on {sorted(saved_gens) or 'nothing'}"
-                         f", this loader has them on {sorted(here_gens) or 'nothing'}: pass the same generator= "
-                         f"(DataLoader or sampler) as the run that saved it")
+        raise ValueError(f"load_state_dict(state): the state was saved with generators on "
+                         f"{sorted(saved_gens) or 'nothing'}, this loader has them on "
+                         f"{sorted(here_gens) or 'nothing'}: pass the same generator= (DataLoader or sampler) as the "
+                         f"run that saved it")
     length = epoch_length(loader)
     if state.length is not None and length is not None and length != state.length:
         raise ValueError(f"load_state_dict(state): the saved epoch had {state.length} batches, this loader has "

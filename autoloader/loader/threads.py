@@ -113,10 +113,35 @@ _OWN = frozenset({"_autoloader_dataset", "_autoloader_threads", "_autoloader_poo
 
 
 class ThreadedDataset(Dataset):
-    """``dataset`` whose batches are fetched ``threads`` samples at a time in each process (see the module docstring
-    for what ``loader.dataset`` shows, thread safety, and a dataset with its own ``__getitems__``).
+    """A map-style dataset whose batches are fetched ``threads`` samples at a time in each process that loads it.
 
-    ``threads=1`` fetches serially and makes no pool; ``with_threads`` returns the dataset itself then.
+    A ``DataLoader`` over it calls ``__getitems__(indices)`` once per batch (torch >= 2.0), which maps your
+    ``__getitem__`` over a pool of daemon threads made lazily in each process (the main one with ``num_workers=0``,
+    else each worker, after fork or spawn; never pickled): for samples that wait (network, object storage, a slow
+    disk, a decoder that releases the GIL), many in flight at the memory cost of threads, not processes. The batch
+    keeps sampler order, and the first error in batch order is raised unchanged. ``make_loader(..., threads=...)``
+    wraps your dataset in it; ``loader.dataset`` is then the wrapper: attribute reads and writes go to your dataset,
+    ``len()``, ``[i]`` and ``iter()`` behave as yours, ``isinstance(loader.dataset, YourClass)`` is False and
+    ``autoloader.unwrap(loader.dataset)`` gives yours back (NOTE [ Threads inside workers ] in this module).
+
+    Thread safety is yours: ``__getitem__`` runs in several threads at once. Reading files you open per call,
+    ``requests``/``boto3`` sessions per thread, PIL decoding, numpy on arrays you only read are safe; one ``h5py``
+    file, ``lmdb`` transaction, ``sqlite3`` connection or file handle opened in ``__init__`` and shared by every
+    call is not (open one per thread, e.g. in a ``threading.local()``). A dataset with its own ``__getitems__``
+    fetches batches its own way: it is called as is, without threads, with a warning.
+
+    Example:
+        loader = DataLoader(ThreadedDataset(dataset, threads=8), batch_size=64, num_workers=2)  # 2 x 8 threads
+
+    Args:
+        dataset: A map-style dataset (with ``__getitem__``); a ``ThreadedDataset`` is unwrapped first.
+        threads (int): Threads per process, an int >= 1 (1 fetches serially and makes no pool; ``with_threads``
+            returns the dataset itself then).
+
+    Raises:
+        TypeError: ``threads`` is not an int, or ``dataset`` has no ``__getitem__``.
+        ValueError: ``threads`` < 1, or ``dataset`` is an ``IterableDataset`` (its one ``__iter__`` cannot be split
+            between threads: overlap its waiting inside ``__iter__``, or use more workers).
     """
 
     def __init__(self, dataset: Any, *, threads: int) -> None:
@@ -226,15 +251,34 @@ def fixed_threads(mode: Union[bool, int]) -> int:
 
 
 def with_threads(dataset: Any, threads: int) -> Any:
-    """``dataset`` fetched ``threads`` samples at a time per process: a ``ThreadedDataset``, or ``dataset`` itself
-    (unwrapped if it was one) when ``threads == 1``."""
+    """``dataset`` fetched ``threads`` samples at a time in each process that loads it.
+
+    Args:
+        dataset: A map-style dataset, or a ``ThreadedDataset`` (rewrapped, never wrapped twice).
+        threads (int): Threads per process, an int >= 1.
+
+    Returns:
+        Dataset: A ``ThreadedDataset`` of your dataset, or your dataset itself (unwrapped if it was one) when
+        ``threads == 1``.
+
+    Raises:
+        TypeError: ``threads`` is not an int, or ``dataset`` has no ``__getitem__``.
+        ValueError: ``threads`` < 1, or ``dataset`` is an ``IterableDataset``.
+    """
     if _check_threads(threads) == 1:
         return unwrap(dataset)
     return ThreadedDataset(dataset, threads=threads)
 
 
 def unwrap(dataset: Any) -> Any:
-    """The user's dataset inside a ``ThreadedDataset``; any other dataset unchanged."""
+    """Your dataset, whether or not it is wrapped for threads (e.g. ``unwrap(loader.dataset)``).
+
+    Args:
+        dataset: A ``ThreadedDataset`` or any other dataset.
+
+    Returns:
+        Dataset: The dataset inside a ``ThreadedDataset``; any other dataset unchanged.
+    """
     return dataset._autoloader_dataset if isinstance(dataset, ThreadedDataset) else dataset
 
 

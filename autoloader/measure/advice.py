@@ -19,8 +19,8 @@ Two mistakes show up only once workers run, and both cost silently rather than f
 # - at least 32 MiB: far above that noise, yet reached by a few hundred thousand objects read in a short trial;
 # - at least a quarter of the worker's USS at the end: for a worker that legitimately holds gigabytes (a decoder's
 #   buffers) tens of MiB of churn are noise, while a copy-on-read worker's USS is mostly the growth;
-# - more than the batches a worker holds (``LoaderConfig.worker_batches`` x batch bytes): batches built in shared memory count as the
-#   worker's own until the main process maps them, so big batches alone move USS by that much.
+# - more than the batches a worker holds (``LoaderConfig.worker_batches`` x batch bytes): batches built in shared
+#   memory count as the worker's own until the main process maps them, so big batches alone move USS by that much.
 # The trial sees only part of an epoch, so the growth it measures is a lower bound of what an epoch costs. A full
 # collection in a worker copies pages too (the collector writes to every tracked object it scans, the inherited ones
 # included): ``gc.freeze()`` in the parent before the workers start moves them out of its reach.

@@ -153,7 +153,7 @@ class WorkerTracker:
     """Cumulative CPU time and bytes read of a trial's workers, including those that exit during the trial.
 
     A finite IterableDataset's workers exit, and the DataLoader joins them, before the trial ends: a sample taken then
-    finds no process and would miss all their work (issue 14: every WebDataset trial read 0 % worker CPU). A worker
+    finds no process and would miss all their work (every WebDataset trial read 0 % worker CPU that way). A worker
     still running (or a zombie not yet waited for) is read with psutil; once it has been waited for, its whole CPU time
     is in this process's ``RUSAGE_CHILDREN``, so the total is the running workers' readings plus what
     ``RUSAGE_CHILDREN`` gained since the tracker started (the only children waited for during a trial are its own

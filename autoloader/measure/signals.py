@@ -6,7 +6,7 @@
 # (pid X) is killed by signal" when a worker dies). Raising between a lock's acquire and the ``try``/``with`` that
 # releases it leaks the lock for good. ``multiprocessing.Queue.put`` runs ``with self._notempty:``, and the
 # Python-level ``Condition.__enter__`` returns with the lock held before the ``with`` is set up: a worker killed while
-# the main thread puts indices raised exactly there (issue 11, seen with a diagnostic handler: "raised at
+# the main thread puts indices raised exactly there (seen with a diagnostic handler: "raised at
 # threading.py:__enter__ <- queues.py:put <- dataloader.py:_try_put_index"), and the iterator's shutdown then put to
 # the same queue and waited forever, the queue's feeder thread with it.
 # ``SignalGuard`` wraps the handlers of the three signals for the length of a trial:
@@ -17,10 +17,11 @@
 #   A loop that forks workers spends nearly all its time in such code, so the retries seldom land (a Ctrl-C while 64
 #   workers started waited 0.4-1 s): while one is kept, a line tracer (``_LineTrap``) on the interrupted frames and
 #   every frame they call raises it at the first line that runs where neither its frame nor any caller is unsafe
-#   (``_unsafe_anywhere``), such as the DataLoader's loop between two forks. It is installed only when no other tracer is (a debugger, coverage), since raising from a tracer unsets
-#   it; then the timer alone retries. Blocking reads are safe places and raise at once: multiprocessing.connection and selectors
-#   (the pipe under ``Queue.get``, inside its try/finally), and a ``Condition.wait`` called by ``queue.Queue.get``
-#   once its try block is entered (the pin-memory results), which releases what it holds on the way out.
+#   (``_unsafe_anywhere``), such as the DataLoader's loop between two forks. It is installed only when no other
+#   tracer is (a debugger, coverage), since raising from a tracer unsets it; then the timer alone retries.
+#   Blocking reads are safe places and raise at once: multiprocessing.connection and selectors (the pipe under
+#   ``Queue.get``, inside its try/finally), and a ``Condition.wait`` called by ``queue.Queue.get`` once its try block
+#   is entered (the pin-memory results), which releases what it holds on the way out.
 # - in a function marked ``@cleanup`` (``Run.stop``) before it entered its ``shield()``, and while entering it, a
 #   handler's exception is kept the same way: a Ctrl-C that lands as a run starts its cleanup must not skip it (it
 #   left a trial's workers running).

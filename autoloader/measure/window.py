@@ -68,7 +68,8 @@ class _Edges:
 
 def _mean_delay(marks: Sequence[BatchMark]) -> Optional[float]:
     delays = [m.wait_delay_s for m in marks]
-    return None if not delays or any(d is None for d in delays) else sum(delays) / len(delays)  # type: ignore[misc]
+    known = [d for d in delays if d is not None]
+    return None if not delays or len(known) < len(delays) else sum(known) / len(known)
 
 
 def samples_in(batch: Any, default: int) -> int:

@@ -193,13 +193,13 @@ def _cached_read(name: str, size: int, block: int, until: float) -> Optional[flo
 
 
 def _bypassed_reads(name: str, size: int, block: int, deadline: float,
-                    seconds: float) -> Tuple[Optional[str], Optional[float], Optional[float]]:
+                    seconds: float) -> Tuple[Optional[Bypass], Optional[float], Optional[float]]:
     """(bypass, seq MB/s, random IOPS) with the page cache bypassed; see NOTE [ Measuring disk reads past the page
     cache ]."""
     buf = mmap.mmap(-1, block)
     try:
         fd = _open_direct(name, buf)
-        bypass = "o_direct"
+        bypass: Bypass = "o_direct"
         if fd is None:
             if not hasattr(os, "posix_fadvise"):
                 logger.info("disk probe: neither O_DIRECT nor posix_fadvise is available; figures unknown")

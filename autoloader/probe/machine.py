@@ -13,7 +13,7 @@ import platform
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import AbstractSet, Dict, Literal, Optional, Tuple, overload
 
 import psutil
 import torch
@@ -69,7 +69,34 @@ class ShmInfo:
 
 @dataclass(frozen=True)
 class MachineProfile:
-    """Everything ``probe_machine`` found. ``disk``/``gpus`` are None when not probed (or, for GPUs, unknown)."""
+    """Everything ``probe_machine`` found about this machine and process: facts only, None where unknown.
+
+    Saved as ``machine.json`` in the cache directory by ``autotune`` and ``autotune probe`` (``to_dict``), where
+    ``make_loader`` reads the disk figures it never measures itself.
+
+    Attributes:
+        cpu (CpuInfo): ``usable``: the CPUs this process may run on at once (its affinity, capped by the cgroup CPU
+            quota rounded up; in containers ``os.cpu_count()`` says more), ``logical``, ``physical``, ``model``,
+            ``affinity`` (CPUs in the affinity mask) and ``quota`` (the cgroup quota in CPUs, None without one).
+        memory (MemoryInfo): ``total_bytes``, ``available_bytes``, ``limit_bytes`` (the tightest cgroup limit, None
+            without one), ``headroom_bytes`` (that limit minus the cgroup's working set) and ``budget_bytes``: what
+            may still be allocated, the smaller of the available memory and the headroom, of which
+            ``memory_budget=`` takes a share.
+        shm (ShmInfo): ``path`` (``/dev/shm``), ``total_bytes`` and ``free_bytes`` of the shared-memory
+            filesystem DataLoader workers hand batches through (None when it cannot be read).
+        disk (DiskInfo): Read speed under the data directory with the page cache bypassed (``seq_read_mb_s``,
+            ``rand_read_iops``, and how: ``bypass``) and through a warm page cache (``cached_seq_read_mb_s``); None
+            when not probed (``disk=False``).
+        gpus (tuple of GpuInfo): One ``GpuInfo(index, name, total_bytes)`` per visible CUDA device, listed without
+            initialising CUDA; () without GPUs; None when not probed (``gpus=False``) or unknown.
+        start_method (str): The multiprocessing start method DataLoader workers get by default (``"fork"``,
+            ``"spawn"``, ``"forkserver"``), None when unknown.
+        torch_version (str): ``torch.__version__``.
+        python_version (str): ``platform.python_version()``.
+        thread_env (dict): The thread variables set in the environment (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``,
+            ...), name to value.
+        created (float): When it was probed, seconds since the epoch (``time.time()``).
+    """
 
     cpu: CpuInfo
     memory: MemoryInfo
@@ -83,7 +110,11 @@ class MachineProfile:
     created: float
 
     def to_dict(self) -> dict:
-        """A JSON-able dict (``"schema": 1``); ``from_dict`` reads it back."""
+        """The profile as plain JSON data.
+
+        Returns:
+            dict: Every field, nested records as dicts, plus ``"schema": 1``; ``from_dict`` reads it back.
+        """
         data = asdict(self)
         data["gpus"] = None if self.gpus is None else [asdict(g) for g in self.gpus]
         data["thread_env"] = dict(self.thread_env)
@@ -92,17 +123,46 @@ class MachineProfile:
 
     @classmethod
     def from_dict(cls, data: object) -> "MachineProfile":
-        """Rebuild a profile from ``to_dict`` output; raises ``ValueError`` on anything else."""
+        """Rebuild a profile from what ``to_dict`` returned (e.g. read back from ``machine.json``).
+
+        Args:
+            data: The dict ``to_dict`` made, as JSON gives it back.
+
+        Returns:
+            MachineProfile: The profile it holds.
+
+        Raises:
+            ValueError: ``data`` is not such a dict: another schema, a missing or unknown key, a value of the wrong
+                type or out of range (the message names the field).
+        """
         return _from_dict(data)
 
 
 def probe_machine(data_dir: "str | os.PathLike[str] | None" = None, *, disk: bool = True, gpus: bool = True,
                   disk_seconds: float = 5.0) -> MachineProfile:
-    """Probe this machine. With ``disk=False, gpus=False`` it only reads files and takes milliseconds.
+    """Probe this machine and process: usable CPUs, memory, ``/dev/shm``, disk, GPUs, start method, thread variables.
 
-    ``disk``: measure read speed (about ``disk_seconds``) under ``data_dir``, else under the cache directory.
-    ``gpus``: list GPUs without initialising CUDA in this process (see NOTE [ Probing GPUs without initialising
-    CUDA ] in ``_gpu.py``).
+    Every figure is measured or read from the system (``/proc``, the cgroup v1/v2 files, ``statvfs``); one that
+    cannot be is None, never a guess. With ``disk=False, gpus=False`` it only reads files and takes milliseconds
+    (what ``make_loader`` does on every call). Nothing is saved: ``autotune probe`` saves it as ``machine.json``.
+
+    Args:
+        data_dir: A directory (str or ``os.PathLike``) on the storage your data lives on, where the disk is
+            measured. Default None: the cache directory (created if missing).
+        disk (bool): Measure the disk's read speed with the page cache bypassed (``O_DIRECT``, else
+            ``posix_fadvise``): writes a temporary file under ``data_dir`` and reads it back, about
+            ``disk_seconds``. Default True. NOTE [ Measuring disk reads past the page cache ] in
+            ``autoloader/probe/_disk.py``.
+        gpus (bool): List the CUDA devices without initialising CUDA in this process (``nvidia-smi`` or a child
+            process; NOTE [ Probing GPUs without initialising CUDA ] in ``autoloader/probe/_gpu.py``). Default True.
+        disk_seconds (float): About how long the disk measurement may take, in seconds, in (0, 3600). Default 5.
+
+    Returns:
+        MachineProfile: What was found; ``disk`` is None with ``disk=False``, ``gpus`` None with ``gpus=False``.
+
+    Raises:
+        TypeError: ``disk`` or ``gpus`` is not True or False.
+        ValueError: ``disk_seconds`` is not a number of seconds in (0, 3600).
     """
     for name, value in (("disk", disk), ("gpus", gpus)):
         if not isinstance(value, bool):
@@ -274,12 +334,18 @@ def _from_dict(data: object) -> MachineProfile:
 _MEMORY_KEYS = frozenset({"total_bytes", "available_bytes", "limit_bytes", "budget_bytes", "headroom_bytes"})
 
 
-def _mapping(value: object, where: str, keys: set) -> dict:
+def _mapping(value: object, where: str, keys: AbstractSet[str]) -> dict:
     if not isinstance(value, dict):
         raise ValueError(f"{where} must be a JSON object, got {type(value).__name__}")
     if set(value) != keys:
         raise ValueError(f"{where} has keys {sorted(value)}, expected {sorted(keys)}")
     return value
+
+
+@overload
+def _int(d: dict, key: str, where: str, *, optional: Literal[False]) -> int: ...
+@overload
+def _int(d: dict, key: str, where: str, *, optional: bool = ...) -> Optional[int]: ...
 
 
 def _int(d: dict, key: str, where: str, *, optional: bool = True) -> Optional[int]:
@@ -291,6 +357,12 @@ def _int(d: dict, key: str, where: str, *, optional: bool = True) -> Optional[in
     return value
 
 
+@overload
+def _num(d: dict, key: str, where: str, *, optional: Literal[False]) -> float: ...
+@overload
+def _num(d: dict, key: str, where: str, *, optional: bool = ...) -> Optional[float]: ...
+
+
 def _num(d: dict, key: str, where: str, *, optional: bool = True) -> Optional[float]:
     value = d[key]
     if value is None and optional:
@@ -299,6 +371,12 @@ def _num(d: dict, key: str, where: str, *, optional: bool = True) -> Optional[fl
         raise ValueError(f"{where}.{key} must be a finite number >= 0{' or null' if optional else ''}, "
                          f"got {value!r}")
     return float(value)
+
+
+@overload
+def _str(d: dict, key: str, where: str, *, optional: Literal[False]) -> str: ...
+@overload
+def _str(d: dict, key: str, where: str, *, optional: bool = ...) -> Optional[str]: ...
 
 
 def _str(d: dict, key: str, where: str, *, optional: bool = True) -> Optional[str]:

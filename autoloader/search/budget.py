@@ -9,8 +9,8 @@ the machine's facts and of what trials measured (tested on tables).
 # ``ram_budget``: the training process itself (model, optimizer, CUDA context, the batches it holds) needs the rest.
 # A candidate's footprint (``footprint``) is what autoloader adds to the process tree:
 #   workers      num_workers x one worker's private memory (USS) measured, plus its growth during the trial;
-#   in flight    ``LoaderConfig.shm_batches``: those in flight + 2, in /dev/shm (tmpfs: RAM, charged to the cgroup), which
-#                is also checked against free /dev/shm as a limit of its own (``shm_need_bytes``);
+#   in flight    ``LoaderConfig.shm_batches``: those in flight + 2, in /dev/shm (tmpfs: RAM, charged to the cgroup),
+#                which is also checked against free /dev/shm as a limit of its own (``shm_need_bytes``);
 #   pinned       as many page-locked copies when pin_memory (the pin thread copies every batch it takes);
 #   threads      with threads > 1, each loading process holds a batch's samples in its threads' hands before collate
 #                (one per-thread share of the batch per thread: a batch per process).
@@ -152,7 +152,8 @@ def budget_guard(config: LoaderConfig, *, per_worker_bytes: Optional[int], batch
 
 def growth_noise_bytes(trial: TrialResult) -> int:
     """Growth any worker shows once during a trial: ``GROWTH_NOISE_BYTES``, or the batches a worker holds
-    (``LoaderConfig.worker_batches``) when more (a batch built in shared memory counts as the worker's own until the main process maps it)."""
+    (``LoaderConfig.worker_batches``) when more (a batch built in shared memory counts as the worker's own until the
+    main process maps it)."""
     return max(GROWTH_NOISE_BYTES, trial.config.worker_batches() * (trial.batch_bytes or 0))
 
 

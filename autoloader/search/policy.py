@@ -10,7 +10,7 @@ import math
 from typing import Mapping, Optional, Sequence, Tuple
 
 from .budget import SHM_MARGIN, budget_guard, forecast_bytes, growth_per_sample, shm_need_bytes, trial_footprint
-from .threads_policy import fewest_near, least_memory
+from .threads_policy import fewest_near, least_memory, rate
 from ..report import mib
 from ..results import Bottleneck, TrialResult, TuneResult
 
@@ -39,7 +39,7 @@ def select(trials: Sequence[TrialResult], *, tolerance: float = DEFAULT_TOLERANC
     near = least_memory(fewest_near(trials, tolerance=tolerance))
     if not near:
         return None
-    return min(near, key=lambda t: (t.config.prefetch_factor or 0, -t.samples_per_s))
+    return min(near, key=lambda t: (t.config.prefetch_factor or 0, -rate(t)))
 
 
 def predict_from_serial(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float, usable_cpus: int,
@@ -80,7 +80,7 @@ def predict_from_workers(trial: TrialResult, *, batch_size: int, consumer_s: flo
     n = trial.config.num_workers
     if not trial.ok or n == 0:
         return None
-    per_worker = trial.samples_per_s / n
+    per_worker = rate(trial) / n
     target = HEADROOM * batch_size / consumer_s if consumer_s > 0 else math.inf
     by_consumer = target / per_worker if per_worker > 0 else math.inf
     util = trial.worker_cpu_util
@@ -157,7 +157,7 @@ def climb_cap(rates: Mapping[int, Optional[float]], *, cap: int, ceiling_samples
               tolerance: float = DEFAULT_TOLERANCE) -> int:
     """The most workers worth measuring next: ``cap``, or the fewest measured that already reach ``rate_ceiling``
     (within ``tolerance``): no number of workers beats it by more, so a search that reached it only looks for fewer
-    (issue 22: fewer candidates, fewer switches)."""
+    (fewer candidates, fewer switches)."""
     if not ceiling_samples_per_s:
         return cap
     keeping = [n for n, r in rates.items() if n > 0 and r is not None and r >= (1.0 - tolerance) *
@@ -230,7 +230,7 @@ def select_within_budget(trials: Sequence[TrialResult], *, tolerance: float = DE
     forecasts = {id(t): forecast_bytes(t, epoch_samples=epoch_samples) for t in fits if t.ok}
     lasting = [t for t in fits if t.ok and (forecasts[id(t)] or 0) <= budget_bytes]
     better = select(lasting, tolerance=tolerance) or \
-        min((t for t in fits if t.ok), key=lambda t: (forecasts[id(t)] or 0, -t.samples_per_s))
+        min((t for t in fits if t.ok), key=lambda t: (forecasts[id(t)] or 0, -rate(t)))
     slope = growth_per_sample(chosen) or 0.0
     instead = "" if better is chosen else (
         f"; choosing {better.config.label()} instead (forecast "
@@ -257,13 +257,13 @@ def worth_more_prefetch(chosen: TrialResult, *, consumer_samples_per_s: Optional
     """A deeper queue only helps when loading keeps up on average but the consumer still waits (jitter)."""
     if chosen.config.num_workers == 0 or consumer_samples_per_s is None or chosen.stall_fraction is None:
         return False
-    return chosen.stall_fraction > 0.05 and chosen.samples_per_s >= 0.8 * consumer_samples_per_s
+    return chosen.stall_fraction > 0.05 and rate(chosen) >= 0.8 * consumer_samples_per_s
 
 
 def bottleneck(chosen: TrialResult, trials: Sequence[TrialResult], *, consumer_samples_per_s: Optional[float],
                usable_cpus: int, memory_limited: bool) -> Bottleneck:
     """What limits the chosen configuration, from what it measured."""
-    if consumer_samples_per_s and chosen.samples_per_s >= 0.9 * consumer_samples_per_s:
+    if consumer_samples_per_s and rate(chosen) >= 0.9 * consumer_samples_per_s:
         return "consumer"
     if chosen.consumer_s_per_batch and chosen.window_s and \
             chosen.consumer_s_per_batch * chosen.batches >= 0.75 * chosen.window_s:

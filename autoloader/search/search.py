@@ -116,7 +116,8 @@ class Search:
             predicted = footprint(config, per_worker_bytes=estimate, batch_bytes=self.found.batch_bytes)
             trial = TrialResult(config=config, status="skipped", reason=reason, footprint_bytes=predicted.total_bytes)
         else:
-            limit = self.settings.trial_limit if first or force else max(1.0, min(self.settings.trial_limit, self.stop_at - elapsed))
+            most = self.settings.trial_limit
+            limit = most if first or force else max(1.0, min(most, self.stop_at - elapsed))
             outcome = yield Candidate(config, limit, first)
             agreed = self.coordinator.outcome(outcome, elapsed_s=time.monotonic() - self.started,
                                               main_rss_bytes=psutil.Process().memory_info().rss)
@@ -133,7 +134,8 @@ class Search:
         log.info("%s %-34s %-24s %5.1f s%s", "trial" if math.isfinite(self.settings.budget) else "candidate",
                  config.label(),
                  f"{trial.samples_per_s:,.0f} samples/s" if trial.ok else f"{trial.status}: {trial.reason}",
-                 elapsed, f" of {self.settings.budget:.0f} s budget" if math.isfinite(self.settings.budget) else " (online)")
+                 elapsed,
+                 f" of {self.settings.budget:.0f} s budget" if math.isfinite(self.settings.budget) else " (online)")
         if self.progress is not None:
             self.progress(trial, elapsed, self.settings.budget)
         return trial if trial.ok else None
@@ -146,8 +148,10 @@ class Search:
             self.guard(trial.config, self.found.per_worker_bytes) is None
 
     def rates(self) -> Dict[int, Optional[float]]:
-        return {c.num_workers: t.samples_per_s for c, t in self.found.by_config.items() if c.threads == self.settings.threads
-                and c.prefetch_factor in (None, self.settings.prefetch) and c.pin_memory == self.settings.pin and not self.refits(t)
+        settings = self.settings
+        return {c.num_workers: t.samples_per_s for c, t in self.found.by_config.items()
+                if c.threads == settings.threads and c.prefetch_factor in (None, settings.prefetch)
+                and c.pin_memory == settings.pin and not self.refits(t)
                 and c.native_threads == self.native_limit(c.num_workers)}
 
     def consumer(self, consumer_s: float) -> Optional[float]:
@@ -157,14 +161,16 @@ class Search:
 
     def search_workers(self, serial: Optional[TrialResult], consumer_s: float) -> Steps[None]:
         consumer_rate = self.consumer(consumer_s)
-        self.found.ceiling = policy.rate_ceiling(serial, batch_size=self.settings.batch_size, usable_cpus=self.settings.usable,
-                                           consumer_samples_per_s=consumer_rate)
-        if serial is not None and consumer_rate and serial.samples_per_s >= (1 - self.settings.tolerance) * consumer_rate:
+        self.found.ceiling = policy.rate_ceiling(serial, batch_size=self.settings.batch_size,
+                                                 usable_cpus=self.settings.usable, consumer_samples_per_s=consumer_rate)
+        if serial is not None and consumer_rate and \
+                threads_policy.rate(serial) >= (1 - self.settings.tolerance) * consumer_rate:
             return
         if serial is not None:
             first = policy.predict_from_serial(fetch_s=serial.fetch_s_per_batch or 0.0,
                                                fetch_cpu_s=serial.fetch_cpu_s_per_batch or 0.0,
-                                               consumer_s=consumer_s, usable_cpus=self.settings.usable, cap=self.settings.cap)
+                                               consumer_s=consumer_s, usable_cpus=self.settings.usable,
+                                               cap=self.settings.cap)
         else:
             first = min(self.settings.usable, self.settings.cap)
         if first < 1:
@@ -182,7 +188,8 @@ class Search:
             yield from self.follow(policy.next_worker_count)
 
     def climb_cap(self) -> int:
-        return policy.climb_cap(self.rates(), cap=self.settings.cap, ceiling_samples_per_s=self.found.ceiling or self.found.consumer_rate,
+        return policy.climb_cap(self.rates(), cap=self.settings.cap,
+                                ceiling_samples_per_s=self.found.ceiling or self.found.consumer_rate,
                                 tolerance=self.settings.tolerance)
 
     def follow(self, propose: Callable[..., Optional[int]]) -> Steps[None]:
@@ -244,7 +251,8 @@ class Search:
         if self.settings.start is not None and self.settings.start.num_workers > 0 and fixed_n is None:
             threaded = self.settings.tune_threads and self.settings.start.threads > 1
             current = yield from self.run(self.config(self.settings.start.num_workers,
-                                                      threads=self.settings.start.threads if threaded else None), first=True)
+                                                      threads=self.settings.start.threads if threaded else None),
+                                          first=True)
             consumer_s = (current.consumer_s_per_batch or 0.0) if current is not None else 0.0
             self.consumer(consumer_s)
             if threaded and current is not None:
@@ -266,7 +274,8 @@ class Search:
         needed = policy.workers_needed(fetch_s=serial.fetch_s_per_batch or 0.0, consumer_s=consumer_s,
                                        fetch_cpu_s=serial.fetch_cpu_s_per_batch or 0.0,
                                        usable_cpus=self.settings.usable) if first and serial is not None else 1.0
-        if first and (yield from search_threads_first(self, serial, consumer_s, workers_needed=needed)):
+        if first and serial is not None and \
+                (yield from search_threads_first(self, serial, consumer_s, workers_needed=needed)):
             return consumer_s, True
         if first:
             self.stop_at = self.settings.budget  # the fallback: no thread part follows it
@@ -297,17 +306,19 @@ class Search:
                                  usable_cpus=self.settings.usable, memory_limited=self.found.memory_limited or any(
                                      t.status == "skipped" and t.config.num_workers > n and not self.refits(t)
                                      for t in self.found.trials))
-        best = max(t.samples_per_s for t in self.found.trials if t.ok)
+        best = max(threads_policy.rate(t) for t in self.found.trials if t.ok)
         fewest = "fewest workers, then threads per process," if self.settings.tune_threads else "fewest workers"
         why = (f"{fewest} within {self.settings.tolerance:.0%} of the best measured rate ({best:,.0f} samples/s) "
-               f"in {len(self.found.trials)} trials" + (f"; {self.settings.cap_reason}" if self.settings.cap_reason else ""))
+               f"in {len(self.found.trials)} trials" +
+               (f"; {self.settings.cap_reason}" if self.settings.cap_reason else ""))
         native = native_policy.decision_words(self.found.trials, chosen.config, tolerance=self.settings.tolerance)
         why += f"; {native}" if native else ""
         per_sample = chosen.read_bytes_per_batch / self.settings.batch_size if chosen.read_bytes_per_batch else None
         ceiling = policy.disk_ceiling(read_bytes_per_sample=per_sample, seq_read_mb_s=self.settings.disk_mb_s) \
             if neck == "io" else None
         config = dataclasses.replace(chosen.config, persistent_workers=bool(persistent and n > 0))
-        return TuneResult(config, chosen.samples_per_s, neck, "tuned", tuple(self.found.trials), consumer_rate, seconds, why,
-                          created=time.time(), disk_ceiling_samples_per_s=ceiling,
+        return TuneResult(config, chosen.samples_per_s, neck, "tuned", tuple(self.found.trials), consumer_rate, seconds,
+                          why, created=time.time(), disk_ceiling_samples_per_s=ceiling,
                           read_bytes_per_sample=per_sample if ceiling is not None else None,
-                          memory_budget_bytes=self.settings.memory_budget, memory_budget_from=self.settings.memory.describe())
+                          memory_budget_bytes=self.settings.memory_budget,
+                          memory_budget_from=self.settings.memory.describe())

@@ -40,10 +40,11 @@ def search_threads(search: Searching, chosen: TrialResult, consumer_rate: Option
     """Try threads per process against ``chosen``, the process-only configuration ``search`` selected: at most
     ``MAX_THREAD_TRIALS`` candidates (controls included, and one more control at most), within the search's budget
     (one control may end past it)."""
-    reference = max(t.samples_per_s for t in search.found.trials if t.ok and t.config.threads == search.settings.threads)
-    max_threads = policy.max_threads_per_process(chosen, batch_size=search.settings.batch_size)
-    processes = policy.thread_processes(chosen.config.num_workers, fixed_workers=search.settings.fixed.get("num_workers"),
-                                        cap=search.settings.cap, usable_cpus=search.settings.usable, max_threads=max_threads)
+    settings = search.settings
+    reference = max(t.samples_per_s for t in search.found.trials if t.ok and t.config.threads == settings.threads)
+    max_threads = policy.max_threads_per_process(chosen, batch_size=settings.batch_size)
+    processes = policy.thread_processes(chosen.config.num_workers, fixed_workers=settings.fixed.get("num_workers"),
+                                        cap=settings.cap, usable_cpus=settings.usable, max_threads=max_threads)
     proposal = policy.first_thread_config(chosen, processes=processes, max_threads=max_threads,
                                           consumer_samples_per_s=consumer_rate, tolerance=search.settings.tolerance)
     busy = policy.busy_fraction(chosen)
@@ -82,7 +83,8 @@ def search_threads_first(search: Searching, opening: TrialResult, consumer_s: fl
     threads, faster than its control beside it and within the tolerance of the reference); False: the caller falls
     back to the process-only search."""
     max_threads = policy.max_threads_per_process(opening, batch_size=search.settings.batch_size)
-    processes = policy.threads_first_processes(cap=search.settings.cap, usable_cpus=search.settings.usable, max_threads=max_threads)
+    processes = policy.threads_first_processes(cap=search.settings.cap, usable_cpus=search.settings.usable,
+                                               max_threads=max_threads)
     consumer_rate = search.settings.batch_size / consumer_s if consumer_s > 0 else None
     decide = functools.partial(policy.next_threads_first, processes=processes, max_threads=max_threads,
                                tolerance=search.settings.tolerance, consumer_samples_per_s=consumer_rate)

@@ -2,7 +2,7 @@
 trials measured; ``thread_search.py`` drives them (``policy.select`` borrows ``least_memory``).
 
 # NOTE [ Processes x threads ]
-# Threads first (issue 23). With ``threads=True``, when the serial trial shows loading that mostly waits (its CPU
+# Threads first. With ``threads=True``, when the serial trial shows loading that mostly waits (its CPU
 # share below ``WAITING_BUSY``), the search tries processes x threads before any process-only climb
 # (``first_threads_first``, ``next_threads_first``): few processes (up to the usable CPUs), each with the threads
 # that cover its wait (up to a batch's samples), as many samples in flight as the serial trial says fill the CPUs or
@@ -12,8 +12,8 @@ trials measured; ``thread_search.py`` drives them (``policy.select`` borrows ``l
 # process short of CPU on a shared machine never looks saturated), up to ``threads_first_processes``. When the climb
 # stops, the descent below runs on the climb's own rates, the control first, then fewer processes with the same
 # samples in flight, never fewer threads: an idle thread costs a stack, not a process's memory, and on a busy machine
-# a thread count measured within the tolerance once may be well short of it the next time (issue 23's first
-# benchmark: 4 x 16 chosen at 0.98x of 4 x 32, 0.77x side by side). Last, one process-only candidate with the same
+# a thread count measured within the tolerance once may be well short of it the next time (the threads benchmark's
+# first run: 4 x 16 chosen at 0.98x of 4 x 32, 0.77x side by side). Last, one process-only candidate with the same
 # samples in flight (``process_reference``): a thread costs CPU per sample that a waiting process does not, so at
 # short waits processes can be faster (1 ms waits, 1 KB samples: 2 x 50 threads ran at 0.37x of 64 processes).
 # The process-only climb is the fallback: it runs only when the control keeps up (threads do not pay), that
@@ -78,7 +78,7 @@ MAX_THREAD_TRIALS = 4
 THREADS_FIRST_PROCESSES_PER_CPU = 4
 """Threads-first climbs to at most this many processes per usable CPU: a process's own collate and hand-over may
 need company past the core count, and with one runnable thread at a time (the GIL) a process gets one task's share
-of a busy machine's CPUs (issue 23's benchmark, at a load of 10-16 on 2 cores: 4 x 16 threads at 0.70x of 64
+of a busy machine's CPUs (the threads benchmark, at a load of 10-16 on 2 cores: 4 x 16 threads at 0.70x of 64
 processes). 8 processes on 2 CPUs still hold an eighth of 64's memory."""
 THREADS_FIRST_TRIALS = 8
 """Candidates of the threads-first search (controls included), at most; its climb and descent end sooner."""
@@ -89,6 +89,13 @@ USS varies by a few percent from one trial to the next."""
 
 ThreadConfig = Tuple[int, int]
 """(processes: ``num_workers``, threads per process)."""
+
+
+def rate(trial: TrialResult) -> float:
+    """The rate an ok trial measured (``TrialResult.ok`` says it has one); a ``ValueError`` for any other trial."""
+    if trial.samples_per_s is None:
+        raise ValueError(f"the trial of {trial.config.label()} measured no rate ({trial.status})")
+    return trial.samples_per_s
 
 
 def busy_fraction(trial: TrialResult) -> Optional[float]:
@@ -123,8 +130,8 @@ def fewest_near(trials: Sequence[TrialResult], *, tolerance: float) -> List[Tria
     ok = [t for t in trials if t.ok]
     if not ok:
         return []
-    best = max(t.samples_per_s for t in ok)
-    near = [t for t in ok if t.samples_per_s >= (1.0 - tolerance) * best]
+    best = max(rate(t) for t in ok)
+    near = [t for t in ok if rate(t) >= (1.0 - tolerance) * best]
     fewest = min((t.config.num_workers, t.config.threads) for t in near)
     return [t for t in near if (t.config.num_workers, t.config.threads) == fewest]
 
@@ -134,7 +141,7 @@ def max_threads_per_process(trial: TrialResult, *, batch_size: int) -> int:
     fetches one batch at a time), as ``trial`` measured them (a ``batch_sampler`` decides them), else ``batch_size``."""
     samples = batch_size
     if trial.ok and trial.batches and trial.window_s:
-        samples = max(1, round(trial.samples_per_s * trial.window_s / trial.batches))
+        samples = max(1, round(rate(trial) * trial.window_s / trial.batches))
     return max(1, min(MAX_THREADS, samples))
 
 
@@ -167,7 +174,7 @@ def first_thread_config(chosen: TrialResult, *, processes: Tuple[int, int], max_
     in_flight = max(1, n)
     p = min(hi, max(lo, math.ceil(in_flight / cover)))
     t = min(max_threads, max(2, cover, math.ceil(in_flight / max(1, p))))
-    fed = consumer_samples_per_s is not None and chosen.samples_per_s >= (1.0 - tolerance) * consumer_samples_per_s
+    fed = consumer_samples_per_s is not None and rate(chosen) >= (1.0 - tolerance) * consumer_samples_per_s
     if p >= n and fed:
         return None
     return p, t
@@ -184,11 +191,11 @@ def next_thread_config(tried: Sequence[TrialResult], *, reference: float, proces
         return None
     seen = {(t.config.num_workers, t.config.threads) for t in tried}
     ok = [t for t in tried if t.ok]
-    target = (1.0 - tolerance) * max([reference] + [t.samples_per_s for t in ok])  # as ``select`` will compare
+    target = (1.0 - tolerance) * max([reference] + [rate(t) for t in ok])  # as ``select`` will compare
     lo, hi = processes
 
     def short(trial: TrialResult) -> bool:
-        return not trial.ok or trial.samples_per_s < target
+        return not trial.ok or rate(trial) < target
 
     def saturated(trial: TrialResult) -> bool:
         return (busy_fraction(trial) or 0.0) >= SATURATED_BUSY
@@ -198,12 +205,12 @@ def next_thread_config(tried: Sequence[TrialResult], *, reference: float, proces
 
     good = [t for t in ok if not short(t)]
     if not good:
-        best = max(ok, key=lambda t: t.samples_per_s)
+        best = max(ok, key=rate)
         p, t = best.config.num_workers, best.config.threads
         if saturated(best):
             return fresh((min(hi, 2 * p), t)) if p < hi else None
-        fewer = [x.samples_per_s for x in ok if x.config.num_workers == p and x.config.threads < t]
-        gained = not fewer or best.samples_per_s > (1.0 + tolerance / 2) * max(fewer)
+        fewer = [rate(x) for x in ok if x.config.num_workers == p and x.config.threads < t]
+        gained = not fewer or rate(best) > (1.0 + tolerance / 2) * max(fewer)
         more = min(max_threads, 2 * t)
         if more > t:
             return fresh((p, more)) if gained else None
@@ -225,9 +232,9 @@ def next_thread_config(tried: Sequence[TrialResult], *, reference: float, proces
     low = max(below, key=lambda x: x.config.threads)  # the control (p, 1) at least
     if low.config.threads == 1:
         return fresh((p, t // 2)) if t // 2 >= 2 else None
-    if not low.ok or chosen.samples_per_s <= low.samples_per_s:
+    if not low.ok or rate(chosen) <= rate(low):
         return None
-    share = (target - low.samples_per_s) / (chosen.samples_per_s - low.samples_per_s)
+    share = (target - rate(low)) / (rate(chosen) - rate(low))
     middle = max(low.config.threads + 1, math.ceil(low.config.threads + share * (t - low.config.threads) - 1e-9))
     return fresh((p, middle)) if middle <= 0.75 * t else None
 
@@ -275,14 +282,14 @@ def climb_threads(tried: Sequence[TrialResult], *, most_processes: int, max_thre
     ok = [t for t in tried if t.ok]
     if not ok or len(ok) < len(tried) or any(t.config.threads == 1 for t in tried):
         return None
-    best = max(ok, key=lambda t: t.samples_per_s)
+    best = max(ok, key=rate)
     p, t = best.config.num_workers, best.config.threads
-    if consumer_samples_per_s is not None and best.samples_per_s >= consumer_samples_per_s:
+    if consumer_samples_per_s is not None and rate(best) >= consumer_samples_per_s:
         return None
     more_processes = (min(most_processes, 2 * p), t) if 0 < p < most_processes else None
-    fewer = [x.samples_per_s for x in ok if x.config.num_workers * x.config.threads < p * t]
+    fewer = [rate(x) for x in ok if x.config.num_workers * x.config.threads < p * t]
     climbing = p * t >= max(x.config.num_workers * x.config.threads for x in ok) and \
-        (not fewer or best.samples_per_s > (1.0 + tolerance / 2) * max(fewer))
+        (not fewer or rate(best) > (1.0 + tolerance / 2) * max(fewer))
     if not climbing:
         proposal = None if any(x.config.num_workers > p for x in ok) else more_processes
     elif (busy_fraction(best) or 0.0) >= SATURATED_BUSY or t >= max_threads:
@@ -296,7 +303,7 @@ def climb_threads(tried: Sequence[TrialResult], *, most_processes: int, max_thre
 def process_reference(chosen: TrialResult, *, cap: int) -> Optional[int]:
     """The single-threaded workers that keep as many samples in flight as ``chosen`` (processes x threads), at most
     ``cap``: threads first measures that process-only candidate once before it keeps threads (a thread costs CPU per
-    sample a waiting process does not, so at short waits processes can be faster, issue 23); None when it would be
+    sample a waiting process does not, so at short waits processes can be faster); None when it would be
     no more processes than ``chosen`` has."""
     n = min(cap, chosen.config.num_workers * chosen.config.threads)
     return n if n > chosen.config.num_workers else None

@@ -21,8 +21,9 @@
 # flight, so A loads ``SERIAL_TAIL`` more batches itself while B's workers start.
 # Failures while both are open (a worker of A dies in its tail, the dataset raises, Ctrl-C, the loop breaks): B is
 # stopped first and its slice closed with nothing delivered, then A as without a hidden switch (its undelivered
-# batches go back in front of B's: NOTE [ Exact epochs across candidates ] in loader/slices.py). A worker failure in A's tail
-# does not reach the loop (A was measured and the search moved on): it is logged, and B starts again, plainly.
+# batches go back in front of B's: NOTE [ Exact epochs across candidates ] in loader/slices.py). A worker failure in
+# A's tail does not reach the loop (A was measured and the search moved on): it is logged, and B starts again,
+# plainly.
 # Ranks. Every rank's window ends at the same batch with the same search decision (NOTE [ Online switching ]); they
 # hide the switch only when their tails are as long (agreed with each batch: ``Coordinator.batch``), so that B starts
 # at the same batch everywhere and

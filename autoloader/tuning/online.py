@@ -86,6 +86,9 @@ class OnlineLoader(DataLoaderFace, Source):
     (``retune``). A ``loader.source.Source``: a ``PrefetchLoader`` wraps it; it answers as the DataLoader in force
     (``DataLoaderFace``)."""
 
+    slicer: EpochSlicer
+    """The plain DataLoader's epochs, redrawn (a resume redraws the interrupted epoch from it)."""
+
     def __init__(self, request: Request, search: "Searcher", *, retune: bool) -> None:
         """``search``: the ``online_search.OnlineSearch`` behind the epochs (``OnlineSearch.create``)."""
         self.request, self.retune, self.search = request, retune, search

@@ -58,18 +58,57 @@ def tune(
     native_threads: Optional[Union[bool, int]] = None,
     **dataloader_kwargs: Any,
 ) -> TuneResult:
-    """Find the DataLoader configuration that feeds ``step`` fastest with the fewest workers, as ``make_loader``
-    would, without building the loader or touching the cache.
+    """Find the DataLoader configuration that feeds ``step`` fastest with the fewest workers, by short trials.
 
-    Takes ``make_loader``'s arguments: every other keyword goes to each trial's ``DataLoader`` unchanged, and a
-    ``num_workers``, ``prefetch_factor``, ``pin_memory`` or ``persistent_workers`` given explicitly is never tuned.
-    ``budget`` is in seconds (default 30); the result is the best found when it runs out, at most one trial's limit
-    later. ``threads``: False (default), an int (every candidate fetches with that many threads per process) or True
-    (the tuner chooses threads per process, see ``make_loader``). ``memory_budget``: bytes, or a fraction of the
-    available memory (default 0.5), as ``make_loader``. ``native_threads``: None (default), an int or False, as
-    ``make_loader``. Every RNG state is left as it was: torch's, Python's and
-    numpy's global ones, the GPUs', the generators and ``state_dict()`` of the sampler and batch sampler. Raises
-    ``TuningError`` when autoloader itself fails.
+    The trials ``make_loader(..., tuning="trials")`` runs, without building the loader or touching the cache: each
+    candidate is a real DataLoader with your arguments, timed in its steady state against ``step`` (``help(
+    autoloader.make_loader)`` says how the candidates are chosen). Every RNG state is left as it was: torch's,
+    Python's and numpy's global ones, the GPUs', your generators and the ``state_dict()`` of your sampler and batch
+    sampler. A candidate that fails is recorded in the result's ``trials`` and the search goes on.
+
+    Args:
+        dataset: A map-style ``Dataset`` (``__getitem__`` and ``__len__``, not empty) or an ``IterableDataset``.
+        batch_size (int): Samples per batch, an int >= 1 (default 1).
+        step: What the trials are timed against: None (default: the copy to the device only), a number of seconds
+            >= 0 per batch (a simulated step that leaves the host CPU free), or a callable run on each batch already
+            on the device (your real step: it runs a few dozen times).
+        device: Where batches go: a ``torch.device`` or a name (``"cuda"``, ``"cuda:1"``, ``"cpu"``). Default None:
+            the current CUDA device when CUDA is available, else ``"cpu"``.
+        shuffle (bool): Shuffle the samples (default False), as ``DataLoader``'s; not with ``sampler=``.
+        normalize: ``(mean, std)`` per channel, applied on the device to the input tensor during the trials, as
+            ``make_loader``'s. Default None.
+        dtype (torch.dtype): The input tensor converted to it on the device during the trials. Default None.
+        input_key: For mapping batches, the key of the input tensor ``normalize``/``dtype`` apply to. Default None.
+        budget (float): Seconds the trials may take, > 0. Default None: 30 s. When it runs out the best found so
+            far is returned, at most one trial's time limit later.
+        max_workers (int): The most worker processes tried, an int >= 0. Default None: bounded by the usable CPUs
+            and the open-files limit.
+        threads: False (default: no threads), True (the tuner chooses threads per process) or an int N >= 1 (every
+            candidate fetches each batch's samples with N threads per process); map-style datasets with a
+            thread-safe ``__getitem__`` only.
+        memory_budget: What the candidates may add to memory: bytes as an int >= 1, or a float fraction in (0, 1]
+            of the memory available to this process. Default None: 0.5.
+        native_threads: The limit of each worker's native thread pools: None (default: each worker's share of the
+            CPUs, measured against no limit when native threads are in use), an int N >= 1 (fixed), or False (left
+            alone).
+        **dataloader_kwargs: Every other ``torch.utils.data.DataLoader`` argument, passed to each trial's DataLoader
+            unchanged. A ``num_workers``, ``prefetch_factor``, ``pin_memory`` or ``persistent_workers`` given here
+            is never tuned.
+
+    Returns:
+        TuneResult: The chosen ``config`` (a ``LoaderConfig``, whose knobs the result also answers:
+        ``result.num_workers``), its measured ``samples_per_s``, the ``bottleneck``, ``source="tuned"`` (or
+        ``"fallback"`` when no candidate measured a rate), the ``reason`` it was chosen and every ``trials`` entry.
+        ``print(result)`` shows them as a table; ``help(autoloader.TuneResult)`` describes each field.
+
+    Raises:
+        TypeError: An argument of the wrong type (e.g. ``batch_size=8.0``, ``step="fast"``, an unknown keyword),
+            named with its value and the fix, before any trial.
+        ValueError: A bad value (e.g. ``batch_size=0``, ``budget<=0``, an empty dataset, ``shuffle=True`` with a
+            ``sampler``, a dataset that cannot be pickled for ``spawn`` workers), named with the fix, before any
+            trial.
+        TuningError: autoloader's own machinery failed during a trial (not your dataset or step, whose exceptions
+            reach you unchanged). ``make_loader`` falls back to a safe configuration instead.
     """
     request = Request.checked(dataset, batch_size, shuffle=shuffle, step=step, device=device, normalize=normalize,
                               dtype=dtype, input_key=input_key, budget=budget, max_workers=max_workers,
@@ -112,7 +151,8 @@ def tune_with(request: Request, profile: Optional[MachineProfile] = None, *, pro
 
 
 def warn_if_bound_by_open_files(search: Search, result: TuneResult) -> None:
-    if search.settings.cap_by_open_files and 0 < search.settings.cap <= result.config.num_workers:
-        warn_user(f"num_workers={search.settings.cap} is the most the open-files limit allows ({search.settings.cap_reason}; each "
+    settings = search.settings
+    if settings.cap_by_open_files and 0 < settings.cap <= result.config.num_workers:
+        warn_user(f"num_workers={settings.cap} is the most the open-files limit allows ({settings.cap_reason}; each "
                   f"worker needs about 32 descriptors) and more workers might load faster: raise it, e.g. "
                   f"`ulimit -n 4096` in the shell that starts training (LimitNOFILE= for a systemd service)")
