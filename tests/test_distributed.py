@@ -267,6 +267,7 @@ def _cache_entries(cache: Path) -> list:
     return sorted(p for p in cache.iterdir() if p.name != "machine.json")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not dist.is_available(), reason="this torch build has no torch.distributed")
 def test_torchrun_two_ranks_agree_shard_and_share_the_cache(tmp_path, cache_dir):
     first = _launch(tmp_path / "first", cache_dir)

@@ -23,6 +23,7 @@ from helpers import USER_MODULE, one_line_error, probe_files, run_cli, tuned_res
 # ---------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 def test_tune_caches_under_make_loaders_key_then_show_force_and_clear(work, monkeypatch):
     spec = f"{USER_MODULE}:make_ds"
     machine = machine_fingerprint(probe_machine(disk=False, gpus=False))

@@ -226,6 +226,7 @@ def test_iterable_dataset_resumes_through_its_state_dict_else_a_clear_error():
         plain.state_dict()
 
 
+@pytest.mark.slow
 def test_online_save_mid_search_resumes_exactly_online_trials_or_threads():
     data = Indexed(1203, latency_s=0.0003)
     gen = lambda: torch.Generator().manual_seed(9)  # noqa: E731

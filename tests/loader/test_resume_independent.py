@@ -28,7 +28,8 @@ from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSamp
 from autoloader import PrefetchLoader, make_loader, with_threads
 from autoloader.loader.state import _digest
 
-pytestmark = pytest.mark.filterwarnings("ignore::autoloader.AutoloaderWarning", "ignore::UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::autoloader.AutoloaderWarning", "ignore::UserWarning"),
+              pytest.mark.slow]  # 77 cases, ~2 min: CI's slow step; its counterexamples are in test_resume_regressions
 
 
 # -- data ------------------------------------------------------------------------------------------------------------

@@ -309,6 +309,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_spawn_trials_leave_multiprocessing_helpers_alone_and_end_promptly(tmp_path):
     """The resource tracker and fork server that the first spawn/forkserver worker starts belong to the process, not
     to the trial: a trial that waited for them to exit, then killed them, took 5 s longer and broke multiprocessing's
@@ -447,6 +448,7 @@ def low_nofile_run(tmp_path_factory):
     return _python(_NOFILE_SCRIPT, tmp_path_factory.mktemp("nofile"))
 
 
+@pytest.mark.slow
 def test_too_few_file_descriptors_fail_the_candidate_naming_ulimit(low_nofile_run):
     status, reason = low_nofile_run["direct"]
     assert status == "failed" and "ulimit -n" in reason, reason
@@ -455,11 +457,13 @@ def test_too_few_file_descriptors_fail_the_candidate_naming_ulimit(low_nofile_ru
     assert all("ulimit -n" in reason for reason in bounded["failed"]), bounded
 
 
+@pytest.mark.slow
 def test_low_nofile_default_still_gives_a_working_loader(low_nofile_run):
     default = low_nofile_run["default"]
     assert default["batches"] == 128 and default["num_workers"] <= 64 // 32
 
 
+@pytest.mark.slow
 def test_low_nofile_default_says_ulimit_bounds_the_workers(low_nofile_run):
     assert low_nofile_run["default"]["names_ulimit"], low_nofile_run["default"]
 

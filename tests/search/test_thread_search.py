@@ -32,6 +32,7 @@ def process_only(result):
     return [t for t in result.trials if t.ok and t.config.threads == 1]
 
 
+@pytest.mark.slow
 def test_waiting_samples_get_threads_first_in_few_processes_at_the_process_only_rate():
     # 4 ms of waiting per sample, no CPU: threads first (issue 23), right after the serial trial; a process-only
     # search on the same data climbs to many workers, each mostly asleep

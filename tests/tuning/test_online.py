@@ -96,6 +96,7 @@ def test_returns_at_once_and_decides_during_the_first_epochs(cache_dir):
     del loader, again
 
 
+@pytest.mark.slow
 def test_a_candidate_whose_workers_die_is_abandoned_and_no_sample_is_lost():
     data = KilledFromWorkers(1000, from_workers=2)
     torch.manual_seed(3)
@@ -128,6 +129,7 @@ def test_break_mid_epoch_then_a_new_epoch_behaves_as_a_plain_loader():
     del loader
 
 
+@pytest.mark.slow
 def test_the_loader_retunes_when_the_regime_changes_and_retune_false_freezes():
     histories = {}
     for retune in (True, False):
@@ -333,6 +335,7 @@ def _recording_hand_overs(monkeypatch, *, kill_tail=False):
     return records
 
 
+@pytest.mark.slow
 def test_the_next_candidate_starts_while_the_measured_one_serves_its_tail(monkeypatch):
     """NOTE [ Hidden switch ]: at each switch the measured candidate serves what it holds in flight (none lost or
     loaded twice: its slice gives nothing back) while the next candidate's workers start; the epochs stay exact."""
@@ -352,6 +355,7 @@ def test_the_next_candidate_starts_while_the_measured_one_serves_its_tail(monkey
     del loader
 
 
+@pytest.mark.slow
 def test_a_worker_lost_in_the_tail_loses_no_batch_and_the_next_candidate_starts_again(monkeypatch, caplog):
     records = _recording_hand_overs(monkeypatch, kill_tail=True)
     data = Indexed(2400, latency_s=0.001)

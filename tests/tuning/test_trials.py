@@ -46,6 +46,7 @@ def test_in_memory_data_chooses_zero_workers():
     assert zero.samples_per_s == result.samples_per_s
 
 
+@pytest.mark.slow
 def test_latency_bound_data_chooses_many_waiting_workers():
     """80 ms of waiting per batch and per worker: many workers pay, whatever the core count (how many more than the
     cores is machine-dependent: the benchmark table shows it)."""
