@@ -154,7 +154,7 @@ def own_cache(tmp_path, monkeypatch):
 
 def test_quick_start_and_use_it(own_cache):
     uses = by_first_line("from autoloader import make_loader")
-    assert len(uses) == 2  # the quick start's five lines, and "Use it"
+    assert len(uses) == 1  # "Use it"
     for block in uses:
         namespace = _namespace(own_cache)
         printed = _run(block, namespace)
@@ -317,13 +317,15 @@ NOTE_DEFINITION = re.compile(r"^\s*# NOTE \[ (.+?) \]\s*$", re.MULTILINE)
 
 
 def note_table() -> Dict[str, List[str]]:
-    """The Development section's table of NOTE blocks: file (under autoloader/) -> the blocks it lists there."""
+    """The Development section's table of NOTE blocks (cells "`file`: Name; Name"): file (under autoloader/) -> the
+    blocks it lists there."""
     section = README.read_text().split("\n## Development\n", 1)[1]
     listed: Dict[str, List[str]] = {}
     for row in section.splitlines():
-        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
-        if row.startswith("| `") and len(cells) == 2:
-            listed[cells[0].strip("`")] = [name.strip() for name in cells[1].split(";")]
+        for cell in row.strip().strip("|").split("|") if row.startswith("| `") else ():
+            found = re.fullmatch(r"\s*`([^`]+)`: (.+?)\s*", cell)
+            if found:
+                listed[found.group(1)] = [name.strip() for name in found.group(2).split(";")]
     assert listed, "the Development section has no table of NOTE blocks"
     return listed
 
