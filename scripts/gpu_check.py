@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Checks of autoloader's CUDA claims (README, issue 13) on a real GPU; one line per check:
+"""Checks of autoloader's CUDA claims (README) on a real GPU; one line per check:
 ``PASS|FAIL|SKIP <name>: <figures> [<seconds>]``, then ``no_process_left`` and a summary.
 
     python scripts/gpu_check.py                  # every check: about 3 minutes on one H200, 5 at most
