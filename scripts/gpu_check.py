@@ -484,7 +484,7 @@ def check_reserved_memory_flat(ctx: Ctx) -> Outcome:
 def check_tuning_releases_memory(ctx: Ctx) -> Outcome:
     """make_loader with its trials on the GPU (uint8 64x3x224x224 batches normalised to float32, step=0.005,
     budget 8 s) gives back what tuning cached: memory_reserved() right after make_loader is <= before + 32 MiB (the
-    peak during tuning is shown, to prove the check can tell). Issue 13 item 5: at most one torch.cuda.Stream is
+    peak during tuning is shown, to prove the check can tell). At most one torch.cuda.Stream is
     created by tuning plus the returned loader's first batches (one side stream per device, shared)."""
     from autoloader import make_loader
 
@@ -516,8 +516,8 @@ def check_tuning_releases_memory(ctx: Ctx) -> Outcome:
         v.info("tuning cached < 64 MiB: this run cannot tell whether it is released")
     handles = {stream.cuda_stream for stream in created}
     v.need(len(handles) <= 1, f"{len(handles)} side stream(s) made by tuning and the loader's first batches "
-                              f"({len(created)} torch.cuda.Stream() calls, {in_tuning} during tuning; issue 13 "
-                              f"item 5: one per device)")
+                              f"({len(created)} torch.cuda.Stream() calls, {in_tuning} during tuning; "
+                              f"one per device)")
     return v.outcome()
 
 
@@ -695,8 +695,8 @@ def tuning_mode(mode: str) -> Dict[str, str]:
 
 @check(limit_s=40)
 def check_dict_batches_input_key(ctx: Ctx) -> Outcome:
-    """make_loader on {"pixels": uint8, "label": int} samples with normalize, dtype=float32 and input_key="pixels"
-    (issue 13 item 1), with tuning="trials" (the trials must get input_key) and with the default (online tuning when
+    """make_loader on {"pixels": uint8, "label": int} samples with normalize, dtype=float32 and input_key="pixels",
+    with tuning="trials" (the trials must get input_key) and with the default (online tuning when
     there is no step): tuning runs with no failed trial, and each of the 16 batches is a dict whose pixels are
     float32 on the device equal to the CPU reference (<= 1e-5) and whose labels are on the device and equal."""
     from autoloader import make_loader
@@ -888,7 +888,7 @@ def check_worker_killed_while_pinning(ctx: Ctx) -> Outcome:
 
 @check(limit_s=25)
 def check_simulated_step_device(ctx: Ctx) -> Outcome:
-    """The simulated step runs on the device it names (issue 13 item 3): Consumer(0.02, device).seconds_per_batch
+    """The simulated step runs on the device it names: Consumer(0.02, device).seconds_per_batch
     is 20 ms +-10 % for cuda:0, for index-less cuda and, with 2+ GPUs, for cuda:1 without set_device; one step is
     20 ms +-10 % of GPU time (events) and < 1 ms of host time, and the current device is unchanged."""
     from autoloader.measure.consumer import Consumer
