@@ -19,6 +19,12 @@
 #   every frame they call raises it at the first line that runs where neither its frame nor any caller is unsafe
 #   (``_unsafe_anywhere``), such as the DataLoader's loop between two forks. It is installed only when no other
 #   tracer is (a debugger, coverage), since raising from a tracer unsets it; then the timer alone retries.
+#   A handler's own code is unsafe too: the retry timer firing while the SIGINT handler still runs (a 10 ms timer on
+#   a loaded machine) raised the Ctrl-C inside that handler, hence in the fork callback it interrupted, where it was
+#   dropped (1 Ctrl-C of 80 lost in a stress run; tuning went on for 8 s). As a last net, while a guard is active
+#   ``sys.unraisablehook`` takes back a Ctrl-C (or what the guard raised) that Python is about to drop wherever
+#   ``unsafe_to_raise`` did not foresee it (a weak reference's callback, a generator closed by the collector) and keeps
+#   it again.
 #   Blocking reads are safe places and raise at once: multiprocessing.connection and selectors (the pipe under
 #   ``Queue.get``, inside its try/finally), and a ``Condition.wait`` called by ``queue.Queue.get`` once its try block
 #   is entered (the pin-memory results), which releases what it holds on the way out.
@@ -42,6 +48,7 @@
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import multiprocessing.connection
 import os
@@ -81,7 +88,7 @@ def unsafe_to_raise(frame: Optional[FrameType]) -> bool:
     exceptions ])."""
     if frame is None:
         return False
-    if frame.f_code in _CLEANUP or _swallowed_in(frame):
+    if frame.f_code in _CLEANUP or frame.f_globals.get("__name__") == __name__ or _swallowed_in(frame):
         return True
     path = frame.f_code.co_filename
     if path in _SAFE_FILES:
@@ -195,6 +202,38 @@ class _LineTrap:
         return self._line
 
 
+class _TakeBack:
+    """``sys.unraisablehook`` while a guard is active: an exception Python would drop is kept by the innermost active
+    guard of this process that claims it (NOTE [ Asynchronous exceptions ]), else passed on to the hook it replaced."""
+
+    def __init__(self) -> None:
+        self.guards: List["SignalGuard"] = []
+        self.previous: Optional[Callable[[Any], Any]] = None
+
+    def __call__(self, unraisable: Any) -> None:
+        exc, caller = unraisable.exc_value, inspect.currentframe()
+        for guard in reversed(self.guards):
+            if exc is not None and guard.active and guard._pid == os.getpid() and \
+                    guard._take_back(exc, caller.f_back if caller is not None else None):
+                return
+        (self.previous or sys.__unraisablehook__)(unraisable)
+
+    def enter(self, guard: "SignalGuard") -> None:
+        self.guards.append(guard)
+        if sys.unraisablehook is not self:
+            self.previous, sys.unraisablehook = sys.unraisablehook, self
+
+    def exit(self, guard: "SignalGuard") -> None:
+        if guard in self.guards:
+            self.guards.remove(guard)
+        if not any(g.active for g in self.guards) and sys.unraisablehook is self:
+            sys.unraisablehook, self.previous = self.previous or sys.__unraisablehook__, None
+            self.guards.clear()
+
+
+_TAKE_BACK = _TakeBack()
+
+
 class SignalGuard:
     """Raise ``make_timeout()`` after ``limit_s`` seconds, and deliver SIGINT/SIGCHLD/SIGALRM exceptions only at
     safe points, for the length of a ``with`` block (see NOTE [ Asynchronous exceptions ]).
@@ -213,6 +252,7 @@ class SignalGuard:
         self._shielded = 0
         self._limit_passed = False
         self._trap = _LineTrap(self)
+        self._raised: Optional[BaseException] = None
 
     # -- installing ----------------------------------------------------------------------------------------------
     def __enter__(self) -> "SignalGuard":
@@ -231,6 +271,7 @@ class SignalGuard:
                 self._previous[signum] = signal.signal(signum, self._owned(self._wrap(inner)))
         if self.limit_s is not None and self.make_timeout is not None:
             self._deadline = time.monotonic() + self.limit_s
+        _TAKE_BACK.enter(self)
         self._arm()
         return self
 
@@ -239,6 +280,7 @@ class SignalGuard:
             return
         self.active = False
         self._trap.disarm()
+        _TAKE_BACK.exit(self)
         for signum, previous in self._previous.items():
             if _guard_of(signal.getsignal(signum)) is self:
                 signal.signal(signum, _unwrapped(signum, previous))
@@ -298,6 +340,7 @@ class SignalGuard:
             return
         self._pending = None
         self._arm()
+        self._raised = exc
         raise exc
 
     def _retried(self) -> bool:
@@ -313,7 +356,21 @@ class SignalGuard:
         kept, self._pending = self._pending, None
         self._trap.disarm()
         self._arm()
+        self._raised = kept
         raise kept  # type: ignore[misc]
+
+    def _take_back(self, exc: BaseException, frame: Optional[FrameType]) -> bool:
+        """Keep ``exc``, which Python is dropping, when it is a Ctrl-C or what this guard raised; raised again at the
+        next safe line after ``frame`` (NOTE [ Asynchronous exceptions ])."""
+        if _rank(exc) < 2 and exc is not self._raised:
+            return False
+        if self._pending is None or _rank(exc) >= _rank(self._pending):
+            self._pending = exc
+        log.debug("took back %r, which Python dropped", exc)
+        self._arm()
+        if self._retried():
+            self._trap.arm(frame)
+        return True
 
     def _arm(self) -> None:
         if not self.active:

@@ -46,7 +46,7 @@ def main(scenario: str) -> dict:
             make_loader(workloads.LatencyBound(latency_s=0.004), budget=20, max_workers=64, **common)
         except KeyboardInterrupt:
             return {"interrupted": time.monotonic()}
-        return {"interrupted": None}
+        return {"interrupted": None, "returned": time.monotonic()}
     if scenario == "online-killed":
         loader = make_loader(online_data.KilledFromWorkers(600, from_workers=2), batch_size=4, cache=False,
                              tuning="online", max_workers=4)
@@ -63,7 +63,7 @@ def main(scenario: str) -> dict:
                     pass
         except KeyboardInterrupt:
             return {"interrupted": time.monotonic()}
-        return {"interrupted": None}
+        return {"interrupted": None, "returned": time.monotonic()}
     raise SystemExit(f"unknown scenario {scenario!r}")
 
 

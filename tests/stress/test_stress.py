@@ -72,7 +72,7 @@ def _run(scenario: str, seed: int) -> dict:
     caught = result.get("interrupted")
     return {"scenario": scenario, "hang": False, "rc": proc.returncode, "result": result, "left": left,
             "seconds": ended - started, "after_signal": None if signalled is None else ended - signalled,
-            "caught_after": None if signalled is None or not caught else caught - signalled,
+            "caught_after": None if signalled is None or not caught else caught - signalled, "signalled": signalled,
             "stderr": err[-2000:] if proc.returncode else ""}
 
 
@@ -107,6 +107,9 @@ def test_no_hang_in_hundreds_of_fault_runs():
     assert all(r["result"].get("every_sample_thrice") for r in by["online-killed"]), \
         [r["result"] for r in by["online-killed"]][:5]
     assert any(r["result"].get("failed") for r in by["online-killed"]), "no candidate's workers died in any run"
+    lost = [r for s in INTERRUPTS for r in by[s] if not r["hang"] and r["rc"] == 0
+            and r["result"].get("returned", 0.0) > r["signalled"]]
+    assert not lost, f"{len(lost)} Ctrl-C(s) lost: the loop went on and returned normally, {lost[:2]}"
     interrupted = [r for s in INTERRUPTS for r in by[s] if r["result"].get("interrupted") or r["rc"] != 0]
     assert interrupted, "no Ctrl-C landed during tuning"
     slow = [r["after_signal"] for r in interrupted if r["after_signal"] > INTERRUPT_WITHIN_S]
