@@ -40,6 +40,9 @@ class Window:
     batch_bytes: Optional[int] = None
     marks: List[int] = field(default_factory=list)
 
+    def opened(self) -> bool:
+        return len(self.marks) - self.skip >= 3
+
 
 class FakeServing:
     """No process behind it: nothing for ``serving.terminate_together`` to signal."""
@@ -106,7 +109,7 @@ class FakeRun:
         self.record.delivered -= 1
 
     def finish(self) -> None:
-        if self.measuring and len(self.window.marks) > 3:
+        if self.measuring and self.window.opened():
             self.measure()
 
     def stop(self, error: Optional[BaseException] = None) -> None:

@@ -27,6 +27,9 @@ MIN_ROUNDS = 3
 """... and at least this many waves of ``num_workers`` batches ..."""
 MIN_BATCHES = 6
 """... and at least this many batches (see NOTE [ Trial timing ] in run.py)."""
+MIN_OPENED = 3
+"""Batches past the burst for a window to count as opened: a patient window cut by the limit, or an online window cut
+by the epoch's end, is then taken as it is (marked not steady) rather than measured again."""
 
 
 @dataclass(frozen=True)
@@ -145,9 +148,13 @@ class Window:
             return False
         last = self.marks[-1].done
         in_window = len(self.marks) - self.skip
-        if last >= deadline and (not patient or in_window >= 3):
+        if last >= deadline and (not patient or self.opened()):
             return True
         return in_window >= self.need and last - self.marks[self.skip - 1].done >= self.min_window_s
+
+    def opened(self) -> bool:
+        """The window holds at least ``MIN_OPENED`` batches past the start-up burst."""
+        return len(self.marks) - self.skip >= MIN_OPENED
 
     def close(self) -> None:
         """Read the counters at the window's end (after the device caught up)."""

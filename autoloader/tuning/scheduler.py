@@ -135,7 +135,7 @@ class EpochScheduler:
                     if phase == "measuring":
                         verdict = self.coordinator.batch(
                             complete=run.result is not None, failed=failure is not None,
-                            opened=len(run.window.marks) - run.window.skip >= 3,
+                            opened=run.window.opened(),
                             in_flight=part.pulled - run.record.delivered, last=_ends_in_tail(self.source, stage))
                         unopened = verdict.unopened
                         if verdict.failed_elsewhere and failure is None:
