@@ -203,8 +203,9 @@ class _LineTrap:
 
 
 class _TakeBack:
-    """``sys.unraisablehook`` while a guard is active: an exception Python would drop is kept by the innermost active
-    guard of this process that claims it (NOTE [ Asynchronous exceptions ]), else passed on to the hook it replaced."""
+    """``sys.unraisablehook`` while a guard is active: an exception Python would drop in the main thread is kept by the
+    innermost active guard of this process that claims it (NOTE [ Asynchronous exceptions ]), else passed on to the
+    hook it replaced."""
 
     def __init__(self) -> None:
         self.guards: List["SignalGuard"] = []
@@ -212,16 +213,18 @@ class _TakeBack:
 
     def __call__(self, unraisable: Any) -> None:
         exc, caller = unraisable.exc_value, inspect.currentframe()
-        for guard in reversed(self.guards):
+        main = threading.current_thread() is threading.main_thread()  # where the guard's signals are delivered
+        for guard in reversed(self.guards if main else []):
             if exc is not None and guard.active and guard._pid == os.getpid() and \
                     guard._take_back(exc, caller.f_back if caller is not None else None):
                 return
         (self.previous or sys.__unraisablehook__)(unraisable)
 
     def enter(self, guard: "SignalGuard") -> None:
-        self.guards.append(guard)
-        if sys.unraisablehook is not self:
+        self.guards = [g for g in self.guards if g.active]
+        if not self.guards and sys.unraisablehook is not self:  # a hook set over ours meanwhile is left in place
             self.previous, sys.unraisablehook = sys.unraisablehook, self
+        self.guards.append(guard)
 
     def exit(self, guard: "SignalGuard") -> None:
         if guard in self.guards:
@@ -289,7 +292,7 @@ class SignalGuard:
             owner._arm()  # a guard entered after this one and still running keeps its timer
         else:
             signal.setitimer(signal.ITIMER_REAL, 0)
-        kept, self._pending = self._pending, None
+        kept, self._pending, self._raised = self._pending, None, None
         if kept is not None and _rank(kept) == 2:
             raise kept
 

@@ -352,3 +352,36 @@ def test_a_ctrl_c_python_swallows_anyway_is_kept_and_raised_at_the_next_safe_lin
             _spin(0.5)
             reached.append(ref)
     assert reached == [] and not isinstance(sys.unraisablehook, type(signals._TAKE_BACK))
+
+
+def test_the_unraisable_hook_is_the_users_again_after_nested_guards():
+    """The guard's sys.unraisablehook is installed by the outermost guard and removed by the last one to exit; a hook
+    the user sets meanwhile stays theirs; outside a guard, what Python drops reaches the user's hook unchanged."""
+    seen = []
+
+    def users(unraisable):
+        seen.append(type(unraisable.exc_value).__name__)
+
+    previous = sys.unraisablehook
+    sys.unraisablehook = users
+    try:
+        outer = SignalGuard()
+        outer.__enter__()
+        with SignalGuard():
+            assert sys.unraisablehook is not users
+        assert sys.unraisablehook is not users  # the outer guard is still active
+        outer.__exit__(None, None, None)
+        assert sys.unraisablehook is users
+        with SignalGuard():
+            sys.unraisablehook = theirs = lambda unraisable: None
+        assert sys.unraisablehook is theirs
+        sys.unraisablehook = users
+
+        class Finalised:
+            def __del__(self):
+                raise ValueError("dropped")
+
+        Finalised()
+        assert seen == ["ValueError"]
+    finally:
+        sys.unraisablehook = previous
