@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import io
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from typing import Iterator
 from unittest import mock
 
 import psutil
+import torch
 
 from autoloader.probe import CpuInfo, DiskInfo, GpuInfo, MachineProfile, MemoryInfo, ShmInfo
 from autoloader.config import LoaderConfig
@@ -49,6 +52,16 @@ def wait_no_children(timeout: float = 10.0):
             return []
         time.sleep(0.05)
     return live_children()
+
+
+def round_trip(state: dict, how: str) -> dict:
+    """A checkpoint state as written and read back: ``how="json"``, else torch.save and torch.load(weights_only=True)."""
+    if how == "json":
+        return json.loads(json.dumps(state))
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
 
 
 # ---------------------------------------------------------------- the autotune command

@@ -6,8 +6,6 @@ The loop draws from the global RNG between batches (as dropout does), so an RNG 
 """
 from __future__ import annotations
 
-import io
-import json
 import random
 
 import pytest
@@ -15,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler
 
 from autoloader import PrefetchLoader, make_loader
-from helpers import wait_no_children
+from helpers import round_trip, wait_no_children
 from online_data import Indexed
 
 pytestmark = pytest.mark.filterwarnings("ignore::autoloader.AutoloaderWarning")
@@ -107,15 +105,6 @@ def _loop(loader, epochs, *, stop_after=None):
     return out, None
 
 
-def _saved(state, how):
-    if how == "json":
-        return json.loads(json.dumps(state))
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=True)
-
-
 def _check_exact(make, *, epoch=0, k=4, resume=None, how="torch"):
     """The uninterrupted run against a run stopped after ``k`` batches of ``epoch`` and resumed by ``resume()``."""
     torch.manual_seed(0)
@@ -124,7 +113,7 @@ def _check_exact(make, *, epoch=0, k=4, resume=None, how="torch"):
     before, state = _loop(make(), epoch + 1, stop_after=k)
     torch.manual_seed(1234)  # another process, another RNG state
     resumed = (resume or make)()
-    resumed.load_state_dict(_saved(state, how))
+    resumed.load_state_dict(round_trip(state, how))
     after, _ = _loop(resumed, 2)
     assert before[epoch] == whole[epoch][:k]
     assert after[0] == whole[epoch][k:], "the rest of the interrupted epoch"
@@ -188,7 +177,7 @@ def test_a_save_between_epochs_and_a_broken_state():
     assert state["epoch"] == 1 and state["batches"] == 0 and not state["in_epoch"]
     torch.manual_seed(5)
     resumed = _plain(shuffle=True)()
-    resumed.load_state_dict(_saved(state, "json"))
+    resumed.load_state_dict(round_trip(state, "json"))
     assert _loop(resumed, 2)[0] == whole[1:]
     torch.manual_seed(0)
     _, at_last = _loop(_plain(shuffle=True)(), 2, stop_after=len(whole[1]))  # inside the loop, after its last batch
@@ -216,7 +205,7 @@ def test_iterable_dataset_resumes_through_its_state_dict_else_a_clear_error():
     loader = PrefetchLoader(DataLoader(Counter(50), 4))
     it = iter(loader)
     first = [_ids(next(it)) for _ in range(3)]
-    state = _saved(loader.state_dict(), "json")
+    state = round_trip(loader.state_dict(), "json")
     resumed = PrefetchLoader(DataLoader(Counter(50), 4))
     resumed.load_state_dict(state)
     assert first + [_ids(b) for b in resumed] == whole

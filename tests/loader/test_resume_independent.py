@@ -11,15 +11,12 @@ global RNGs after each batch and after the last epoch must be the uninterrupted 
 from __future__ import annotations
 
 import gc
-import io
-import json
 import random
 import time
 import warnings
 from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
-import psutil
 import pytest
 import torch
 from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler,
@@ -27,6 +24,7 @@ from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSamp
 
 from autoloader import PrefetchLoader, make_loader, with_threads
 from autoloader.loader.state import _digest
+from helpers import live_children, round_trip, wait_no_children
 
 pytestmark = [pytest.mark.filterwarnings("ignore::autoloader.AutoloaderWarning", "ignore::UserWarning"),
               pytest.mark.slow]  # 77 cases, ~2 min: CI's slow step; its counterexamples are in test_resume_regressions
@@ -233,15 +231,6 @@ def same(events: Events) -> Events:
     return [(e, i, d) for e, _, i, d in events]
 
 
-def roundtrip(state: dict, how: str) -> dict:
-    if how == "json":
-        return json.loads(json.dumps(state))
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=True)
-
-
 def close(*loaders: Any) -> None:
     for loader in loaders:
         for inner in (loader, getattr(loader, "loader", None), getattr(loader, "_loader", None)):
@@ -274,14 +263,14 @@ def exact(make: Callable[[], Any], *, at: Tuple[int, int], epochs: int = 3, resu
     want = same([ev for ev in whole if ev[0] == "final" or (ev[0], ev[1]) > (e, k)])
     seed_all(1234)  # another process, another RNG state
     resumer = (resume or make)()
-    resumer.load_state_dict(roundtrip(state, how))
+    resumer.load_state_dict(round_trip(state, how))
     if after_load:
         again = resumer.state_dict()
-        assert roundtrip(again, how) == roundtrip(state, how), "state_dict() right after a load is the loaded state"
+        assert round_trip(again, how) == round_trip(state, how), "state_dict() right after a load is the loaded state"
         close(resumer)
         seed_all(4321)
         resumer = (resume or make)()
-        resumer.load_state_dict(roundtrip(again, how))
+        resumer.load_state_dict(round_trip(again, how))
     got: Events = []
     if chain is not None:
         j, again_make = chain
@@ -290,7 +279,7 @@ def exact(make: Callable[[], Any], *, at: Tuple[int, int], epochs: int = 3, resu
         assert mid is not None, "the chained save point was not reached"
         seed_all(999)
         resumer = again_make()
-        resumer.load_state_dict(roundtrip(mid, how))
+        resumer.load_state_dict(round_trip(mid, how))
         first_pass = sum(1 for ev in want if ev[0] == start)
         start = start + 1 if 0 < j == first_pass else start
     rest, _ = run(resumer, epochs - start, first=start, set_epoch=set_epoch)
@@ -331,28 +320,13 @@ def gen(seed: int = 0) -> Callable[[], torch.Generator]:
 
 @pytest.fixture(autouse=True)
 def no_child_outlives_the_test():
-    assert _live_children(0.0) == [], "a child process was running before the test"
+    assert live_children() == [], "a child process was running before the test"
     yield
     gc.collect()
-    left = _live_children(10.0)
+    left = wait_no_children(10.0)
     for child in left:
         child.kill()
     assert left == [], f"child processes outlived the test: {left}"
-
-
-def _live_children(timeout: float) -> list:
-    deadline = time.monotonic() + timeout
-    while True:
-        alive = []
-        for child in psutil.Process().children(recursive=True):
-            try:
-                if child.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(child)
-            except psutil.NoSuchProcess:
-                continue
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        time.sleep(0.05)
 
 
 # -- the earlier suite's repros, verbatim -------------------------------------------------------------------------
@@ -616,8 +590,8 @@ def test_torchdata_two_loaders_at_once():
     before, (sa, sb) = loop(*pair(), 2, stop=(1, 4))
     seed_all(55)
     a, b = pair()
-    a.load_state_dict(roundtrip(sa, "json"))
-    b.load_state_dict(roundtrip(sb, "torch"))
+    a.load_state_dict(round_trip(sa, "json"))
+    b.load_state_dict(round_trip(sb, "torch"))
     rest, _ = loop(a, b, 2)
     rest = [(r[0] + 1,) + r[1:] if isinstance(r, tuple) and len(r) == 4 else r for r in rest]
     assert before + rest == whole
@@ -795,7 +769,7 @@ def test_stream_saved_after_its_last_batch_gives_the_pass_its_state_says():
     assert [ids(next(it)) for _ in range(5)] == whole[0]
     state = saver.state_dict()
     resumed = plain(lambda: EpochStream(20), batch_size=4)()
-    resumed.load_state_dict(roundtrip(state, "json"))
+    resumed.load_state_dict(round_trip(state, "json"))
     assert [[ids(b) for b in resumed] for _ in range(3)] == [[]] + whole[1:]
 
 

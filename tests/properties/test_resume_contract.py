@@ -5,28 +5,15 @@ only where the README says so. Hypothesis draws the whole configuration (tests/c
 found is an explicit test in test_counterexamples.py."""
 from __future__ import annotations
 
-import io
-import json
 
 import pytest
-import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts import Record, agree, build, closed, compare, datas, modes, run, seed_all
-from helpers import wait_no_children
+from helpers import round_trip, wait_no_children
 
 pytestmark = pytest.mark.filterwarnings("ignore::autoloader.AutoloaderWarning", "ignore::UserWarning")
-
-
-def saved(state: dict, how: str) -> dict:
-    """``state`` as written and read back: JSON, or torch.save and torch.load(weights_only=True)."""
-    if how == "json":
-        return json.loads(json.dumps(state))
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=True)
 
 
 def refused(data, state) -> bool:
@@ -53,10 +40,10 @@ def check_resume(data, saver, resumer, *, epoch, k, how, chain, j=0):
     resumed = build(data, resumer)
     got, passes, merge = Record(), len(want.indices), True
     try:
-        resumed.load_state_dict(saved(state, how))
+        resumed.load_state_dict(round_trip(state, how))
         if chain == "after-load":
-            again = saved(resumed.state_dict(), how)
-            assert again == saved(state, how), "state_dict() right after a load is the loaded state"
+            again = round_trip(resumed.state_dict(), how)
+            assert again == round_trip(state, how), "state_dict() right after a load is the loaded state"
             closed(resumed)
             resumed = build(data, resumer)
             resumed.load_state_dict(again)
@@ -65,7 +52,7 @@ def check_resume(data, saver, resumer, *, epoch, k, how, chain, j=0):
             got, mid = run(resumed, 1, stop=(0, j))
             closed(resumed)
             resumed = build(data, resumer)
-            resumed.load_state_dict(saved(mid, how))
+            resumed.load_state_dict(round_trip(mid, how))
             if j == len(want.indices[0]) and not data.stream:  # after the pass's last batch: next comes the next epoch
                 passes, merge = passes - 1, False
         rest, _ = run(resumed, passes)
