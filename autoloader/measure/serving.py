@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterator, List, Optional, Set, Tuple
 from ..errors import quiet_worker_count_warning
 from ..loader.epochs import epoch_iter
 from . import procs as _procs
-from .signals import SignalGuard, cleanup
+from .signals import SignalGuard
+from .unsafe import cleanup
 
 log = logging.getLogger("autoloader.trial")
 
@@ -131,7 +132,7 @@ class Serving:
     @cleanup
     def stop(self, error: Optional[BaseException] = None) -> None:
         """NOTE [ Process cleanup ]: this DataLoader's workers, once; a failure's at once, an orderly stop's in a helper
-        thread when ``retire``. A signal landing as it starts waits until it is done (``signals.cleanup``)."""
+        thread when ``retire``. A signal landing as it starts waits until it is done (``unsafe.cleanup``)."""
         with self.guard.shield():
             if not math.isinf(self.crew.stopped_at):
                 return

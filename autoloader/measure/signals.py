@@ -17,7 +17,7 @@
 #   A loop that forks workers spends nearly all its time in such code, so the retries seldom land (a Ctrl-C while 64
 #   workers started waited 0.4-1 s): while one is kept, a line tracer (``_LineTrap``) on the interrupted frames and
 #   every frame they call raises it at the first line that runs where neither its frame nor any caller is unsafe
-#   (``_unsafe_anywhere``), such as the DataLoader's loop between two forks. It is installed only when no other
+#   (``unsafe.unsafe_anywhere``), such as the DataLoader's loop between two forks. It is installed only when no other
 #   tracer is (a debugger, coverage), since raising from a tracer unsets it; then the timer alone retries.
 #   A handler's own code is unsafe too: the retry timer firing while the SIGINT handler still runs (a 10 ms timer on
 #   a loaded machine) raised the Ctrl-C inside that handler, hence in the fork callback it interrupted, where it was
@@ -50,85 +50,21 @@ from __future__ import annotations
 
 import inspect
 import logging
-import multiprocessing.connection
 import os
-import queue
 import signal
 import sys
 import threading
 import time
-from types import CodeType, FrameType
-from typing import Any, Callable, Dict, List, Optional, Set, TypeVar
+from types import FrameType
+from typing import Any, Callable, Dict, List, Optional
+
+from .unsafe import cleanup, handlers_in, unsafe_anywhere, unsafe_to_raise
 
 log = logging.getLogger("autoloader.trial")
+handlers_in(__name__)
 
 RETRY_S = 0.01
 """How soon a kept exception is retried."""
-
-_THREADING = threading.__file__
-_QUEUE = queue.__file__
-_MULTIPROCESSING = os.path.dirname(multiprocessing.connection.__file__) + os.sep
-_SAFE_FILES = frozenset({multiprocessing.connection.__file__, getattr(__import__("selectors"), "__file__", "")})
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-_CLEANUP: Set[CodeType] = set()
-
-
-def cleanup(function: F) -> F:
-    """Mark ``function`` as one that must start its work unraised: a signal landing in its own frame (before it
-    entered ``SignalGuard.shield()``) is kept, as inside the shield (see NOTE [ Asynchronous exceptions ])."""
-    _CLEANUP.add(function.__code__)
-    return function
-
-
-def unsafe_to_raise(frame: Optional[FrameType]) -> bool:
-    """True when ``frame`` (the innermost one a signal interrupted) is in code that may hold a lock outside a
-    ``try``/``with`` that releases it, or where Python would swallow the exception (see NOTE [ Asynchronous
-    exceptions ])."""
-    if frame is None:
-        return False
-    if frame.f_code in _CLEANUP or frame.f_globals.get("__name__") == __name__ or _swallowed_in(frame):
-        return True
-    path = frame.f_code.co_filename
-    if path in _SAFE_FILES:
-        return False
-    if path == _THREADING:
-        caller = frame.f_back
-        in_try = frame.f_code.co_name == "wait" and "gotit" in frame.f_locals
-        return not (in_try and caller is not None and caller.f_code.co_filename == _QUEUE
-                    and caller.f_code.co_name == "get")
-    return path == _QUEUE or path.startswith(_MULTIPROCESSING)
-
-
-def _unsafe_anywhere(frame: Optional[FrameType]) -> bool:
-    """``unsafe_to_raise`` for ``frame`` or any frame that called it: the line tracer runs in every frame, also in
-    helpers that unsafe code calls (a weak set's ``add`` inside ``threading.Thread.__init__``), where the caller's
-    state would be left half-made."""
-    current = frame
-    while current is not None:
-        if unsafe_to_raise(current):
-            return True
-        current = current.f_back
-    return False
-
-
-def _swallowed_in(frame: FrameType, depth: int = 64) -> bool:
-    """An exception raised here would be printed as "Exception ignored in ..." and lost: inside a ``__del__``, or in
-    a callback ``os.fork()`` runs (``register_at_fork``: its caller is multiprocessing's fork)."""
-    caller = frame.f_back
-    if caller is not None and caller.f_code.co_filename.startswith(_MULTIPROCESSING) and \
-            caller.f_code.co_filename not in _SAFE_FILES and not frame.f_code.co_filename.startswith(_MULTIPROCESSING):
-        return True
-    current: Optional[FrameType] = frame
-    for _ in range(depth):
-        if current is None:
-            return False
-        if current.f_code.co_name == "__del__":
-            return True
-        current = current.f_back
-    return False
-
 
 def _rank(exc: BaseException) -> int:
     """Which kept exception wins: Ctrl-C, then a timeout, then anything else (a worker's death)."""
@@ -354,7 +290,7 @@ class SignalGuard:
     def _raise_if_safe(self, frame: FrameType) -> None:
         """The line tracer's check (NOTE [ Asynchronous exceptions ]): raise the kept exception in ``frame`` when it
         is somewhere safe."""
-        if not self.active or not self._retried() or _unsafe_anywhere(frame):
+        if not self.active or not self._retried() or unsafe_anywhere(frame):
             return
         kept, self._pending = self._pending, None
         self._trap.disarm()

@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from autoloader.measure.signals import SignalGuard, _ensure_torch_sigchld_handler, unsafe_to_raise
+from autoloader.measure.signals import SignalGuard, _ensure_torch_sigchld_handler
+from autoloader.measure.unsafe import unsafe_to_raise
 from autoloader.errors import TrialTimeout
 
 
