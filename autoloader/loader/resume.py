@@ -40,7 +40,7 @@ def ended_at(source: Any, *, start: RngState, batches: int, drawn: int) -> bool:
         start.put(parts)
         epoch = source.slicer.epoch()
         epoch.skip(batches, drawn=drawn)
-        return not epoch._reissue and epoch._fresh() is None
+        return epoch.ends_here()
 
 
 def same_order(slicer: Any, parts: Any, states: RngState, pulls: int) -> EpochSource:
@@ -52,16 +52,16 @@ def same_order(slicer: Any, parts: Any, states: RngState, pulls: int) -> EpochSo
     if pulls == 0:
         return slicer.epoch()
     source = slicer.epoch()
-    probe = [source._fresh() for _ in range(pulls)]
+    probe = source.draw(pulls)
     states.put(parts)
     source = slicer.epoch()
-    again = [source._fresh() for _ in range(pulls)]
+    again = source.draw(pulls)
     if _listed(again) != _listed(probe):
         raise ValueError("load_state_dict(state): this loader's sampler drew another order from the same saved RNG "
                          "states: its randomness is not in torch's, Python's or numpy's global RNG, a generator= or "
                          "its own state_dict(); give the sampler state_dict()/load_state_dict() (or a "
                          "torch.Generator), or start the epoch afresh")
-    source._reissue.extend(b for b in again if b is not None)
+    source.hold(again)
     return source
 
 

@@ -60,7 +60,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
@@ -317,6 +317,19 @@ class EpochSource:
             batch = self._fresh()
             if batch is not None:
                 self._reissue.append(batch)
+
+    def draw(self, n: int) -> List[Any]:
+        """The index sampler's next ``n`` batches, drawn fresh (None for each asked past its end); ``hold`` keeps
+        them for the next slices (``resume`` draws twice from the same RNG states to compare)."""
+        return [self._fresh() for _ in range(n)]
+
+    def hold(self, batches: Iterable[Any]) -> None:
+        """Serve ``batches``, drawn ahead, before any fresh one (the Nones past the sampler's end left out)."""
+        self._reissue.extend(batch for batch in batches if batch is not None)
+
+    def ends_here(self) -> bool:
+        """No batch is held and the sampler has none left: asks it once more (for an epoch redrawn only to tell)."""
+        return not self._reissue and self._fresh() is None
 
     def _pull(self) -> Any:
         return self._reissue.popleft() if self._reissue else self._fresh()
