@@ -194,6 +194,7 @@ class EpochScheduler:
         try:
             following.run.start()  # an Exception is kept by the run (its failure, measured as such); not Ctrl-C
         except BaseException as exc:  # noqa: B036 - re-raised once the stage is stopped and its slice closed
+            terminate_together([following.run.serving, run.serving])  # both will stop: one wait, not two
             following.abort(exc)
             raise
         return transition("measuring", "switch"), following

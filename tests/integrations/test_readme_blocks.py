@@ -24,6 +24,8 @@ sys.path[:0] = [{root!r}, {tests!r}]
 from autoloader import make_loader
 from test_readme import Images
 train_set, epochs = Images(), 2
+def done(*what):  # one write per line: two ranks' print()s, unbuffered, interleaved their pieces
+    sys.stdout.write(" ".join(["rank done", *map(str, what)]) + "\\n")
 '''
 
 
@@ -45,7 +47,7 @@ def test_lightning_block(tmp_path):
     pytest.importorskip("lightning")
     assert INTEGRATION_BLOCKS[0].startswith("class Model")
     script = _script(tmp_path, "import lightning as L\ntrain_set = Images(32)\n", INTEGRATION_BLOCKS[0],
-                     "print('rank done', trainer.global_rank, trainer.current_epoch)\n")
+                     "done(trainer.global_rank, trainer.current_epoch)\n")
     output = _run([sys.executable, str(script)], tmp_path)
     assert output.count("rank done") == 2 and "rank done 0 3" in output
 
@@ -56,7 +58,7 @@ def test_accelerate_block(tmp_path):
         from accelerate import Accelerator
         model = torch.nn.Linear(3 * 8 * 8, 10)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    ''', INTEGRATION_BLOCKS[1], "print('rank done', accelerator.process_index, type(loader).__name__)\n")
+    ''', INTEGRATION_BLOCKS[1], "done(accelerator.process_index, type(loader).__name__)\n")
     output = _run(torchrun(script), tmp_path)  # 2 CPU ranks, as tests/integrations/test_accelerate.py runs them
     assert output.count("rank done") == 2 and "PrefetchLoader" in output
 
