@@ -252,6 +252,52 @@ def test_ctrl_c_in_iter_stops_the_workers_before_freeing_the_half_built_iterator
     assert _pids() == set(), "a failed run's workers outlived it"
 
 
+class _DiesOnceFlagged(torch.utils.data.Dataset):
+    """Each sample takes 0.2 s; once ``flag`` exists, worker 1 SIGKILLs itself at the end of the sample it is on and
+    worker 0 takes 2.5 s more: the shutdown joins worker 0 first, so worker 1 stays unreaped and watched meanwhile."""
+
+    def __init__(self, flag) -> None:
+        self.flag = str(flag)
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.2)
+        if os.path.exists(self.flag):
+            if torch.utils.data.get_worker_info().id == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(2.5)
+        return torch.full((16,), i)
+
+
+def test_a_worker_dying_while_its_candidate_retires_raises_nowhere(tmp_path):
+    """A candidate stopped in order is shut down in a helper thread; torch's SIGCHLD handler raises "DataLoader
+    worker (pid X) is killed" in the main thread, wherever it is, for any worker it still watches. A worker that dies
+    then must not raise in what runs next, outside any guard (the next stage's setup, the user's loop): it did in 1
+    stress run of 90, and a raise inside a lock hangs (NOTE [ Process cleanup ], step 4)."""
+    flag = tmp_path / "die"
+    run = Run(DataLoader(_DiesOnceFlagged(flag), batch_size=1, **WORKERS.loader_kwargs()), WORKERS,
+              mode="candidate", consumer=CPU, batch_size=1, limit_s=FAR)
+    with run.guarded():
+        for _ in range(2):
+            run.request()
+            batch, failure = run.fetch()
+            assert failure is None and batch is not END
+    flag.touch()
+    run.stop()
+    raised = None
+    try:
+        time.sleep(1.5)  # the user's loop: the workers finish their sample and die meanwhile
+    except RuntimeError as exc:
+        raised = exc
+    for thread in threading.enumerate():
+        if thread.name.startswith("autoloader-retire"):
+            thread.join(timeout=15)
+    assert raised is None, f"a retired candidate's worker death was raised outside autoloader: {raised}"
+    assert wait_no_children() == []
+
+
 def _driven(run: Run):
     """A candidate's batches, one by one, as the scheduler hands them out (the step runs in the caller's loop)."""
     with run.guarded():

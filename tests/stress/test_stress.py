@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +47,26 @@ def _leftovers(session: int) -> list:
     return left
 
 
+def _stacks(pid: int) -> str:
+    """Every thread's stack of a hung run and of its first children, by py-spy when it is installed (``pip install
+    py-spy``): a hang is diagnosed from them, not guessed."""
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+    if spy is None:
+        return "(no stacks: pip install py-spy to have them)"
+    try:
+        pids = [pid] + [child.pid for child in psutil.Process(pid).children(recursive=True)][:4]
+    except psutil.Error:
+        pids = [pid]
+    dumps = []
+    for each in pids:
+        try:
+            dumped = subprocess.run([spy, "dump", "--pid", str(each)], capture_output=True, text=True, timeout=30)
+            dumps.append(f"--- pid {each}\n{dumped.stdout}{dumped.stderr}")
+        except subprocess.TimeoutExpired:
+            dumps.append(f"--- pid {each}: py-spy did not answer within 30 s")
+    return "\n".join(dumps)
+
+
 def _run(scenario: str, seed: int) -> dict:
     """One run in a new session; SIGINT at a random moment for ``interrupt``."""
     started = time.monotonic()
@@ -60,9 +81,10 @@ def _run(scenario: str, seed: int) -> dict:
             proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=LIMIT_S[scenario])
     except subprocess.TimeoutExpired:
+        stacks = _stacks(proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        return {"scenario": scenario, "hang": True, "seconds": time.monotonic() - started}
+        return {"scenario": scenario, "hang": True, "seconds": time.monotonic() - started, "stacks": stacks}
     ended = time.monotonic()
     lines = [line for line in out.splitlines() if line.startswith("{")]
     result = json.loads(lines[-1]) if lines else {}
@@ -95,7 +117,8 @@ def test_no_hang_in_hundreds_of_fault_runs():
                      f" (KeyboardInterrupt out of make_loader: worst {max(caught, default=float('nan')):.2f} s)")
         lines.append(line)
     print("\n" + "\n".join(lines))
-    assert not [r for r in runs if r["hang"]], lines
+    hung = [r for r in runs if r["hang"]]
+    assert not hung, "\n".join(lines + [f"{r['scenario']} hung; its stacks:\n{r['stacks']}" for r in hung[:2]])
     assert not [r for r in runs if r.get("left")], [r for r in runs if r.get("left")][:3]
     bad = [r for r in runs if not r["hang"] and r["rc"] != 0 and r["scenario"] not in INTERRUPTS]
     if bad:
