@@ -7,9 +7,6 @@
 #    stops every worker first: SIGTERM, which makes a DataLoader worker exit with status 0 (torch's worker signal
 #    handler), then SIGKILL after a short wait for one that ignores it. Otherwise the DataLoader's own shutdown would
 #    wait up to 5 s for each stuck worker in turn, and Ctrl-C while 36 of 64 workers were still starting took 6.5 s.
-#    "First" means before anything else, clearing the error's frames included: Ctrl-C while the iterator starts its
-#    workers leaves that half-built iterator referenced only by a frame, and freeing it runs its shutdown, which
-#    waited 0.2-0.5 s for the live workers it had started.
 # 2. Drop every reference to the DataLoader iterator, including the ones a pending exception's traceback holds
 #    through its frames (``traceback.clear_frames``), then ``gc.collect()``. The iterator's ``__del__`` runs the
 #    DataLoader's own shutdown: it signals the workers, joins them and closes its queues. This is the public way; we
@@ -113,18 +110,20 @@ def reap(procs: Iterable[psutil.Process], *, grace: float = 5.0) -> int:
     return len(alive)
 
 
-def drop(references: List[Any]) -> None:
+def drop(references: List[Any], *, collect: bool = False) -> None:
     """Drop ``references``: a DataLoader iterator (or None), then what the caller lets go of with it (its loader, never
     one with persistent workers here), so that the iterator's ``__del__`` runs the DataLoader's shutdown now. A full
     ``gc.collect()`` (0.1-0.3 s in a process holding torch, and it holds the GIL) runs only when the iterator survived,
-    held by a reference cycle (a traceback's frames). Whether the others survive is not ours to change: the online
-    scheduler still holds a candidate's loader, and collecting for it cost every Ctrl-C 0.25 s for nothing."""
+    held by a reference cycle (a traceback's frames), or when ``collect`` (a failure: what a failed ``iter()`` built
+    holds pipes the next trial needs). Whether the others survive is not ours to change: the online scheduler still
+    holds a candidate's loader, and collecting for it cost every Ctrl-C 0.25 s, and every switch as long with the GIL
+    held, for nothing."""
     try:
         watched: Optional[weakref.ref] = weakref.ref(references[0]) if references else None
     except TypeError:  # None, or a type without weak references
         watched = None
     references.clear()
-    if watched is not None and watched() is not None:
+    if collect or (watched is not None and watched() is not None):
         gc.collect()
 
 

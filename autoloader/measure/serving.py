@@ -138,16 +138,13 @@ class Serving:
             if not math.isinf(self.crew.stopped_at):
                 return
             stopping = self.crew.stopped_at = time.perf_counter()
-            workers = self.crew.current() if self.owned else []
-            if error is not None:
-                _procs.terminate(workers)  # first: freeing a half-built iterator below would wait for them (step 1)
-                if error.__traceback__ is not None:
-                    with quiet_half_built_iterators():  # a frame may hold the only reference to one (Ctrl-C in iter())
-                        traceback.clear_frames(error.__traceback__)
+            if error is not None and error.__traceback__ is not None:
+                with quiet_half_built_iterators():  # a frame may hold the only reference to one (Ctrl-C in iter())
+                    traceback.clear_frames(error.__traceback__)
             if not self.owned:  # the DataLoader's own iterator: dropping it is what a plain loop does
                 self._it = None
             else:
-                self._stop_workers(workers, error)
+                self._stop_workers(error)
         self.record.stop_s = time.perf_counter() - stopping
         self.record.elapsed = time.perf_counter() - self.started
 
@@ -155,16 +152,19 @@ class Serving:
     def stopped(self) -> bool:
         return not math.isinf(self.crew.stopped_at)
 
-    def _stop_workers(self, workers: List[Any], error: Optional[BaseException]) -> None:
+    def _stop_workers(self, error: Optional[BaseException]) -> None:
         references = [self._it, self.loader]
         self._it = self.loader = None
+        workers = self.crew.current()
         if not self.retire:
             self.before_stop()
         if error is None and self.retire:
             self.crew.retiring = _procs.retire(references, workers)
             return
+        if error is not None:
+            _procs.terminate(workers)
         with quiet_half_built_iterators():
-            _procs.drop(references)
+            _procs.drop(references, collect=error is not None and not isinstance(error, KeyboardInterrupt))
         _procs.reap(workers)
 
 

@@ -219,39 +219,6 @@ def test_a_worker_killed_during_a_candidate_fails_it_and_is_never_raised_in_the_
     assert _pids() == set(), "a failed candidate's workers are stopped at once, not in a helper thread"
 
 
-class _InterruptedSampler(torch.utils.data.Sampler):
-    """Raises KeyboardInterrupt when the DataLoader iterator first asks it for indices: Ctrl-C while ``iter()`` is
-    still building the iterator, after its workers started."""
-
-    def __len__(self) -> int:
-        return 64
-
-    def __iter__(self):
-        raise KeyboardInterrupt
-        yield  # a generator: raises on the first next()
-
-
-def _busy_in_init(_worker_id: int) -> None:
-    time.sleep(60)
-
-
-def test_ctrl_c_in_iter_stops_the_workers_before_freeing_the_half_built_iterator():
-    """Only the traceback's frames hold a half-built iterator; freeing it runs the DataLoader's own shutdown, which
-    waits up to 5 s for each worker still busy (here in its ``worker_init_fn``). The run's workers are stopped first,
-    so that shutdown finds them gone (NOTE [ Process cleanup ], step 1): well under the 10 s it waited before."""
-    loader = DataLoader(LatencyBound(n=64, latency_s=0.001), batch_size=BATCH, sampler=_InterruptedSampler(),
-                        num_workers=2, worker_init_fn=_busy_in_init)
-    run = Run(loader, WORKERS, mode="candidate", consumer=CPU, batch_size=BATCH, limit_s=FAR)
-    del loader
-    with pytest.raises(KeyboardInterrupt) as info:
-        run.start()
-    assert len(_pids()) == 2, "the workers had started when the sampler raised"
-    began = time.monotonic()
-    run.stop(info.value)
-    assert time.monotonic() - began < 4.0, "the iterator's shutdown waited for the workers in their worker_init_fn"
-    assert _pids() == set(), "a failed run's workers outlived it"
-
-
 class _DiesOnceFlagged(torch.utils.data.Dataset):
     """Each sample takes 0.2 s; once ``flag`` exists, worker 1 SIGKILLs itself at the end of the sample it is on and
     worker 0 takes 2.5 s more: the shutdown joins worker 0 first, so worker 1 stays unreaped and watched meanwhile."""
