@@ -77,6 +77,13 @@ def _drive_candidate(run: Run, *, step_s: float = STEP_S):
     return batches, pids, measured_at
 
 
+def _join_retiring() -> None:
+    """Wait for every helper thread retiring a run's workers (``procs.retire``) to finish."""
+    for thread in threading.enumerate():
+        if thread.name.startswith("autoloader-retire"):
+            thread.join(timeout=15)
+
+
 # -- trial ------------------------------------------------------------------------------------------------------------
 
 def test_a_trial_stops_once_its_window_is_complete_and_stop_reaps_its_workers():
@@ -159,9 +166,7 @@ def test_serving_a_loader_it_does_not_own_leaves_persistent_workers_alive():
         pids.append(_pids())
         del run, batches
     assert len(pids[0]) == 2 and pids[0] == pids[1], "the persistent workers were stopped or restarted"
-    for thread in threading.enumerate():  # had a run started to retire them (it must not), let it finish
-        if thread.name.startswith("autoloader-retire"):
-            thread.join(timeout=15)
+    _join_retiring()  # had a run started to retire them (it must not), let it finish
     assert _pids() == pids[0], "a run stopped the workers of a loader it does not own"
     del loader  # the DataLoader's own iterator shuts its workers down, as after a plain loop
     gc.collect()
@@ -258,9 +263,7 @@ def test_a_worker_dying_while_its_candidate_retires_raises_nowhere(tmp_path):
         time.sleep(1.5)  # the user's loop: the workers finish their sample and die meanwhile
     except RuntimeError as exc:
         raised = exc
-    for thread in threading.enumerate():
-        if thread.name.startswith("autoloader-retire"):
-            thread.join(timeout=15)
+    _join_retiring()
     assert raised is None, f"a retired candidate's worker death was raised outside autoloader: {raised}"
     assert wait_no_children() == []
 
