@@ -8,7 +8,7 @@ import collections
 import contextlib
 import types
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 from torch.utils.data import DataLoader
 
@@ -16,6 +16,7 @@ from autoloader.config import LoaderConfig
 from autoloader.coordination import BatchVerdict, Coordinator
 from autoloader.loader.slices import EpochSlicer, EpochSource
 from autoloader.measure.run import END
+from autoloader.measure.signals import SignalGuard
 from autoloader.results import EpochTrace, TrialResult
 from autoloader.tuning import scheduler as scheduler_module
 from autoloader.tuning.handover import Stage
@@ -62,8 +63,9 @@ class FakeRun:
     window is complete after ``measure_after`` batches, and which fails with ``fail`` at batch ``fail_at``."""
 
     def __init__(self, part: Any, config: LoaderConfig, *, rate: float, measure_after: Optional[int],
-                 fail_at: Optional[int] = None, fail: Optional[BaseException] = None) -> None:
-        self.part, self.config, self.rate = part, config, rate
+                 fail_at: Optional[int] = None, fail: Optional[BaseException] = None,
+                 guard: Optional[SignalGuard] = None) -> None:
+        self.part, self.config, self.rate, self.guard = part, config, rate, guard
         self.measure_after, self.fail_at, self.fail = measure_after, fail_at, fail
         self.record, self.window, self.serving = Record(), Window(), FakeServing(config)
         self.result: Optional[TrialResult] = None
@@ -73,7 +75,8 @@ class FakeRun:
         self._ahead: Deque[Any] = collections.deque()
 
     def guarded(self):
-        return contextlib.nullcontext()
+        """A real guard, worker deaths held, when it has one (as ``Run.guarded``): signals are then real too."""
+        return self.guard if self.guard is not None else contextlib.nullcontext()
 
     def start(self) -> None:
         if self._it is None:
@@ -102,6 +105,11 @@ class FakeRun:
             return END, self.fail
         if not self._ahead:
             return END, None
+        if self.guard is not None:
+            try:
+                self.guard.check()  # as ``Serving.next`` does after each batch: a worker's death it held
+            except RuntimeError as exc:
+                return END, exc
         self.record.delivered += 1
         return self._ahead.popleft(), None
 
@@ -136,6 +144,8 @@ class ScriptedPlan:
         self.steps, self.decide = list(steps), LoaderConfig(decide, 2) if decide else LoaderConfig(0)
         self.told: List[Tuple[int, str]] = []
         self.carried = 0
+        self.after_stage: Callable[[Any], None] = lambda run: None
+        """Called as each stage ends, after its guard exited (where the scheduler's own code runs)."""
 
     @property
     def candidate(self) -> Optional[Step]:
@@ -153,7 +163,7 @@ class ScriptedPlan:
         return True
 
     def spent(self, run: Any, serving_s: float) -> None:
-        pass
+        self.after_stage(run)
 
 
 class Agreeing(Coordinator):
@@ -173,8 +183,10 @@ def config_of(workers: int) -> LoaderConfig:
     return LoaderConfig(workers, 2) if workers else LoaderConfig(0)
 
 
-def serve(plan: ScriptedPlan, *, coordinator: Optional[Coordinator] = None, monkeypatch: Any) -> Dict[str, Any]:
-    """One epoch of ``BATCHES`` batches of 2 indices served by the scheduler: what the loop got, the stages, the moves."""
+def serve(plan: ScriptedPlan, *, coordinator: Optional[Coordinator] = None, monkeypatch: Any,
+          guarded: bool = False) -> Dict[str, Any]:
+    """One epoch of ``BATCHES`` batches of 2 indices served by the scheduler: what the loop got, the stages, the moves.
+    ``guarded``: each run has a real signal guard, worker deaths held (else none)."""
     moves: List[Tuple[str, str]] = []
 
     def recording(phase: str, event: str) -> str:
@@ -192,7 +204,8 @@ def serve(plan: ScriptedPlan, *, coordinator: Optional[Coordinator] = None, monk
         part.expect(config.in_flight())
         run = FakeRun(part, config, rate=step.rate if step else 0.0,
                       measure_after=step.measure_after if step else None, fail_at=step.fail_at if step else None,
-                      fail=RuntimeError("DataLoader worker (pid 1) is killed by signal: Killed.") if step else None)
+                      fail=RuntimeError("DataLoader worker (pid 1) is killed by signal: Killed.") if step else None,
+                      guard=SignalGuard(hold_worker_errors=True) if guarded else None)
         runs.append(run)
         return Stage(part, run, step)
 
@@ -203,6 +216,6 @@ def serve(plan: ScriptedPlan, *, coordinator: Optional[Coordinator] = None, monk
     try:
         for batch in epoch.batches():
             got.extend(int(i) for i in batch)
-    except RuntimeError as exc:  # a failure of the configuration in force reaches the loop, as a DataLoader's would
-        error = exc
+    except (RuntimeError, KeyboardInterrupt) as exc:  # a failure of the configuration in force reaches the loop, as
+        error = exc                                     # a DataLoader's would, and a Ctrl-C does
     return {"got": got, "runs": runs, "moves": moves, "source": source, "error": error}

@@ -41,8 +41,16 @@
 # torch installs its SIGCHLD handler once per process, in the first multi-worker iterator, on top of whatever is
 # there. We make it install first (``_set_SIGCHLD_handler``, a private torch function, called when it exists) so
 # that our wrapper sits above it; were it gone, torch's handler would sit above ours during the first iterator only.
-# Guards nest (the timer is the innermost one's until it exits, then the outer one's again) and may exit out of order:
-# an exited guard's wrappers stay transparent wherever they are still installed.
+# Guards nest and may exit out of order. The guard entered last (of those still active in this process) delivers:
+# the others' wrappers, and an exited guard's wherever it is still installed, call what they wrapped unchanged, and
+# the timer is its own until it exits, then the one before's again. A guard entered inside another takes over what
+# that one kept (unless it is shielded): the outer one's retries stop while the inner one owns the timer. Online
+# tuning relies on this (NOTE [ Online epoch scheduler ] in tuning/scheduler.py): a guard spans the epoch and holds a
+# worker's death between two stages, where the next stage's workers already run (a hidden switch starts them early)
+# and no run's guard is active; the next stage's guard takes it and raises it as that candidate's failure. Before, one
+# such death in 40 online stress runs reached torch's handler unwrapped: raised in the scheduler, once hung.
+# Which loader a death belongs to is not known to a guard (torch's handler watches every worker of the process), so
+# with two loaders tuning at once (``zip(train, val)``) the guard entered last may report the other one's.
 # When SIGALRM is not ours to use (not the main thread, or the user's own handler is installed) nothing is wrapped:
 # kept exceptions could never be retried, so the guard stands aside and the limit is not enforced by a signal.
 """
@@ -138,36 +146,49 @@ class _LineTrap:
         return self._line
 
 
+_ENTERED: List["SignalGuard"] = []
+"""Guards in the order they were entered (a forked worker inherits the list: each guard checks its pid)."""
+
+
+def _active() -> List["SignalGuard"]:
+    """This process's active guards, the one entered last at the end (it delivers: NOTE [ Asynchronous exceptions ])."""
+    pid = os.getpid()
+    return [guard for guard in _ENTERED if guard.active and guard._pid == pid]
+
+
+def _delivering(signum: int) -> Optional["SignalGuard"]:
+    """The guard whose wrapper acts on ``signum``: the last one entered of those active that wrapped it."""
+    return next((guard for guard in reversed(_active()) if signum in guard._previous), None)
+
+
 class _TakeBack:
     """``sys.unraisablehook`` while a guard is active: an exception Python would drop in the main thread is kept by the
     innermost active guard of this process that claims it (NOTE [ Asynchronous exceptions ]), else passed on to the
     hook it replaced."""
 
     def __init__(self) -> None:
-        self.guards: List["SignalGuard"] = []
         self.previous: Optional[Callable[[Any], Any]] = None
 
     def __call__(self, unraisable: Any) -> None:
         exc, caller = unraisable.exc_value, inspect.currentframe()
         main = threading.current_thread() is threading.main_thread()  # where the guard's signals are delivered
-        for guard in reversed(self.guards if main else []):
-            if exc is not None and guard.active and guard._pid == os.getpid() and \
-                    guard._take_back(exc, caller.f_back if caller is not None else None):
+        for guard in reversed(_active() if main else []):
+            if exc is not None and guard._take_back(exc, caller.f_back if caller is not None else None):
                 return
         (self.previous or sys.__unraisablehook__)(unraisable)
 
     def enter(self, guard: "SignalGuard") -> None:
-        self.guards = [g for g in self.guards if g.active]
-        if not self.guards and sys.unraisablehook is not self:  # a hook set over ours meanwhile is left in place
+        _ENTERED[:] = [g for g in _ENTERED if g.active]
+        if not _ENTERED and sys.unraisablehook is not self:  # a hook set over ours meanwhile is left in place
             self.previous, sys.unraisablehook = sys.unraisablehook, self
-        self.guards.append(guard)
+        _ENTERED.append(guard)
 
     def exit(self, guard: "SignalGuard") -> None:
-        if guard in self.guards:
-            self.guards.remove(guard)
-        if not any(g.active for g in self.guards) and sys.unraisablehook is self:
+        if guard in _ENTERED:
+            _ENTERED.remove(guard)
+        if not any(g.active for g in _ENTERED) and sys.unraisablehook is self:
             sys.unraisablehook, self.previous = self.previous or sys.__unraisablehook__, None
-            self.guards.clear()
+            _ENTERED.clear()
 
 
 _TAKE_BACK = _TakeBack()
@@ -202,6 +223,8 @@ class SignalGuard:
         if not self.active:
             return self
         self._pid = os.getpid()
+        entered = _active()
+        outer = entered[-1] if entered else None
         _ensure_torch_sigchld_handler()
         self._previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._owned(self._make_alarm()))
         for signum in (signal.SIGINT, signal.SIGCHLD):
@@ -211,6 +234,9 @@ class SignalGuard:
         if self.limit_s is not None and self.make_timeout is not None:
             self._deadline = time.monotonic() + self.limit_s
         _TAKE_BACK.enter(self)
+        if outer is not None and outer._pending is not None and not outer._shielded:
+            self._pending, outer._pending = outer._pending, None  # this guard's timer retries it now
+            outer._trap.disarm()
         self._arm()
         return self
 
@@ -239,7 +265,7 @@ class SignalGuard:
     # -- delivering ----------------------------------------------------------------------------------------------
     def _wrap(self, inner: Callable[[int, Optional[FrameType]], Any]) -> Callable[[int, Optional[FrameType]], None]:
         def handler(signum: int, frame: Optional[FrameType]) -> None:
-            if os.getpid() != self._pid or not self.active:
+            if os.getpid() != self._pid or not self.active or _delivering(signum) is not self:
                 inner(signum, frame)
                 return
             try:

@@ -27,6 +27,9 @@ measurement is complete, and what happens then (``EpochScheduler``; the search b
 # batch of a ``measuring`` stage they agree (``Coordinator.batch``) whether to stop (every window complete, or a
 # failure anywhere), whether their tails match and whether the window opened, so every rank makes the same move at
 # the same batch. A single process makes the same moves without the exchange.
+# Signals: each stage's run guards its own batches (NOTE [ Asynchronous exceptions ] in measure/signals.py); a guard
+# spanning the epoch, worker deaths held, covers the moves between two stages, when the stage a switch started runs
+# its workers before its own guard is entered: a death there is taken over by that guard and raised as its failure.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ from ..loader.slices import EpochSource
 from ..measure.failures import classify, failure_reason
 from ..measure.run import END, Run
 from ..measure.serving import terminate_together
+from ..measure.signals import SignalGuard
 from ..measure.window import samples_in
 from ..results import EpochTrace, TrialResult
 from .handover import Stage, tail_extra
@@ -101,25 +105,32 @@ class EpochScheduler:
         self.source, self.plan, self.build, self.coordinator, self.trace = source, plan, build, coordinator, trace
         self.last: Optional[Run] = after
         self.in_force: Any = None
+        self.started: Optional[Stage] = None
+        """The stage a switch started (its workers run while this one serves its tail), until it serves."""
+        self.guard = SignalGuard(hold_worker_errors=True)
 
     def batches(self) -> Generator[Any, None, None]:
-        following: Optional[Stage] = None
-        while not self.source.done:
-            stage = following or self.build(self.source, self.last)
-            phase, following = yield from self._serve(stage)
-            if phase == "done" or (stage.candidate is None and following is None):
-                break
-        if self.source.done:
-            self.source.finish()  # the sampler asked past its end, as the plain DataLoader's epoch ends
-        self.in_force = None
+        with self.guard:  # NOTE above: between two stages, a worker of the one a switch started may die
+            try:
+                while not self.source.done:
+                    stage, self.started = self.started or self.build(self.source, self.last), None
+                    phase = yield from self._serve(stage)
+                    if phase == "done" or (stage.candidate is None and self.started is None):
+                        break
+            except BaseException as exc:  # noqa: B036 - re-raised; a Ctrl-C between two stages stops both
+                self._abort_started(exc)
+                raise
+            if self.source.done:
+                self.source.finish()  # the sampler asked past its end, as the plain DataLoader's epoch ends
+            self.in_force = None
 
-    def _serve(self, stage: Stage) -> Generator[Any, None, Tuple[str, Optional[Stage]]]:
-        """One stage's slice, through its phases; returns the phase it ended in and the stage a switch started."""
+    def _serve(self, stage: Stage) -> Generator[Any, None, str]:
+        """One stage's slice, through its phases; returns the phase it ended in (a switch leaves the stage it started
+        in ``started``)."""
         run, part = stage.run, stage.part
         phase = "measuring" if stage.candidate is not None else "serving"
         self.in_force, self.last = run.serving.loader, run
         began = span_start = time.perf_counter()
-        following: Optional[Stage] = None
         error: Optional[BaseException] = None
         unopened = False
         try:
@@ -141,7 +152,7 @@ class EpochScheduler:
                         if verdict.failed_elsewhere and failure is None:
                             failure = TuningError("a candidate failed on another rank")
                         if verdict.stop and failure is None and batch is not END:
-                            phase, following = self._decide(stage, same_tail=verdict.same_tail)
+                            phase = self._decide(stage, same_tail=verdict.same_tail)
                             if phase == "serving":
                                 span_start = self._span(span_start, stage)
                             if phase == "next":
@@ -160,9 +171,8 @@ class EpochScheduler:
         except BaseException as exc:  # noqa: B036 - classified below; GeneratorExit and Ctrl-C re-raised there
             error = exc
         finally:
-            if following is not None and error is not None:
-                terminate_together([following.run.serving, run.serving])
-                following.abort(error)  # the later slice first: its batches go back behind the ones below
+            if error is not None:
+                self._abort_started(error, also=run)  # the later slice first: its batches go back behind this one's
             run.stop(error)  # done already, unless a Ctrl-C landed as the run's own cleanup began
             self.in_force = None
             part.delivered(run.record.delivered)
@@ -170,9 +180,20 @@ class EpochScheduler:
         outcome = self._after(stage, error, phase=phase, unopened=unopened)
         rate = outcome if outcome is not None else run.result
         self.trace.span(span_start, stage.config, rate.samples_per_s if rate is not None and rate.ok else None)
-        return ("next" if error is not None else phase), (following if error is None else None)
+        return "next" if error is not None else phase
 
-    def _decide(self, stage: Stage, *, same_tail: bool) -> Tuple[str, Optional[Stage]]:
+    def _abort_started(self, error: BaseException, *, also: Optional[Run] = None) -> None:
+        """A failure or Ctrl-C: the stage a switch started stops (its workers terminated with ``also``'s, at once), in
+        the epoch guard's shield (its workers dying as they stop are no later stage's failure)."""
+        started, self.started = self.started, None
+        with self.guard.shield():
+            if started is not None:
+                terminate_together([started.run.serving] + ([also.serving] if also is not None else []))
+                started.abort(error)
+            if also is not None:
+                also.stop(error)
+
+    def _decide(self, stage: Stage, *, same_tail: bool) -> str:
         """The candidate's window is complete (every rank's): the search is told; the run serves on (keep), serves
         its tail while the next stage starts (switch), or stops now (the ranks' tails differ)."""
         run, part = stage.run, stage.part
@@ -182,22 +203,17 @@ class EpochScheduler:
         self.plan.tell(stage.reported(result))
         stage.told = True
         if self.plan.keeps(stage.config):
-            return transition("measuring", "keep"), None
+            return transition("measuring", "keep")
         if not same_tail:
             log.info("the ranks' candidates hold different numbers of batches in flight: switching without a tail")
-            return transition("measuring", "plain-switch"), None
+            return transition("measuring", "plain-switch")
         part.cap(tail_extra(stage.config))
         run.serving.keep_workers()
         if self.source.unclaimed == 0:
-            return transition("measuring", "switch"), None  # the tail ends the epoch: nothing to start
-        following = self.build(self.source, run)
-        try:
-            following.run.start()  # an Exception is kept by the run (its failure, measured as such); not Ctrl-C
-        except BaseException as exc:  # noqa: B036 - re-raised once the stage is stopped and its slice closed
-            terminate_together([following.run.serving, run.serving])  # both will stop: one wait, not two
-            following.abort(exc)
-            raise
-        return transition("measuring", "switch"), following
+            return transition("measuring", "switch")  # the tail ends the epoch: nothing to start
+        self.started = self.build(self.source, run)
+        self.started.run.start()  # an Exception is kept by the run (its failure, measured as such); a Ctrl-C stops both
+        return transition("measuring", "switch")
 
     def _after(self, stage: Stage, error: Optional[BaseException], *, phase: str,
                unopened: bool) -> Optional[TrialResult]:

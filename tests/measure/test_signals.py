@@ -209,6 +209,44 @@ def test_guards_that_exit_out_of_order_leave_the_original_handlers(raising_sigch
         assert third.active, "a later guard can install again"
 
 
+def test_the_guard_entered_last_delivers_a_worker_death(raising_sigchld):
+    """Nested guards (an online epoch's, then a stage's): the stage's guard gets the death its run must check, not the
+    epoch's guard that would hold it unseen (NOTE [ Asynchronous exceptions ])."""
+    with SignalGuard(hold_worker_errors=True) as outer:
+        with SignalGuard(hold_worker_errors=True) as inner:
+            signal.getsignal(signal.SIGCHLD)(signal.SIGCHLD, sys._getframe())
+            outer.check()  # nothing: it passed the death on
+            with pytest.raises(WorkerDied):
+                inner.check()
+
+
+def test_a_death_between_two_inner_guards_is_taken_over_by_the_next_one(raising_sigchld):
+    """Between two stages (and inside the first one's ``__exit__``, where its wrapper no longer delivers) the outer
+    guard holds a death; the next guard entered takes it and its ``check`` raises it."""
+    with SignalGuard(hold_worker_errors=True) as outer:
+        with SignalGuard(hold_worker_errors=True):
+            first_wrapper = signal.getsignal(signal.SIGCHLD)
+        first_wrapper(signal.SIGCHLD, sys._getframe())  # as if it landed in the exiting guard's own code
+        time.sleep(0.05)  # nothing raised meanwhile: the scheduler's code between two stages
+        with SignalGuard(hold_worker_errors=True) as second:
+            outer.check()
+            with pytest.raises(WorkerDied):
+                second.check()
+
+
+def test_a_ctrl_c_the_outer_guard_kept_is_raised_inside_the_next_guard():
+    """The inner guard owns the timer that retries a kept Ctrl-C: it takes the outer one's over, so the Ctrl-C does
+    not wait until the inner block ends (an online stage: the whole stage, the user's steps included)."""
+    finished = False
+    with pytest.raises(KeyboardInterrupt):
+        with SignalGuard() as outer:
+            outer._pending = KeyboardInterrupt()  # as ``_deliver`` keeps one landing in unsafe code
+            with SignalGuard():
+                time.sleep(1.0)
+                finished = True
+    assert not finished, "the kept Ctrl-C waited for the inner guard to exit"
+
+
 def test_held_worker_errors_wait_for_check(raising_sigchld):
     with SignalGuard(hold_worker_errors=True) as guard:
         signal.getsignal(signal.SIGCHLD)(signal.SIGCHLD, sys._getframe())  # safe frame, yet held
