@@ -19,7 +19,7 @@
 #    kills itself, the OOM killer) raised in the next stage's setup or in the user's own loop, outside any guard,
 #    and a raise inside a lock hangs (1 stress run of 40 hung, 1 of 90 raised). The candidate's outcome is decided,
 #    so its workers are first taken out of what that handler watches, as the iterator's own shutdown does at its
-#    end (torch's private ``_remove_worker_pids``, used when it exists); the helper thread still joins and reaps them.
+#    end (``torch_watch.unwatch``); the helper thread still joins and reaps them.
 # We never ``waitpid`` a worker ourselves: multiprocessing owns that, and reaping a pid behind its back would let it
 # signal a recycled pid later. ``multiprocessing.active_children()`` lets it collect what is left.
 # The trial only ever touches children that did not exist when it started (less multiprocessing's resource tracker and
@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Set
 
 import psutil
+
+from . import torch_watch
 
 log = logging.getLogger("autoloader.trial")
 
@@ -126,24 +128,13 @@ def drop(references: List[Any], *, collect: bool = False) -> None:
         gc.collect()
 
 
-def _unwatch(iterator: Any) -> None:
-    """Take ``iterator``'s workers out of what torch's SIGCHLD handler watches (NOTE [ Process cleanup ], step 4),
-    as its own shutdown does last; private torch functions, used when they exist."""
-    from torch.utils.data._utils import signal_handling
-
-    remove = getattr(signal_handling, "_remove_worker_pids", None)
-    if remove is not None and getattr(iterator, "_worker_pids_set", False):
-        remove(id(iterator))
-        iterator._worker_pids_set = False
-
-
 def retire(references: List[Any], workers: List[psutil.Process]) -> threading.Thread:
     """Shut down a DataLoader iterator that is no longer used, in a helper thread: ``references`` holds the only
     references to it (and its loader), which the thread drops (``drop``), so that the DataLoader's own shutdown
     (signalling and joining ``workers``) runs there; then the workers are reaped (see NOTE [ Process cleanup ]). The
     caller (the main thread) must not keep another reference."""
     if references:
-        _unwatch(references[0])
+        torch_watch.unwatch(references[0])
 
     def run() -> None:
         drop(references, collect=True)  # as before: the stress runs that skipped it failed 3 in 120 (stress.md)

@@ -15,7 +15,7 @@
 #   ``os.fork()`` runs, such as logging's lock release, where a Ctrl-C while workers were forked was lost), a
 #   handler's exception is kept, not raised, and a 10 ms timer (SIGALRM) retries until the thread is somewhere safe.
 #   A loop that forks workers spends nearly all its time in such code, so the retries seldom land (a Ctrl-C while 64
-#   workers started waited 0.4-1 s): while one is kept, a line tracer (``_LineTrap``) on the interrupted frames and
+#   workers started waited 0.4-1 s): while one is kept, a line tracer (``redelivery.LineTrap``) on the interrupted frames and
 #   every frame they call raises it at the first line that runs where neither its frame nor any caller is unsafe
 #   (``unsafe.unsafe_anywhere``), such as the DataLoader's loop between two forks. It is installed only when no other
 #   tracer is (a debugger, coverage), since raising from a tracer unsets it; then the timer alone retries.
@@ -39,8 +39,8 @@
 #   never raised by the retry timer, only by ``check()`` in autoloader's own code, so it cannot land in the user's
 #   training step; Ctrl-C still lands at the next safe place.
 # torch installs its SIGCHLD handler once per process, in the first multi-worker iterator, on top of whatever is
-# there. We make it install first (``_set_SIGCHLD_handler``, a private torch function, called when it exists) so
-# that our wrapper sits above it; were it gone, torch's handler would sit above ours during the first iterator only.
+# there. We make it install first (``torch_watch.install_first``, a private torch function) so that our wrapper
+# sits above it.
 # Guards nest and may exit out of order. The guard entered last (of those still active in this process) delivers:
 # the others' wrappers, and an exited guard's wherever it is still installed, call what they wrapped unchanged, and
 # the timer is its own until it exits, then the one before's again. A guard entered inside another takes over what
@@ -56,20 +56,21 @@
 """
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from types import FrameType
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Optional
 
+from . import redelivery, torch_watch
+from .redelivery import TAKE_BACK, LineTrap, active, delivering
 from .unsafe import cleanup, handlers_in, unsafe_anywhere, unsafe_to_raise
 
 log = logging.getLogger("autoloader.trial")
 handlers_in(__name__)
+handlers_in(redelivery.__name__)  # the tracer and the hook run as handlers do: nothing is raised in their frames
 
 RETRY_S = 0.01
 """How soon a kept exception is retried."""
@@ -94,106 +95,6 @@ def _unwrapped(signum: int, handler: Any) -> Any:
     return handler
 
 
-def _ensure_torch_sigchld_handler() -> None:
-    from torch.utils.data._utils import signal_handling
-
-    install = getattr(signal_handling, "_set_SIGCHLD_handler", None)
-    if callable(install):
-        install()
-
-
-class _LineTrap:
-    """While its guard keeps an exception, a line tracer that raises it at the first line run somewhere safe (NOTE
-    [ Asynchronous exceptions ]); ``disarm`` removes it."""
-
-    def __init__(self, guard: "SignalGuard") -> None:
-        self.guard = guard
-        self.frames: List[FrameType] = []
-        self.armed = False
-
-    def arm(self, frame: Optional[FrameType]) -> None:
-        if self.armed or frame is None or sys.gettrace() is not None:
-            return
-        self.armed = True
-        current: Optional[FrameType] = frame
-        while current is not None:
-            current.f_trace = self._line
-            self.frames.append(current)
-            current = current.f_back
-        sys.settrace(self._call)
-
-    def disarm(self) -> None:
-        if not self.armed:
-            return
-        self.armed = False
-        if sys.gettrace() == self._call:
-            sys.settrace(None)
-        for frame in self.frames:
-            frame.f_trace = None
-        self.frames.clear()
-
-    def _call(self, frame: FrameType, event: str, arg: Any) -> Any:
-        return self._line if self.armed and os.getpid() == self.guard._pid else None
-
-    def _line(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if os.getpid() != self.guard._pid:  # a forked worker inherited the tracer
-            sys.settrace(None)
-            return None
-        if not self.armed:
-            return None
-        if event == "line":
-            self.guard._raise_if_safe(frame)
-        return self._line
-
-
-_ENTERED: List["SignalGuard"] = []
-"""Guards in the order they were entered (a forked worker inherits the list: each guard checks its pid)."""
-
-
-def _active() -> List["SignalGuard"]:
-    """This process's active guards, the one entered last at the end (it delivers: NOTE [ Asynchronous exceptions ])."""
-    pid = os.getpid()
-    return [guard for guard in _ENTERED if guard.active and guard._pid == pid]
-
-
-def _delivering(signum: int) -> Optional["SignalGuard"]:
-    """The guard whose wrapper acts on ``signum``: the last one entered of those active that wrapped it."""
-    return next((guard for guard in reversed(_active()) if signum in guard._previous), None)
-
-
-class _TakeBack:
-    """``sys.unraisablehook`` while a guard is active: an exception Python would drop in the main thread is kept by the
-    innermost active guard of this process that claims it (NOTE [ Asynchronous exceptions ]), else passed on to the
-    hook it replaced."""
-
-    def __init__(self) -> None:
-        self.previous: Optional[Callable[[Any], Any]] = None
-
-    def __call__(self, unraisable: Any) -> None:
-        exc, caller = unraisable.exc_value, inspect.currentframe()
-        main = threading.current_thread() is threading.main_thread()  # where the guard's signals are delivered
-        for guard in reversed(_active() if main else []):
-            if exc is not None and guard._take_back(exc, caller.f_back if caller is not None else None):
-                return
-        (self.previous or sys.__unraisablehook__)(unraisable)
-
-    def enter(self, guard: "SignalGuard") -> None:
-        _ENTERED[:] = [g for g in _ENTERED if g.active]
-        if not _ENTERED and sys.unraisablehook is not self:  # a hook set over ours meanwhile is left in place
-            self.previous, sys.unraisablehook = sys.unraisablehook, self
-        _ENTERED.append(guard)
-
-    def exit(self, guard: "SignalGuard") -> None:
-        if guard in _ENTERED:
-            _ENTERED.remove(guard)
-        if not any(g.active for g in _ENTERED) and sys.unraisablehook is self:
-            sys.unraisablehook, self.previous = self.previous or sys.__unraisablehook__, None
-            _ENTERED.clear()
-
-
-_TAKE_BACK = _TakeBack()
-
-
 class SignalGuard:
     """Raise ``make_timeout()`` after ``limit_s`` seconds, and deliver SIGINT/SIGCHLD/SIGALRM exceptions only at
     safe points, for the length of a ``with`` block (see NOTE [ Asynchronous exceptions ]).
@@ -205,13 +106,13 @@ class SignalGuard:
                  make_timeout: Optional[Callable[[], BaseException]] = None, hold_worker_errors: bool = False) -> None:
         self.limit_s, self.make_timeout, self.hold_worker_errors = limit_s, make_timeout, hold_worker_errors
         self.active = False
-        self._pid = os.getpid()
+        self.pid = os.getpid()
         self._previous: Dict[int, Any] = {}
         self._deadline: Optional[float] = None
         self._pending: Optional[BaseException] = None
         self._shielded = 0
         self._limit_passed = False
-        self._trap = _LineTrap(self)
+        self._trap = LineTrap(self)
         self._raised: Optional[BaseException] = None
 
     # -- installing ----------------------------------------------------------------------------------------------
@@ -222,10 +123,10 @@ class SignalGuard:
                             or _guard_of(signal.getsignal(signal.SIGALRM)) is not None))
         if not self.active:
             return self
-        self._pid = os.getpid()
-        entered = _active()
+        self.pid = os.getpid()
+        entered = active()
         outer = entered[-1] if entered else None
-        _ensure_torch_sigchld_handler()
+        torch_watch.install_first()
         self._previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._owned(self._make_alarm()))
         for signum in (signal.SIGINT, signal.SIGCHLD):
             inner = signal.getsignal(signum)
@@ -233,10 +134,10 @@ class SignalGuard:
                 self._previous[signum] = signal.signal(signum, self._owned(self._wrap(inner)))
         if self.limit_s is not None and self.make_timeout is not None:
             self._deadline = time.monotonic() + self.limit_s
-        _TAKE_BACK.enter(self)
-        if outer is not None and outer._pending is not None and not outer._shielded:
-            self._pending, outer._pending = outer._pending, None  # this guard's timer retries it now
-            outer._trap.disarm()
+        TAKE_BACK.enter(self)
+        taken = outer.give_up_kept() if outer is not None else None  # this guard's timer retries it now
+        if taken is not None and (self._pending is None or _rank(taken) > _rank(self._pending)):
+            self._pending = taken  # else one landing here (kept: this module is a handler's) outranks it
         self._arm()
         return self
 
@@ -245,7 +146,7 @@ class SignalGuard:
             return
         self.active = False
         self._trap.disarm()
-        _TAKE_BACK.exit(self)
+        TAKE_BACK.exit(self)
         for signum, previous in self._previous.items():
             if _guard_of(signal.getsignal(signum)) is self:
                 signal.signal(signum, _unwrapped(signum, previous))
@@ -258,6 +159,18 @@ class SignalGuard:
         if kept is not None and _rank(kept) == 2:
             raise kept
 
+    def wraps(self, signum: int) -> bool:
+        return signum in self._previous
+
+    def give_up_kept(self) -> Optional[BaseException]:
+        """What this guard kept, for a guard entered inside it (NOTE [ Asynchronous exceptions ]); nothing while
+        shielded (raised or dropped as its shield ends)."""
+        if self._shielded:
+            return None
+        kept, self._pending = self._pending, None
+        self._trap.disarm()
+        return kept
+
     def _owned(self, handler: Any) -> Any:
         handler._autoloader_guard = self
         return handler
@@ -265,7 +178,7 @@ class SignalGuard:
     # -- delivering ----------------------------------------------------------------------------------------------
     def _wrap(self, inner: Callable[[int, Optional[FrameType]], Any]) -> Callable[[int, Optional[FrameType]], None]:
         def handler(signum: int, frame: Optional[FrameType]) -> None:
-            if os.getpid() != self._pid or not self.active or _delivering(signum) is not self:
+            if os.getpid() != self.pid or not self.active or delivering(signum) is not self:
                 inner(signum, frame)
                 return
             try:
@@ -280,7 +193,7 @@ class SignalGuard:
         return handler
 
     def _on_alarm(self, signum: int, frame: Optional[FrameType]) -> None:
-        if os.getpid() != self._pid or not self.active:
+        if os.getpid() != self.pid or not self.active:
             return
         exc = self._pending
         if self._deadline is not None and not self._limit_passed and time.monotonic() >= self._deadline:
@@ -313,7 +226,7 @@ class SignalGuard:
         return self._pending is not None and not self._shielded and \
             not (self.hold_worker_errors and _rank(self._pending) == 0)
 
-    def _raise_if_safe(self, frame: FrameType) -> None:
+    def raise_if_safe(self, frame: FrameType) -> None:
         """The line tracer's check (NOTE [ Asynchronous exceptions ]): raise the kept exception in ``frame`` when it
         is somewhere safe."""
         if not self.active or not self._retried() or unsafe_anywhere(frame):
@@ -324,7 +237,7 @@ class SignalGuard:
         self._raised = kept
         raise kept  # type: ignore[misc]
 
-    def _take_back(self, exc: BaseException, frame: Optional[FrameType]) -> bool:
+    def take_back(self, exc: BaseException, frame: Optional[FrameType]) -> bool:
         """Keep ``exc``, which Python is dropping, when it is a Ctrl-C or what this guard raised; raised again at the
         next safe line after ``frame`` (NOTE [ Asynchronous exceptions ])."""
         if _rank(exc) < 2 and exc is not self._raised:

@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from autoloader.measure.signals import SignalGuard, _ensure_torch_sigchld_handler
+from autoloader.measure.signals import SignalGuard
+from autoloader.measure.torch_watch import install_first
 from autoloader.measure.unsafe import unsafe_to_raise
 from autoloader.errors import TrialTimeout
 
@@ -43,7 +44,7 @@ def interactive_sigint():
 def raising_sigchld():
     """A SIGCHLD handler that raises as torch's does when one of its workers has died. torch's own handler, which a
     guard installs once per process, goes in first, so that this one is on top whichever test runs first."""
-    _ensure_torch_sigchld_handler()
+    install_first()
     previous = signal.signal(signal.SIGCHLD, _raise_worker_died)
     yield
     signal.signal(signal.SIGCHLD, previous)
@@ -332,9 +333,9 @@ def test_a_retry_firing_inside_the_handler_does_not_lose_the_ctrl_c(monkeypatch)
     fires at that point every time: as the handler arms its line trap."""
     import inspect
 
-    import autoloader.measure.signals as signals
+    import autoloader.measure.redelivery as redelivery
 
-    arm = signals._LineTrap.arm
+    arm = redelivery.LineTrap.arm
 
     fired = []
 
@@ -344,7 +345,7 @@ def test_a_retry_firing_inside_the_handler_does_not_lose_the_ctrl_c(monkeypatch)
             signal.getsignal(signal.SIGALRM)(signal.SIGALRM, inspect.currentframe().f_back)  # the handler's frame
         arm(trap, frame)
 
-    monkeypatch.setattr(signals._LineTrap, "arm", arm_after_the_retry)
+    monkeypatch.setattr(redelivery.LineTrap, "arm", arm_after_the_retry)
     reached, armed = [], []
 
     def after_fork_in_parent():  # as logging's lock release, which os.fork() runs in the parent
@@ -374,7 +375,7 @@ def test_a_ctrl_c_python_swallows_anyway_is_kept_and_raised_at_the_next_safe_lin
     guard takes the Ctrl-C back from sys.unraisablehook and raises it at the next safe line."""
     import weakref
 
-    import autoloader.measure.signals as signals
+    import autoloader.measure.redelivery as redelivery
 
     class Target:
         pass
@@ -390,7 +391,7 @@ def test_a_ctrl_c_python_swallows_anyway_is_kept_and_raised_at_the_next_safe_lin
             del target
             _spin(0.5)
             reached.append(ref)
-    assert reached == [] and not isinstance(sys.unraisablehook, type(signals._TAKE_BACK))
+    assert reached == [] and not isinstance(sys.unraisablehook, type(redelivery.TAKE_BACK))
 
 
 def test_the_unraisable_hook_is_the_users_again_after_nested_guards():

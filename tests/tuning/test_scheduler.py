@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from autoloader.measure.signals import _ensure_torch_sigchld_handler
+from autoloader.measure.torch_watch import install_first
 from autoloader.tuning import scheduler as scheduler_module
 from autoloader.tuning.scheduler import TRANSITIONS, transition
 from scheduler_fakes import BATCHES, Agreeing, ScriptedPlan, Step, config_of, serve
@@ -111,7 +111,7 @@ def test_the_configuration_in_force_fails_as_a_dataloader_does(monkeypatch):
 def raising_signals():
     """SIGCHLD raising as torch's handler does when a worker it watches has died, SIGINT as an interactive process
     has it (whatever this run inherited), both restored after."""
-    _ensure_torch_sigchld_handler()
+    install_first()
 
     def worker_died(signum, frame):
         raise RuntimeError("DataLoader worker (pid 1) is killed by signal: Killed.")
