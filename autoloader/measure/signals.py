@@ -49,6 +49,10 @@
 # worker's death between two stages, where the next stage's workers already run (a hidden switch starts them early)
 # and no run's guard is active; the next stage's guard takes it and raises it as that candidate's failure. Before, one
 # such death in 40 online stress runs reached torch's handler unwrapped: raised in the scheduler, once hung.
+# Tuning by trials runs under one guard as well, each trial's nested in it: between two trials (the search, the next
+# DataLoader's set-up, a finaliser the collector runs) a Ctrl-C is kept where it is unsafe and taken back where Python
+# drops it, as within a trial. (A Ctrl-C was lost once in 40 stress runs, cause not proven: no guard was active
+# between trials, and one landing in a finaliser there is printed as "Exception ignored" and dropped.)
 # Which loader a death belongs to is not known to a guard (torch's handler watches every worker of the process), so
 # with two loaders tuning at once (``zip(train, val)``) the guard entered last may report the other one's.
 # When SIGALRM is not ours to use (not the main thread, or the user's own handler is installed) nothing is wrapped:

@@ -12,6 +12,7 @@ from ..errors import TuningError, warn_user
 from ..loader.device import release_cached
 from ..loader.rng import parts_of_kwargs, preserved
 from ..measure.consumer import Consumer, Step
+from ..measure.signals import SignalGuard
 from ..measure.trial import run_trial
 from ..probe import MachineProfile, probe_machine, with_saved_disk
 from ..request import Request
@@ -142,7 +143,8 @@ def tune_with(request: Request, profile: Optional[MachineProfile] = None, *, pro
 
     try:
         with preserved(parts_of_kwargs(request.loader_kwargs)):  # trials iterate the user's sampler, run their step
-            result = drive(search.steps(), measure)
+            with SignalGuard():  # between two trials too (NOTE [ Asynchronous exceptions ]); each trial nests its own
+                result = drive(search.steps(), measure)
     finally:
         release_cached(request.device)
     warn_if_bound_by_open_files(search, result)

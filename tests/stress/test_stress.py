@@ -67,6 +67,14 @@ def _stacks(pid: int) -> str:
     return "\n".join(dumps)
 
 
+def _keyboard_interrupt_only(stderr: str) -> bool:
+    """A run that exited on the Ctrl-C (outside the scenario's ``try``: before it, or as the interpreter exits) shows
+    its ``KeyboardInterrupt``, and no worker's death raised in its place."""
+    lines = stderr.splitlines()
+    return any(line.startswith("KeyboardInterrupt") for line in lines) and \
+        not any("DataLoader worker" in line for line in lines)
+
+
 def _run(scenario: str, seed: int) -> dict:
     """One run in a new session; SIGINT at a random moment for ``interrupt``."""
     started = time.monotonic()
@@ -95,7 +103,7 @@ def _run(scenario: str, seed: int) -> dict:
     return {"scenario": scenario, "hang": False, "rc": proc.returncode, "result": result, "left": left,
             "seconds": ended - started, "after_signal": None if signalled is None else ended - signalled,
             "caught_after": None if signalled is None or not caught else caught - signalled, "signalled": signalled,
-            "stderr": err[-2000:] if proc.returncode else ""}
+            "stderr": err[-2000:] if proc.returncode or scenario in INTERRUPTS else ""}  # a lost Ctrl-C's too
 
 
 def test_no_hang_in_hundreds_of_fault_runs():
@@ -135,5 +143,7 @@ def test_no_hang_in_hundreds_of_fault_runs():
     assert not lost, f"{len(lost)} Ctrl-C(s) lost: the loop went on and returned normally, {lost[:2]}"
     interrupted = [r for s in INTERRUPTS for r in by[s] if r["result"].get("interrupted") or r["rc"] != 0]
     assert interrupted, "no Ctrl-C landed during tuning"
+    other = [r for r in interrupted if r["rc"] != 0 and not _keyboard_interrupt_only(r["stderr"])]
+    assert not other, f"{len(other)} Ctrl-C(s) ended in another error; the first:\n{other[0]['stderr']}"
     slow = [r["after_signal"] for r in interrupted if r["after_signal"] > INTERRUPT_WITHIN_S]
     assert not slow, f"Ctrl-C took longer than {INTERRUPT_WITHIN_S} s to end the process: {sorted(slow)}"

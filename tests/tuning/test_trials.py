@@ -1,5 +1,7 @@
 """tune() end to end on small workloads: the regimes' choices (generous margins), budget, knobs, RNG, cleanup."""
+import os
 import random
+import signal
 import time
 
 import numpy as np
@@ -147,3 +149,32 @@ def test_fallback_result_keeps_the_users_knobs():
     assert (result.num_workers, result.prefetch_factor, result.source) == (3, 2, "fallback")
     result = fallback_result({}, device=torch.device("cpu"), reason="x")
     assert (result.num_workers, result.prefetch_factor, result.pin_memory) == (0, None, False)
+
+
+def test_a_ctrl_c_python_drops_between_two_trials_still_stops_tuning(monkeypatch):
+    """Outside a trial's guard, a Ctrl-C landing in a finaliser (the collector freeing the last trial's queues) is
+    printed as "Exception ignored" and lost, and tuning went on: the search runs under one guard, which keeps it."""
+    import autoloader.tuning.trials as trials_module
+    from autoloader.results import TrialResult
+
+    calls = []
+
+    class Finalised:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler runs in this frame, where Python drops what it raises
+
+    def trial(request, config, **kwargs):
+        calls.append(config.num_workers)
+        if len(calls) == 2:
+            Finalised()
+        return TrialResult(config, samples_per_s=100.0 + len(calls), batches=20)
+
+    monkeypatch.setattr(trials_module, "run_trial", trial)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            tune(InMemory(n=64), batch_size=4, budget=5, max_workers=4)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert len(calls) == 2, f"tuning went on after the Ctrl-C: {len(calls)} trials"
