@@ -318,9 +318,10 @@ def _recording_hand_overs(monkeypatch, *, kill_tail=False):
 
     def recording(self, stage, *, same_tail):
         in_flight = stage.part.pulled - stage.run.record.delivered
-        phase, following = real(self, stage, same_tail=same_tail)
+        phase = real(self, stage, same_tail=same_tail)
+        following = self.started
         if phase == "serving":  # the search kept this configuration: no switch
-            return phase, following
+            return phase
         tail = stage.part.limit - stage.run.record.delivered if phase == "tail" else None
         records.append((stage.config.num_workers, in_flight, tail,
                         following.config.num_workers if following else None))
@@ -329,7 +330,7 @@ def _recording_hand_overs(monkeypatch, *, kill_tail=False):
             for proc in workers:
                 proc.kill()
             _until_dead(workers)
-        return phase, following
+        return phase
 
     monkeypatch.setattr(EpochScheduler, "_decide", recording)
     return records
