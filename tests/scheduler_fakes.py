@@ -216,6 +216,6 @@ def serve(plan: ScriptedPlan, *, coordinator: Optional[Coordinator] = None, monk
     try:
         for batch in epoch.batches():
             got.extend(int(i) for i in batch)
-    except (RuntimeError, KeyboardInterrupt) as exc:  # a failure of the configuration in force reaches the loop, as
-        error = exc                                     # a DataLoader's would, and a Ctrl-C does
+    except (RuntimeError, KeyboardInterrupt) as exc:  # the configuration in force failing, as a DataLoader's would
+        error = exc
     return {"got": got, "runs": runs, "moves": moves, "source": source, "error": error}

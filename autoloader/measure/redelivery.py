@@ -11,7 +11,6 @@ from types import FrameType
 from typing import Any, Callable, List, Optional, Protocol
 
 
-
 class Keeper(Protocol):
     """What these helpers ask of a guard (``signals.SignalGuard``)."""
 

@@ -15,10 +15,10 @@
 #   ``os.fork()`` runs, such as logging's lock release, where a Ctrl-C while workers were forked was lost), a
 #   handler's exception is kept, not raised, and a 10 ms timer (SIGALRM) retries until the thread is somewhere safe.
 #   A loop that forks workers spends nearly all its time in such code, so the retries seldom land (a Ctrl-C while 64
-#   workers started waited 0.4-1 s): while one is kept, a line tracer (``redelivery.LineTrap``) on the interrupted frames and
-#   every frame they call raises it at the first line that runs where neither its frame nor any caller is unsafe
-#   (``unsafe.unsafe_anywhere``), such as the DataLoader's loop between two forks. It is installed only when no other
-#   tracer is (a debugger, coverage), since raising from a tracer unsets it; then the timer alone retries.
+#   workers started waited 0.4-1 s): while one is kept, a line tracer (``redelivery.LineTrap``) on the interrupted
+#   frames and every frame they call raises it at the first line that runs where neither its frame nor any caller is
+#   unsafe (``unsafe.unsafe_anywhere``), such as the DataLoader's loop between two forks. It is installed only when no
+#   other tracer is (a debugger, coverage), since raising from a tracer unsets it; then the timer alone retries.
 #   A handler's own code is unsafe too: the retry timer firing while the SIGINT handler still runs (a 10 ms timer on
 #   a loaded machine) raised the Ctrl-C inside that handler, hence in the fork callback it interrupted, where it was
 #   dropped (1 Ctrl-C of 80 lost in a stress run; tuning went on for 8 s). As a last net, while a guard is active

@@ -171,9 +171,8 @@ class EpochScheduler:
         except BaseException as exc:  # noqa: B036 - classified below; GeneratorExit and Ctrl-C re-raised there
             error = exc
         finally:
-            if error is not None:
+            if error is not None:  # the run stopped already, unless a Ctrl-C landed as its own cleanup began
                 self._abort_started(error, also=run)  # the later slice first: its batches go back behind this one's
-            run.stop(error)  # done already, unless a Ctrl-C landed as the run's own cleanup began
             self.in_force = None
             part.delivered(run.record.delivered)
             self.plan.spent(run, time.perf_counter() - began)

@@ -105,7 +105,7 @@ def test_the_configuration_in_force_fails_as_a_dataloader_does(monkeypatch):
     assert served["runs"][0].stopped == "failed"
 
 
-# -- signals between two stages -----------------------------------------------------------------------------------------
+# -- signals between two stages ----------------------------------------------------------------------------------------
 
 @pytest.fixture
 def raising_signals():
