@@ -167,7 +167,9 @@ class RngState:
                 raise StateError(f"{where}['generators'] names {role!r}, which is none of {ROLES}")
             raw = _rng_bytes(text, f"{where}['generators'][{role!r}]", _TORCH_STATE_BYTES)
             decoded[role] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-        samplers = data.get("samplers")
+        if "samplers" not in data:  # not digested: absent would read as "not taken" and drop the samplers' states
+            raise StateError(f"{where} has no 'samplers' (None when they were not taken)")
+        samplers = data["samplers"]
         if samplers is not None:
             _need(samplers, dict, f"{where}['samplers']")
         return cls(Ambient.from_json(data.get("ambient"), f"{where}['ambient']"), decoded, samplers)

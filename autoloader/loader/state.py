@@ -107,6 +107,10 @@ class LoaderState:
                              ) from None
 
 
+_KEYS = ("format", *(f.name for f in dataclasses.fields(LoaderState)), "digest")
+"""Every field ``LoaderState.to_json`` writes."""
+
+
 def _parsed(state: Any) -> LoaderState:
     if not isinstance(state, dict):
         raise StateError(f"the state must be a dict from PrefetchLoader.state_dict(), got {type(state).__name__}")
@@ -116,6 +120,10 @@ def _parsed(state: Any) -> LoaderState:
     if state.get("digest") != _digest({k: v for k, v in state.items() if k != "digest"}):
         raise StateError("the state does not match its digest (state['digest']): it was changed or truncated after "
                          "state_dict() made it")
+    missing = [name for name in _KEYS if name not in state]
+    if missing:  # the digest covers the others; the stream's own state may be None, never absent
+        raise StateError(f"the state has no {', '.join(map(repr, missing))}: state_dict() writes every field, None "
+                         f"where there is nothing to keep")
     fields: List[Any] = [state.get(k) for k in ("epoch", "batches", "length", "drawn")]  # checked below
     epoch, batches, length, drawn = fields
     _field(_is_int(epoch) and epoch >= 0, "epoch", "an int >= 0")
