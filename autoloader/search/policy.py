@@ -71,14 +71,20 @@ def workers_needed(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float, usa
 
 
 def predict_from_workers(trial: TrialResult, *, batch_size: int, consumer_s: float, usable_cpus: int,
-                         cap: int) -> Optional[int]:
+                         cap: int, serial_samples_per_s: Optional[float] = None,
+                         tolerance: float = DEFAULT_TOLERANCE) -> Optional[int]:
     """Workers that should meet the consumer or fill the CPUs, extrapolated from a trial with workers.
 
     Assumes throughput grows with the worker count at the measured per-worker rate, until the measured CPU use per
-    worker fills the usable CPUs. None when the trial lacks the figures.
+    worker fills the usable CPUs. None when the trial lacks the figures, or when it did not beat the serial rate
+    (``serial_samples_per_s``) by more than half the ``tolerance``: the workers added nothing, so the limit is the main
+    process or the hand-over, and their low CPU use says nothing about how many more would pay (measured on an H200
+    machine: 16 workers at 7 % CPU each, slower than none, extrapolated to 128, a trial that could not even start).
     """
     n = trial.config.num_workers
     if not trial.ok or n == 0:
+        return None
+    if serial_samples_per_s is not None and rate(trial) <= (1.0 + tolerance / 2) * serial_samples_per_s:
         return None
     per_worker = rate(trial) / n
     target = HEADROOM * batch_size / consumer_s if consumer_s > 0 else math.inf

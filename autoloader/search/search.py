@@ -177,8 +177,10 @@ class Search:
             return
         trial = yield from self.run(self.config(first))
         if trial is not None:
+            serial_rate = threads_policy.rate(serial) if serial is not None and serial.ok else None
             second = policy.predict_from_workers(trial, batch_size=self.settings.batch_size, consumer_s=consumer_s,
-                                                 usable_cpus=self.settings.usable, cap=self.settings.cap)
+                                                 usable_cpus=self.settings.usable, cap=self.settings.cap,
+                                                 serial_samples_per_s=serial_rate, tolerance=self.settings.tolerance)
             if second is not None and second != first and second <= self.climb_cap():
                 yield from self.run(self.config(second))
         yield from self.follow(policy.next_worker_count)

@@ -372,17 +372,18 @@ def test_slow_loader_stalls_and_slow_consumer_does_not():
 
 @pytest.mark.cuda
 @cuda
-def test_cuda_one_stream_across_epochs():
+def test_cuda_one_stream_across_epochs_and_loaders():
+    # NOTE [ One side stream per device ]: the device's stream, not the loader's (run on an H200, 2026-12-04)
     loader = PrefetchLoader(DataLoader(Images(8), batch_size=2), device="cuda")
-    assert loader.stream is None
-    list(loader)
     stream = loader.stream
     assert isinstance(stream, torch.cuda.Stream)
+    list(loader)
     for i, _ in enumerate(loader):
         if i == 1:
             break
     list(loader)
     assert loader.stream is stream
+    assert PrefetchLoader(DataLoader(Images(8), batch_size=2), device="cuda").stream is stream
 
 
 @pytest.mark.cuda

@@ -84,6 +84,17 @@ def test_predict_from_workers_extrapolates_per_worker_rate_and_cpu():
     assert policy.predict_from_workers(trial(4, 100), batch_size=32, consumer_s=0.0, usable_cpus=2, cap=64) is None
 
 
+@pytest.mark.parametrize("workers_rate, serial_rate, expected", [
+    (9037, 11922, None),    # H200, in-memory dict samples: 16 idle workers slower than none -> nothing to extrapolate
+    (12100, 11922, None),   # within half the tolerance of serial: the workers added nothing
+    (12400, 11922, 128),    # 4 % over serial: they did add, extrapolate by their CPU (16 / 0.07 -> 228, capped)
+    (9037, None, 128),      # no serial figure: extrapolate as before
+])
+def test_predict_from_workers_needs_workers_that_beat_serial(workers_rate, serial_rate, expected):
+    assert policy.predict_from_workers(trial(16, workers_rate, util=0.07), batch_size=64, consumer_s=0.0,
+                                       usable_cpus=16, cap=128, serial_samples_per_s=serial_rate) == expected
+
+
 @pytest.mark.parametrize("rates, expected", [
     ({0: 50, 8: 400}, 16),                      # still climbing: double
     ({0: 50, 8: 400, 16: 800, 32: 1500}, 64),

@@ -127,3 +127,18 @@ def test_no_candidate_climbs_past_one_that_keeps_up_with_the_step():
     first_up = next(i for i, n in enumerate(counts) if n and min(4000.0, n * 250.0) >= 0.95 * 4000.0)
     assert all(n < counts[first_up] for n in counts[first_up + 1:]), f"then only fewer: {counts}"
     assert result.num_workers == 16, counts
+
+
+def handover_bound(config: LoaderConfig) -> TrialResult:
+    """In-memory samples: the main process receiving batches is the limit, so workers are slower than none and idle
+    (7 % CPU each), whatever their number (gpu_check's dict_batches_input_key on an H200: 16 workers at 9,037
+    samples/s against 11,922 serial, then a 128-worker trial that could not start within its limit)."""
+    return fake(config, 11922.0 if config.num_workers == 0 else 9037.0, util=0.07)
+
+
+def test_workers_slower_than_none_are_not_extrapolated():
+    asked, result = drive(handover_bound, threads=False)
+    counts = [c.num_workers for c in asked]
+    first = counts[1]
+    assert max(counts) == first, f"no larger count after workers lost to none: {counts}"
+    assert result.num_workers == 0, result
