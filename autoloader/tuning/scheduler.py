@@ -12,7 +12,8 @@ measurement is complete, and what happens then (``EpochScheduler``; the search b
 #                                       switch ] in handover.py); this one serves what it holds in flight
 #   measuring  plain-switch  next       the ranks' tails differ: stop now, its in-flight batches re-issued
 #   measuring  ended         done       the epoch ended first: the search is told what the window holds, or the
-#                                       candidate goes on next epoch when its window never opened (MAX_ATTEMPTS)
+#                                       candidate goes on next epoch when its window never opened
+#                                       (online_search.MAX_ATTEMPTS)
 #   measuring  failed        next       the candidate's failure (failures.classify) told to the search; its
 #                                       undelivered batches re-issued to the next stage
 #   tail       batch         tail       hand it out, measured by nobody
@@ -49,10 +50,6 @@ from ..results import EpochTrace, TrialResult
 from .handover import Stage, tail_extra
 
 log = logging.getLogger("autoloader.online")
-
-MAX_ATTEMPTS = 2
-"""Epochs a candidate may be cut short by the epoch's end before its window opened, before its partial measurement is
-taken as it is (a window that opened and holds a few batches is taken at once, marked not steady)."""
 
 TRANSITIONS: Dict[Tuple[str, str], str] = {
     ("measuring", "batch"): "measuring", ("measuring", "keep"): "serving", ("measuring", "switch"): "tail",
