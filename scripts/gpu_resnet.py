@@ -1,11 +1,12 @@
 #!/usr/bin/env python
 """The tuned loader against the usual fixed rules with a real training step on a real GPU.
 
-    PYTHONPATH=. python scripts/gpu_resnet.py                 # ResNet-18 and ResNet-50, about 2-3 minutes on an H200
+    PYTHONPATH=. python scripts/gpu_resnet.py                 # ResNet-18 and ResNet-50: a few minutes on an H200
     PYTHONPATH=. python scripts/gpu_resnet.py --models resnet18 --batches 40
     PYTHONPATH=. python scripts/gpu_resnet.py --cpu-dry-run   # the same code on the CPU, a tiny model, small sizes
 
-Data: ``autotune``'s demo images (decoded, cropped, jittered and blurred per sample in numpy: 1-2 ms of one core each).
+Data: ``autotune``'s demo images at 96x96 (decoded, cropped, jittered and blurred per sample in numpy: about 2.5 ms of
+one core each, measured on the H200 machine's CPUs).
 Step: a torchvision ResNet forward/backward/SGD step under bf16 autocast, channels_last, queued asynchronously (the
 loop never synchronises but for a loss read back every 10 batches, as a logging loop does).
 
@@ -31,9 +32,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from autoloader import make_loader  # noqa: E402
+from autoloader import make_loader, probe_machine  # noqa: E402
 from autoloader.cli.demo import DemoImages, cores_rule_workers  # noqa: E402
-from autoloader import probe_machine  # noqa: E402
 
 
 def _model(name: str, device: torch.device) -> torch.nn.Module:

@@ -46,7 +46,7 @@ class Window:
 
 
 class FakeServing:
-    """No process behind it: nothing for ``serving.terminate_together`` to signal."""
+    """No process behind it: nothing to signal."""
 
     stopped = False
 

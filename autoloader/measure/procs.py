@@ -3,14 +3,19 @@
 # NOTE [ Process cleanup ]
 # A trial's DataLoader workers are reaped in its ``finally``, inside ``SignalGuard.shield()`` (no signal raises there:
 # see NOTE [ Asynchronous exceptions ] in signals.py), in these steps:
-# 1. When the trial failed (a worker died, the limit passed, the dataset or the step raised, Ctrl-C), ``terminate()``
-#    stops every worker first: SIGTERM, which makes a DataLoader worker exit with status 0 (torch's worker signal
-#    handler), then SIGKILL after a short wait for one that ignores it. Otherwise the DataLoader's own shutdown would
-#    wait up to 5 s for each stuck worker in turn, and Ctrl-C while 36 of 64 workers were still starting took 6.5 s.
-# 2. Drop every reference to the DataLoader iterator, including the ones a pending exception's traceback holds
-#    through its frames (``traceback.clear_frames``), then ``gc.collect()``. The iterator's ``__del__`` runs the
-#    DataLoader's own shutdown: it signals the workers, joins them and closes its queues. This is the public way; we
-#    never call ``_shutdown_workers`` ourselves.
+# 1. Drop every reference to the DataLoader iterator, including the ones a pending exception's traceback holds
+#    through its frames (``traceback.clear_frames``), then ``gc.collect()`` when one survived. The iterator's
+#    ``__del__`` runs the DataLoader's own shutdown: it sets the workers' done event, sends each a stop, joins them
+#    and closes its queues. This is the public way.
+# 2. When the trial failed (a worker died, the limit passed, the dataset or the step raised, Ctrl-C), the shutdown
+#    must run now, and it would wait up to 5 s for each stuck worker in turn (Ctrl-C while 36 of 64 workers were still
+#    starting took 6.5 s). So ``drop_failed`` drops our references as in 1. and, when something else still holds the
+#    iterator (a frame of the traceback being handled), calls its ``_shutdown_workers`` itself (torch has no public
+#    close); a helper thread beside it ``terminate()``s the workers still running ``KILL_AFTER_S`` later: SIGTERM (a
+#    DataLoader worker then exits at once, torch's worker signal handler), then SIGKILL for one that ignores it.
+#    Never before the shutdown began: a worker checks the done event under the event's lock, which is shared with
+#    this process, and one killed while holding it leaves ``Event.set()`` in the shutdown blocked forever (the stress
+#    run of 2026-12-04 hung so, 1 Ctrl-C in 240, when the workers were terminated first).
 # 3. ``reap()`` then checks, with psutil, the processes that appeared during the trial. Any still running after a
 #    grace period (a worker stuck in uninterruptible user code) gets SIGTERM, then SIGKILL.
 # 4. An online candidate stopped in order is shut down in a helper thread (``retire``): the next one starts
@@ -126,6 +131,52 @@ def drop(references: List[Any], *, collect: bool = False) -> None:
     references.clear()
     if collect or (watched is not None and watched() is not None):
         gc.collect()
+
+
+KILL_AFTER_S = 0.25
+"""How long a failed run's DataLoader shutdown waits for a worker before it is terminated (see NOTE
+[ Process cleanup ], 2.): a worker that is not stuck stops within milliseconds of being told to, one busy with a sample
+once that sample is done."""
+
+
+def drop_failed(references: List[Any], workers: List[psutil.Process], *, collect: bool) -> None:
+    """``drop`` for a run that failed (NOTE [ Process cleanup ], 2.): the DataLoader iterator's own shutdown tells
+    ``workers`` to stop, now, and a helper thread terminates those still running ``KILL_AFTER_S`` later while the
+    shutdown joins them. Their deaths are first taken out of what torch's SIGCHLD handler watches (the run's outcome
+    is decided). ``collect``: then a full ``gc.collect()`` (what a failed ``iter()`` built holds pipes)."""
+    if references:
+        torch_watch.unwatch(references[0])
+    try:
+        watched: Optional[weakref.ref] = weakref.ref(references[0]) if references else None
+    except TypeError:  # None, or a type without weak references
+        watched = None
+    dropped = threading.Event()
+
+    def stragglers() -> None:
+        if not dropped.wait(KILL_AFTER_S):
+            terminate(workers, why=f"still ran {KILL_AFTER_S} s into their DataLoader's shutdown")
+
+    killer = threading.Thread(target=stragglers, name="autoloader-stragglers", daemon=True)
+    killer.start()
+    try:
+        references.clear()  # the public way: the iterator's __del__ runs its shutdown here, when ours were the last
+        survivor = watched() if watched is not None else None
+        if survivor is not None:
+            _shut_down(survivor)
+            del survivor
+    finally:
+        dropped.set()
+        killer.join()
+    if collect:
+        gc.collect()
+
+
+def _shut_down(iterator: Any) -> None:
+    """The shutdown of a DataLoader iterator that something else still references (a frame of the traceback being
+    handled), called directly: torch has no public way to close an iterator. Its ``__del__`` does nothing more later."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if callable(shutdown):
+        shutdown()
 
 
 def retire(references: List[Any], workers: List[psutil.Process]) -> threading.Thread:

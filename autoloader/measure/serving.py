@@ -161,10 +161,11 @@ class Serving:
         if error is None and self.retire:
             self.crew.retiring = _procs.retire(references, workers)
             return
-        if error is not None:
-            _procs.terminate(workers)
         with quiet_half_built_iterators():
-            _procs.drop(references, collect=error is not None and not isinstance(error, KeyboardInterrupt))
+            if error is None:
+                _procs.drop(references)
+            else:
+                _procs.drop_failed(references, workers, collect=not isinstance(error, KeyboardInterrupt))
         _procs.reap(workers)
 
 
@@ -186,14 +187,3 @@ def quiet_half_built_iterators() -> Iterator[None]:
         yield
     finally:
         sys.unraisablehook = previous
-
-
-def terminate_together(servings: List["Serving"]) -> None:
-    """SIGTERM (then SIGKILL) the workers of every serving still running, all at once: the two DataLoaders of a
-    hidden switch that a failure or Ctrl-C stops would otherwise each wait for their own workers in turn (NOTE
-    [ Process cleanup ] in procs.py). Each is then stopped as usual and finds its workers gone (the set found here is
-    kept: looking for them again costs up to 0.2 s under load)."""
-    running = [serving for serving in servings if not serving.stopped]
-    for serving in running:
-        serving.keep_workers()
-    _procs.terminate([worker for serving in running for worker in serving.crew.current()])

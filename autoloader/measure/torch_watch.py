@@ -18,8 +18,8 @@ def install_first() -> None:
 
 
 def unwatch(iterator: Any) -> None:
-    """Take ``iterator``'s workers out of what the handler watches (NOTE [ Process cleanup ] in procs.py, step 4), as
-    the iterator's own shutdown does last."""
+    """Take ``iterator``'s workers out of what the handler watches (NOTE [ Process cleanup ] in procs.py, steps 2 and
+    4), as the iterator's own shutdown does last."""
     from torch.utils.data._utils import signal_handling
 
     remove = getattr(signal_handling, "_remove_worker_pids", None)

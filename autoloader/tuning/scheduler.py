@@ -43,7 +43,6 @@ from ..errors import TuningError
 from ..loader.slices import EpochSource
 from ..measure.failures import classify, failure_reason
 from ..measure.run import END, Run
-from ..measure.serving import terminate_together
 from ..measure.signals import SignalGuard
 from ..measure.window import samples_in
 from ..results import EpochTrace, TrialResult
@@ -179,12 +178,12 @@ class EpochScheduler:
         return "next" if error is not None else phase
 
     def _abort_started(self, error: BaseException, *, also: Optional[Run] = None) -> None:
-        """A failure or Ctrl-C: the stage a switch started stops (its workers terminated with ``also``'s, at once), in
-        the epoch guard's shield (its workers dying as they stop are no later stage's failure)."""
+        """A failure or Ctrl-C: the stage a switch started stops, then ``also`` (each DataLoader's workers told to stop,
+        stragglers terminated: NOTE [ Process cleanup ], 2.), in the epoch guard's shield (its workers dying as they
+        stop are no later stage's failure)."""
         started, self.started = self.started, None
         with self.guard.shield():
             if started is not None:
-                terminate_together([started.run.serving] + ([also.serving] if also is not None else []))
                 started.abort(error)
             if also is not None:
                 also.stop(error)

@@ -1,14 +1,20 @@
 """``procs.drop``: letting go of a DataLoader iterator runs its shutdown at once, and pays for a full garbage
-collection only when a reference cycle holds the iterator (NOTE [ Process cleanup ], step 2)."""
+collection only when a reference cycle holds the iterator (NOTE [ Process cleanup ], step 1); a failed run's workers are
+terminated only once that shutdown told them to stop (step 2)."""
 from __future__ import annotations
 
 import gc
+import time
 import weakref
 
+import psutil
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 from autoloader.measure import procs
+from autoloader.measure.serving import Serving
+from autoloader.measure.signals import SignalGuard
 from workloads import LatencyBound
 
 
@@ -55,3 +61,39 @@ def test_an_iterator_held_by_a_reference_cycle_is_collected(collections):
 def test_nothing_to_free_costs_no_collection(references, collections):
     procs.drop(references)
     assert references == [] and collections == []
+
+
+class StuckAfter:
+    """Samples 0 and 1 at once, then every worker blocks in ``__getitem__`` for a minute (a stuck read)."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> int:
+        if index >= 2:
+            time.sleep(60)
+        return index
+
+
+def test_a_failed_stop_terminates_workers_only_after_their_shutdown_began(monkeypatch):
+    # The stress run of 2026-12-04 hung 1 Ctrl-C in 240: the workers were SIGTERMed first, one of them while it held
+    # the done event's lock (shared with this process), and the DataLoader's shutdown then blocked in Event.set().
+    loader = DataLoader(StuckAfter(), batch_size=1, num_workers=2, multiprocessing_context="fork")
+    serving = Serving(loader, guard=SignalGuard(limit_s=None), retire=False)
+    assert [serving.next()[0] for _ in range(2)] == [torch.tensor([0]), torch.tensor([1])]
+    done = serving._it._workers_done_event  # private, read only to check the order (the iterator is not held)
+    workers = serving.crew.current()
+    assert len(workers) == 2
+    seen = []
+    real = procs.terminate
+
+    def terminate(procs_, **kwargs):
+        seen.append(done.is_set())
+        return real(procs_, **kwargs)
+
+    monkeypatch.setattr(procs, "terminate", terminate)
+    began = time.monotonic()
+    serving.stop(RuntimeError("the candidate failed"))
+    assert time.monotonic() - began < 10
+    assert seen == [True], "stuck workers terminated, and only once their shutdown had set the done event"
+    assert not [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
