@@ -1,7 +1,7 @@
 """Ctrl-C at one point of a candidate's life (tests/measure/test_interrupt.py runs it in its own process).
 
-argv: mode (trials|online), point (create|first|window|switch). A profile hook sends SIGINT to this process the first
-time that point is reached; the script prints one JSON line: what was raised, how long after the signal, and the
+argv: mode (trials|online), point (create|fork|first|window|switch). A profile hook sends SIGINT to this process the
+first time that point is reached; the script prints one JSON line: what was raised, how long after the signal, and the
 children still alive 3 s later.
 """
 import json
@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 
+import multiprocessing.process
 import psutil
 import torch
 from torch.utils.data import Dataset
@@ -19,6 +20,7 @@ import autoloader.measure.window as window_module
 
 MODE, POINT = sys.argv[1], sys.argv[2]
 sent = {}
+starts = []
 
 
 class Slow(Dataset):
@@ -41,6 +43,10 @@ def should_fire(frame, event) -> bool:
     if POINT == "create":
         return code.co_name == "__init__" and code.co_filename.endswith("dataloader.py") and \
             type(frame.f_locals.get("self")).__name__ == "_MultiProcessingDataLoaderIter"
+    if POINT == "fork":  # the third worker of the first worker candidate starts: its iterator is half built
+        if code is multiprocessing.process.BaseProcess.start.__code__:
+            starts.append(1)
+        return len(starts) == 3
     if POINT == "first":
         return code.co_name == "_next_data" and code.co_filename.endswith("dataloader.py") and \
             type(frame.f_locals.get("self")).__name__ == "_MultiProcessingDataLoaderIter"

@@ -15,7 +15,9 @@
 #    DataLoader worker then exits at once, torch's worker signal handler), then SIGKILL for one that ignores it.
 #    Never before the shutdown began: a worker checks the done event under the event's lock, which is shared with
 #    this process, and one killed while holding it leaves ``Event.set()`` in the shutdown blocked forever (the stress
-#    run of 2026-12-04 hung so, 1 Ctrl-C in 240, when the workers were terminated first).
+#    run of 2026-12-04 hung so, 1 Ctrl-C in 240, when the workers were terminated first). Workers no shutdown reaches
+#    (Ctrl-C while ``iter()`` was forking them: the half-built iterator's ``__del__`` fails) are terminated as soon as
+#    it returned: nothing will use their event again (waiting for them instead took 5 s in 35 of 80 stress Ctrl-Cs).
 # 3. ``reap()`` then checks, with psutil, the processes that appeared during the trial. Any still running after a
 #    grace period (a worker stuck in uninterruptible user code) gets SIGTERM, then SIGKILL.
 # 4. An online candidate stopped in order is shut down in a helper thread (``retire``): the next one starts
@@ -142,8 +144,9 @@ once that sample is done."""
 def drop_failed(references: List[Any], workers: List[psutil.Process], *, collect: bool) -> None:
     """``drop`` for a run that failed (NOTE [ Process cleanup ], 2.): the DataLoader iterator's own shutdown tells
     ``workers`` to stop, now, and a helper thread terminates those still running ``KILL_AFTER_S`` later while the
-    shutdown joins them. Their deaths are first taken out of what torch's SIGCHLD handler watches (the run's outcome
-    is decided). ``collect``: then a full ``gc.collect()`` (what a failed ``iter()`` built holds pipes)."""
+    shutdown joins them; any left once it returned (a half-built iterator's, which no shutdown reaches) at once. Their
+    deaths are first taken out of what torch's SIGCHLD handler watches (the run's outcome is decided). ``collect``:
+    then a full ``gc.collect()`` (what a failed ``iter()`` built holds pipes)."""
     if references:
         torch_watch.unwatch(references[0])
     try:
@@ -167,6 +170,9 @@ def drop_failed(references: List[Any], workers: List[psutil.Process], *, collect
     finally:
         dropped.set()
         killer.join()
+    # Workers no shutdown reaches: an iterator half built when Ctrl-C came (it had forked some; its __del__ ran as the
+    # traceback's frames were cleared, and failed), or none at all. Nothing will set their event now.
+    terminate(workers, why="outlived their DataLoader's shutdown")
     if collect:
         gc.collect()
 

@@ -14,7 +14,7 @@ REPO = TESTS.parent
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point", ["create", "first", "window", "switch"])
+@pytest.mark.parametrize("point", ["create", "fork", "first", "window", "switch"])
 @pytest.mark.parametrize("mode", ["trials", "online"])
 def test_ctrl_c_raises_keyboard_interrupt_quickly_and_leaves_no_child(mode, point):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS)]))
