@@ -138,12 +138,18 @@ def test_no_hang_in_hundreds_of_fault_runs():
     assert all(r["result"].get("every_sample_thrice") for r in by["online-killed"]), \
         [r["result"] for r in by["online-killed"]][:5]
     assert any(r["result"].get("failed") for r in by["online-killed"]), "no candidate's workers died in any run"
-    lost = [r for s in INTERRUPTS for r in by[s] if not r["hang"] and r["rc"] == 0
-            and r["result"].get("returned", 0.0) > r["signalled"]]
+    lost = [r for s in INTERRUPTS for r in by[s] if not r["hang"] and r["result"].get("returned", 0.0) > r["signalled"]]
     assert not lost, f"{len(lost)} Ctrl-C(s) lost: the loop went on and returned normally, {lost[:2]}"
-    interrupted = [r for s in INTERRUPTS for r in by[s] if r["result"].get("interrupted") or r["rc"] != 0]
+    # A Ctrl-C sent once the scenario had returned lands in the interpreter's exit: SIGINT's default disposition is
+    # back by then, and the process ends with -2 and nothing on stderr (4 of 6 by hand, 2026-12-04). Not ours to judge.
+    late = [r for s in INTERRUPTS for r in by[s] if not r["hang"] and r["result"].get("returned") is not None
+            and r["result"]["returned"] <= r["signalled"]]
+    print(f"Ctrl-Cs sent after the scenario had returned: {len(late)}")
+    interrupted = [r for s in INTERRUPTS for r in by[s]
+                   if (r["result"].get("interrupted") or r["rc"] != 0) and r not in late]
     assert interrupted, "no Ctrl-C landed during tuning"
     other = [r for r in interrupted if r["rc"] != 0 and not _keyboard_interrupt_only(r["stderr"])]
-    assert not other, f"{len(other)} Ctrl-C(s) ended in another error; the first:\n{other[0]['stderr']}"
+    assert not other, (f"{len(other)} Ctrl-C(s) ended in another error; the first (rc {other[0]['rc']}, result "
+                       f"{other[0]['result']}, signalled at {other[0]['signalled']}):\n{other[0]['stderr']}")
     slow = [r["after_signal"] for r in interrupted if r["after_signal"] > INTERRUPT_WITHIN_S]
     assert not slow, f"Ctrl-C took longer than {INTERRUPT_WITHIN_S} s to end the process: {sorted(slow)}"
