@@ -126,13 +126,19 @@ def drop(references: List[Any], *, collect: bool = False) -> None:
     held by a reference cycle (a traceback's frames), or when ``collect`` (a failure: what a failed ``iter()`` built
     holds pipes the next trial needs; a retired candidate, see ``retire``). Whether the others survive is not ours to
     change: the online scheduler still holds a candidate's loader, and collecting for it cost every Ctrl-C 0.25 s."""
-    try:
-        watched: Optional[weakref.ref] = weakref.ref(references[0]) if references else None
-    except TypeError:  # None, or a type without weak references
-        watched = None
+    watched = _watch(references)
     references.clear()
     if collect or (watched is not None and watched() is not None):
         gc.collect()
+
+
+def _watch(references: List[Any]) -> Optional[weakref.ref]:
+    """A weak reference to the iterator ``references`` starts with, to see whether it outlives their drop; None when
+    there is none (or it takes no weak reference)."""
+    try:
+        return weakref.ref(references[0]) if references else None
+    except TypeError:  # None, or a type without weak references
+        return None
 
 
 KILL_AFTER_S = 0.25
@@ -149,10 +155,7 @@ def drop_failed(references: List[Any], workers: List[psutil.Process], *, collect
     then a full ``gc.collect()`` (what a failed ``iter()`` built holds pipes)."""
     if references:
         torch_watch.unwatch(references[0])
-    try:
-        watched: Optional[weakref.ref] = weakref.ref(references[0]) if references else None
-    except TypeError:  # None, or a type without weak references
-        watched = None
+    watched = _watch(references)
     dropped = threading.Event()
 
     def stragglers() -> None:
