@@ -64,8 +64,8 @@ class FakeRun:
 
     def __init__(self, part: Any, config: LoaderConfig, *, rate: float, measure_after: Optional[int],
                  fail_at: Optional[int] = None, fail: Optional[BaseException] = None,
-                 guard: Optional[SignalGuard] = None) -> None:
-        self.part, self.config, self.rate, self.guard = part, config, rate, guard
+                 guard: Optional[SignalGuard] = None, plan: Any = None) -> None:
+        self.part, self.config, self.rate, self.guard, self.plan = part, config, rate, guard, plan
         self.measure_after, self.fail_at, self.fail = measure_after, fail_at, fail
         self.record, self.window, self.serving = Record(), Window(), FakeServing(config)
         self.result: Optional[TrialResult] = None
@@ -116,6 +116,13 @@ class FakeRun:
     def give_back(self) -> None:
         self.record.delivered -= 1
 
+    def measure_again(self, *, bound_s: float) -> None:
+        """The scripted search named this configuration again: its next step's window counts from now."""
+        step = self.plan.candidate if self.plan is not None else None
+        after = step.measure_after if step is not None else None
+        self.measure_after = None if after is None else self.record.delivered + after
+        self.measuring, self.result = True, None
+
     def finish(self) -> None:
         if self.measuring and self.window.opened():
             self.measure()
@@ -127,18 +134,26 @@ class FakeRun:
 
 @dataclass
 class Step:
-    """One candidate the scripted search names: its configuration and what its fake run does."""
+    """One candidate the scripted search names: its configuration and what its fake run does (a ``Candidate`` as the
+    scheduler reads it: ``config``, ``probe``, ``gain``)."""
 
     workers: int
     rate: float
     measure_after: Optional[int] = 6
     fail_at: Optional[int] = None
+    probe: bool = False
+    gain: float = 0.0
+
+    @property
+    def config(self) -> LoaderConfig:
+        return config_of(self.workers)
 
 
 class ScriptedPlan:
     """A search that names ``steps`` in order, then decides on ``decide`` (workers)."""
 
     threads_tuned = False
+    probes_samples = False
 
     def __init__(self, steps: Sequence[Step], decide: int) -> None:
         self.steps, self.decide = list(steps), LoaderConfig(decide, 2) if decide else LoaderConfig(0)
@@ -151,9 +166,12 @@ class ScriptedPlan:
     def candidate(self) -> Optional[Step]:
         return self.steps[0] if self.steps else None
 
-    def tell(self, outcome: TrialResult) -> None:
+    def tell(self, outcome: TrialResult, *, epoch: int) -> None:
         self.told.append((outcome.config.num_workers, outcome.status))
         self.steps.pop(0)
+
+    def early(self, estimate: Any, *, epoch: int) -> None:
+        return None
 
     def keeps(self, config: LoaderConfig) -> bool:
         return not self.steps and config.same_candidate(self.decide)
@@ -184,9 +202,10 @@ def config_of(workers: int) -> LoaderConfig:
 
 
 def serve(plan: ScriptedPlan, *, coordinator: Optional[Coordinator] = None, monkeypatch: Any,
-          guarded: bool = False) -> Dict[str, Any]:
+          guarded: bool = False, repays: bool = True) -> Dict[str, Any]:
     """One epoch of ``BATCHES`` batches of 2 indices served by the scheduler: what the loop got, the stages, the moves.
-    ``guarded``: each run has a real signal guard, worker deaths held (else none)."""
+    ``guarded``: each run has a real signal guard, worker deaths held (else none); ``repays``: whether every switch
+    repays itself before the epoch ends (``online_policy.repays``: the fake epoch lasts microseconds)."""
     moves: List[Tuple[str, str]] = []
 
     def recording(phase: str, event: str) -> str:
@@ -194,10 +213,11 @@ def serve(plan: ScriptedPlan, *, coordinator: Optional[Coordinator] = None, monk
         return TRANSITIONS[(phase, event)]
 
     monkeypatch.setattr(scheduler_module, "transition", recording)
+    monkeypatch.setattr(scheduler_module, "repays", lambda **_: repays)
     source = EpochSlicer(DataLoader(list(range(2 * BATCHES)), batch_size=2)).epoch()
     runs: List[FakeRun] = []
 
-    def build(epoch: EpochSource, after: Optional[FakeRun]) -> Stage:
+    def build(epoch: EpochSource, after: Optional[FakeRun], bound_s: float) -> Stage:
         step = plan.candidate
         config = config_of(step.workers) if step is not None else plan.decide
         part = epoch.take(None)
@@ -205,7 +225,7 @@ def serve(plan: ScriptedPlan, *, coordinator: Optional[Coordinator] = None, monk
         run = FakeRun(part, config, rate=step.rate if step else 0.0,
                       measure_after=step.measure_after if step else None, fail_at=step.fail_at if step else None,
                       fail=RuntimeError("DataLoader worker (pid 1) is killed by signal: Killed.") if step else None,
-                      guard=SignalGuard(hold_worker_errors=True) if guarded else None)
+                      guard=SignalGuard(hold_worker_errors=True) if guarded else None, plan=plan)
         runs.append(run)
         return Stage(part, run, step)
 

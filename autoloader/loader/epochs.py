@@ -53,7 +53,14 @@ class EpochStats:
     def stall_fraction(self) -> float:
         """The share of the epoch the loop waited for data, ``wait_s / wall_s`` (0 to 1; 0 before any time passed).
         Near 0: the input pipeline keeps up; near 1: the step (the GPU) starves."""
-        return self.wait_s / self.wall_s if self.wall_s > 0 else 0.0
+        return stall_fraction(self.wait_s, self.wall_s)
+
+
+def stall_fraction(wait_s: float, span_s: float) -> float:
+    """THE stall fraction: the share of ``span_s`` seconds the loop spent waiting for data (``wait_s``), 0 to 1; 0 for
+    an empty span. An epoch's (``EpochStats``), a candidate's window (``measure.window``) and a served epoch's tally
+    read it here. Pure."""
+    return min(1.0, max(0.0, wait_s / span_s)) if span_s > 0 else 0.0
 
 
 class EpochClock:
@@ -76,8 +83,6 @@ def samplers(loader: Any) -> List[Any]:
         if callable(getattr(sampler, "set_epoch", None)) and all(sampler is not f for f in found):
             found.append(sampler)
     return found
-
-
 
 
 def numbered_samplers(loader: Any) -> List[Any]:

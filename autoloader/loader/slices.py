@@ -60,7 +60,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
@@ -94,6 +94,9 @@ class BatchSlice(Sampler):
         self._source: Optional[EpochSource] = None
         self._binding = 0
         self.lookahead: Optional[int] = None
+        self.through: Optional[Callable[[Any], Any]] = None
+        """What each batch of indices passes through on its way to the DataLoader (an online probe's sample clock,
+        measure/sample_clock.py); the slice keeps, and re-issues, the batches themselves."""
 
     def _bind(self, source: EpochSource, number: int, limit: Optional[int]) -> None:
         self._source, self._number, self._limit, self._start = source, number, limit, source._next_start()
@@ -181,7 +184,7 @@ class BatchSlice(Sampler):
                 return
             self._pulled += 1
             self._recent.append(batch)
-            yield batch
+            yield batch if self.through is None else self.through(batch)
 
     def delivered(self, n: int) -> SliceRecord:
         """Close the slice: the loop received its first ``n`` batches; the rest are re-issued to the next slice.

@@ -65,7 +65,7 @@ from .cpuclock import cpu_and_delay
 from .failures import HARD_LIMIT_GRACE_S
 from .serving import END, Serving
 from .signals import SignalGuard
-from .window import Clocks, Tally, Window
+from .window import Clocks, Rule, Tally, Window
 
 __all__ = ["END", "Mode", "Run", "served"]
 
@@ -83,15 +83,17 @@ class Run:
     """
 
     def __init__(self, loader: Any, config: LoaderConfig, *, mode: Mode, consumer: Consumer, batch_size: int,
-                 limit_s: float = math.inf, owned: bool = True) -> None:
-        self.config, self.mode, self.consumer = config, mode, consumer
+                 limit_s: float = math.inf, owned: bool = True, probe: bool = False,
+                 bound_s: float = math.inf) -> None:
+        self.config, self.mode, self.consumer, self.batch_size = config, mode, consumer, batch_size
         hard = limit_s + HARD_LIMIT_GRACE_S if mode == "trial" else None
         guard = SignalGuard(limit_s=hard, make_timeout=lambda: TrialTimeout(_cut_message(limit_s)),
                             hold_worker_errors=mode != "trial")
         self.serving = Serving(loader, guard=guard, owned=owned, retire=mode != "trial",
                                before_stop=lambda: _synchronize_quietly(consumer))
         self.deadline = self.serving.started + limit_s
-        self.window = Window(config, started=self.serving.started, batch_size=batch_size)
+        rule: Rule = "trial" if mode == "trial" else "probe" if probe else "candidate"
+        self.window = Window(config, started=self.serving.started, batch_size=batch_size, rule=rule, bound_s=bound_s)
         self.tally = Tally(config, batch_size)
         stream = isinstance(getattr(loader, "dataset", None), IterableDataset)
         self.repeats = _advice.RepeatCheck(self.window.skip) \
@@ -145,6 +147,16 @@ class Run:
         self.result = self.window.result(time.perf_counter() - self.serving.started)
         self.measuring = False
         return self.result
+
+    def measure_again(self, *, bound_s: float) -> None:
+        """Measure on, from the next batch, in a new candidate window (the search named this very configuration
+        again: the serial one after its probe); the run serves on without a restart."""
+        previous = self.window
+        self.window = Window(self.config, started=time.perf_counter(), batch_size=self.batch_size, rule="candidate",
+                             bound_s=bound_s)
+        self.window.settled = previous.settled
+        self.window.startup_s, self.window.batch_bytes = previous.startup_s, previous.batch_bytes
+        self.measuring, self.result, self._previous = True, None, None
 
     def fetch(self) -> Tuple[Any, Optional[BaseException]]:
         """The batch asked for (``END`` when the loader ran out), or the exception that came instead."""

@@ -6,16 +6,24 @@ window's constants are defined here and nowhere else; the start-up burst it skip
 """
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Literal, Optional, Sequence, Tuple
 
 from ..config import LoaderConfig
 from ..loader.batch import batch_nbytes, iter_tensors
+from ..loader.epochs import stall_fraction
 from ..results import TrialResult
+from . import window_rule
 from .cpuclock import spent
 from .procs import WorkerSample, WorkerTracker
 
+Rule = Literal["trial", "candidate", "probe"]
+"""How a window opens and closes: a trial's fixed rule (NOTE [ Trial timing ] in run.py), an online candidate's
+(``window_rule``: drained, then confident or at its bound), or the first batches of an online epoch (``probe``: the
+cost of a batch and of the step, from ``PROBE_MARKS`` batches, for the prior: NOTE [ Online convergence ])."""
 Clocks = Tuple[float, Optional[float]]
 """``cpuclock.cpu_and_delay()``: process CPU seconds, the thread's run-queue seconds (None: not known)."""
 
@@ -30,6 +38,8 @@ MIN_BATCHES = 6
 MIN_OPENED = 3
 """Batches past the burst for a window to count as opened: a patient window cut by the limit, or an online window cut
 by the epoch's end, is then taken as it is (marked not steady) rather than measured again."""
+PROBE_MARKS = 2
+"""Batches a probe window holds: the first batch's cost alone would include whatever the dataset does once."""
 
 
 @dataclass(frozen=True)
@@ -99,14 +109,18 @@ class Window:
 
     def __init__(self, config: LoaderConfig, *, started: float, batch_size: int, min_window_s: float = MIN_WINDOW_S,
                  min_rounds: int = MIN_ROUNDS, min_batches: int = MIN_BATCHES,
-                 settled: Optional[Callable[[], bool]] = None) -> None:
+                 settled: Optional[Callable[[], bool]] = None, rule: Rule = "trial", bound_s: float = math.inf,
+                 tolerance: float = 0.05) -> None:
         """``settled``: the window opens only once it says True (the previous run's workers are reaped, NOTE
-        [ Trial timing ], 5. in run.py); the burst is extended a batch at a time until then."""
+        [ Trial timing ], 5. in run.py); the burst is extended a batch at a time until then. ``rule``: how it opens and
+        closes (``Rule``); a candidate's window closes at ``bound_s`` seconds, or once its rate is known within half
+        the ``tolerance`` (``window_rule``)."""
         n = config.num_workers
         self.settled = settled
         self.config, self.started, self.batch_size, self.min_window_s = config, started, batch_size, min_window_s
+        self.rule, self.bound_s, self.tolerance = rule, bound_s, tolerance
         self.skip = config.burst_batches()
-        self.need = max(min_batches, min_rounds * n)
+        self.need = max(min_batches, min_rounds * n) if rule == "trial" else MIN_OPENED
         self.marks: List[BatchMark] = []
         self.startup_s: Optional[float] = None
         self.batch_bytes: Optional[int] = None
@@ -125,6 +139,8 @@ class Window:
     def add(self, batch: Any, *, t_ask: float, c_ask: Clocks, t_got: float, c_got: Clocks, consumer: Any) -> None:
         """Record a batch the consumer has finished; the batch that opens the window first waits for the device.
         ``c_ask``/``c_got``: ``cpuclock.cpu_and_delay()`` when the batch was asked for and when it came."""
+        if self.rule == "candidate" and self.edges.opened is None:
+            self._open_early(t_ask, t_got)
         if len(self.marks) + 1 == self.skip and self.settled is not None and not self.settled():
             self.skip += 1
         if len(self.marks) + 1 == self.skip:
@@ -140,17 +156,41 @@ class Window:
         elif self.edges.tracker is not None and t_done - self.edges.tracker.last_sampled >= SAMPLE_EVERY_S:
             self.edges.tracker.sample(memory=False)
 
+    def _open_early(self, t_ask: float, t_got: float) -> None:
+        """An online candidate's window opens at the batch being marked, before the whole burst, when the loop waited
+        for it (the queue is drained) or when ``bound_s`` passed since the first wave came (a loop that never waits
+        is served at the step's pace): ``window_rule``."""
+        index, first_wave = len(self.marks), max(1, self.config.num_workers)
+        if index < first_wave or index + 1 >= self.skip:
+            return
+        waited = window_rule.drained([t_got - t_ask], first_wave=0) is not None
+        if waited or t_got - self.marks[first_wave - 1].done >= self.bound_s:
+            self.skip = index + 1
+
     def complete(self, *, deadline: float, patient: bool = False) -> bool:
         """Enough waves and seconds after the window opened, or the soft limit reached. ``patient``: the limit ends
         the window only once it has opened and holds a few batches (online, a slow training step must not cut a
-        candidate before it is measured)."""
+        candidate before it is measured). A candidate's window: confident or at its bound (``window_rule``); a
+        probe's: ``PROBE_MARKS`` batches."""
         if not self.marks:
             return False
+        if self.rule == "probe":
+            return len(self.marks) >= PROBE_MARKS
         last = self.marks[-1].done
         in_window = len(self.marks) - self.skip
         if last >= deadline and (not patient or self.opened()):
             return True
+        if self.rule == "candidate":
+            return self.opened() and (last - self.marks[self.skip - 1].done >= self.bound_s or window_rule.confident(
+                [m.done for m in self.marks[self.skip - 1:]], chunk=self._chunk(), tolerance=self.tolerance))
         return in_window >= self.need and last - self.marks[self.skip - 1].done >= self.min_window_s
+
+    def _chunk(self) -> int:
+        """Batches per chunk of a confidence estimate: a wave of the workers when the loop waits for them (their
+        batches then come in waves), else one (the step's pace)."""
+        n = self.config.num_workers
+        waits = [m.wait_s for m in self.marks[self.skip:]]
+        return n if n > 1 and window_rule.drained(waits, first_wave=0) is not None else 1
 
     def opened(self) -> bool:
         """The window holds at least ``MIN_OPENED`` batches past the start-up burst."""
@@ -164,6 +204,8 @@ class Window:
             self.edges.closed = _Probe(self.edges.end, time.process_time(), tracker.sample() if tracker else None)
 
     def result(self, elapsed: float) -> TrialResult:
+        if self.rule == "probe":
+            return self._probe_result(elapsed)
         config, marks = self.config, self.marks
         opened = window_open(len(marks), self.skip, self.config.num_workers)
         if opened is None:
@@ -188,7 +230,7 @@ class Window:
             window_s=span,
             startup_s=self.startup_s,
             elapsed_s=elapsed,
-            stall_fraction=min(1.0, wait / span),
+            stall_fraction=stall_fraction(wait, span),
             fetch_s_per_batch=wait / batches,
             fetch_cpu_s_per_batch=sum(m.wait_cpu_s for m in window_marks) / batches,
             fetch_delay_s_per_batch=_mean_delay(window_marks),
@@ -198,6 +240,20 @@ class Window:
             **self._worker_fields(span, batches),
         )
         return result
+
+    def _probe_result(self, elapsed: float) -> TrialResult:
+        """The first batches' costs, each the median of ``PROBE_MARKS`` (the first batch alone may include what the
+        dataset does once): loading and step seconds per batch, not a steady rate."""
+        marks = self.marks
+        fetch = statistics.median(m.wait_s for m in marks)
+        step = statistics.median(m.step_s for m in marks)
+        samples = statistics.median(m.samples for m in marks)
+        return TrialResult(config=self.config, samples_per_s=samples / max(1e-9, fetch + step), batches=len(marks),
+                           window_s=marks[-1].done - self.started, startup_s=self.startup_s, elapsed_s=elapsed,
+                           stall_fraction=stall_fraction(fetch, fetch + step), fetch_s_per_batch=fetch,
+                           fetch_cpu_s_per_batch=statistics.median(m.wait_cpu_s for m in marks),
+                           fetch_delay_s_per_batch=_mean_delay(marks), consumer_s_per_batch=step,
+                           batch_bytes=self.batch_bytes, steady=False)
 
     def _worker_fields(self, span: float, batches: int) -> dict:
         start, end = self.edges.opened, self.edges.closed
@@ -250,4 +306,4 @@ class Tally:
         if self.opened is None or self.count < self.skip + 3 or end <= self.opened:
             return None, None
         span = end - self.opened
-        return self.samples / span, self.waited / span
+        return self.samples / span, stall_fraction(self.waited, span)

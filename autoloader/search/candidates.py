@@ -21,11 +21,15 @@ Progress = Callable[[TrialResult, float, float], None]
 @dataclass(frozen=True)
 class Candidate:
     """What the search asks to have measured next: a configuration, the soft time limit of its measurement, and
-    whether to time the consumer step alone too (the first, serial candidate)."""
+    whether to time the consumer step alone too (the first, serial candidate). Online only: ``probe``, the first
+    batches' costs are all it needs (NOTE [ Online convergence ] in online_policy.py); ``gain``, the share by which it
+    is predicted to beat the best measured so far (whether switching to it repays itself: ``online_policy.repays``)."""
 
     config: LoaderConfig
     limit_s: float
     first: bool = False
+    probe: bool = False
+    gain: float = 0.0
 
 
 Outcome = Union[TrialResult, TuningError]

@@ -101,10 +101,11 @@ class Search:
             return self.found.per_worker_bytes
         return self.main_rss
 
-    def run(self, config: LoaderConfig, *, first: bool = False, again: bool = False,
-            force: bool = False) -> Steps[Optional[TrialResult]]:
+    def run(self, config: LoaderConfig, *, first: bool = False, again: bool = False, force: bool = False,
+            probe: bool = False, gain: float = 0.0) -> Steps[Optional[TrialResult]]:
         """Have one candidate measured (or skip it with a reason); None when it yields no rate. A candidate measured
-        before is not measured again, unless ``again``; none starts past the budget, unless ``first`` or ``force``."""
+        before is not measured again, unless ``again``; none starts past the budget, unless ``first`` or ``force``.
+        ``probe`` and ``gain``: see ``Candidate``."""
         if config in self.found.by_config and not again and not self.refits(self.found.by_config[config]):
             return self.found.by_config[config] if self.found.by_config[config].ok else None
         elapsed = self.elapsed()
@@ -118,7 +119,7 @@ class Search:
         else:
             most = self.settings.trial_limit
             limit = most if first or force else max(1.0, min(most, self.stop_at - elapsed))
-            outcome = yield Candidate(config, limit, first)
+            outcome = yield Candidate(config, limit, first, probe, gain)
             agreed = self.coordinator.outcome(outcome, elapsed_s=time.monotonic() - self.started,
                                               main_rss_bytes=psutil.Process().memory_info().rss)
             self.clock, self.main_rss = agreed.elapsed_s, agreed.main_rss_bytes
@@ -230,9 +231,12 @@ class Search:
         return self.result(self.choose(), consumer_rate)
 
     def candidates(self) -> List[TrialResult]:
-        """The trials the selection chooses among: the losing side of a configuration measured with and without its
-        native limit left out (``native_policy.without_losers``)."""
-        return native_policy.without_losers(self.found.trials, tolerance=self.settings.tolerance)
+        """The trials the selection chooses among: each configuration's latest (a measurement taken again, or an
+        online probe measured properly, supersedes the earlier one), less the losing side of a configuration measured
+        with and without its native limit (``native_policy.without_losers``)."""
+        latest = {t.config: t for t in self.found.trials}
+        current = [t for t in self.found.trials if latest[t.config] is t]
+        return native_policy.without_losers(current, tolerance=self.settings.tolerance)
 
     def choose(self) -> Optional[TrialResult]:
         """The selection among candidates that fit the memory budget, now and (copy-on-read growth forecast) by the

@@ -3,14 +3,15 @@
 # NOTE [ Hidden switch ]
 # A plain switch from one candidate (A) to the next (B) costs the loop B's start-up (forking its workers, then their
 # first batch: 0.1-0.5 s), and A's in-flight batches, loaded and thrown away (re-issued to B). So when A's window
-# closes and the search names B (or decides on a configuration other than A's), ``hand_over``:
+# closes and the search names B (or decides on a configuration other than A's), the scheduler:
 # 1. caps A's slice (``BatchSlice.cap``) at the batches its DataLoader pulled (in flight: up to num_workers x
 #    prefetch_factor) and ``tail_extra`` more: A's tail, which A serves on, measured by nobody;
 # 2. takes B's slice right after the tail and starts B's iterator (``Run.start``: its workers fork and prefetch)
 #    while A serves its tail, so that B's first batches are ready, or nearly, when the loop asks for them;
 # 3. A's run stops once the loop got its tail (orderly: its workers are reaped in a helper thread), and B serves on.
-# The scheduler makes these moves (``EpochScheduler._decide``; the phases ``tail`` and ``next`` of NOTE [ Online epoch
-# scheduler ] in scheduler.py); this module holds what they act on.
+# The scheduler makes these moves (``EpochScheduler._start_next``; the phases ``tail`` and ``next`` of NOTE [ Online
+# epoch scheduler ] in scheduler.py); this module holds what they act on. A probe whose first samples started B early
+# (NOTE [ Online convergence ] in search/online_policy.py) has a tail of the batch it is loading, and no more.
 # Measurement. A's window closed before B started: B's start-up takes no CPU from A's figures (the overlap falls in
 # A's tail, which nobody measures). B's window opens after its burst (NOTE [ Trial timing ], 2.: the batches it
 # prefetched during A's tail are part of that burst) and only once A's workers are reaped (5.). ``Decision.switch_s``
@@ -62,6 +63,8 @@ class Stage:
     """Its DataLoader's ``worker_init_fn``, through which its workers report their native pools (``reported``)."""
     told: bool = False
     """The search was told this candidate's measurement (it serves on unmeasured: its tail, or as the decision)."""
+    early: bool = False
+    """A probe whose first samples started the next stage inside its first batch (NOTE [ Online convergence ])."""
 
     def reported(self, result: TrialResult) -> TrialResult:
         """``result`` with the native pools the workers found (``native.worker_pools``)."""

@@ -35,7 +35,6 @@ which searches again when the regime changes. ``PrefetchLoader`` wraps it as it 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import Any, Iterator, List, Optional, Protocol, Tuple
 
@@ -48,7 +47,6 @@ from ..loader.source import Source
 from ..measure.consumer import Consumer
 from ..measure.run import Run, served
 from ..request import Request
-from ..search.candidates import Candidate
 from ..results import Decision, EpochTrace, TuneResult
 from .face import DataLoaderFace
 from .handover import Stage
@@ -66,17 +64,12 @@ class Searcher(Plan, Protocol):
     coordinator: Coordinator
     decision: TuneResult
     decisions: List[Decision]
-    epoch: int
 
     @property
     def searching(self) -> bool:
         ...
 
-    @property
-    def candidate(self) -> Optional[Candidate]:
-        ...
-
-    def after_epoch(self, rate: Optional[float], stall: Optional[float]) -> None:
+    def after_epoch(self, epoch: int, rate: Optional[float], stall: Optional[float]) -> None:
         ...
 
 
@@ -155,7 +148,6 @@ class OnlineLoader(DataLoaderFace, Source):
 
     def _begin(self) -> int:
         epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
-        self.search.epoch = epoch
         return epoch
 
     def _in_slices(self, source: EpochSource, epoch: int) -> Iterator[Any]:
@@ -171,8 +163,9 @@ class OnlineLoader(DataLoaderFace, Source):
         finally:
             self._rebuild()
 
-    def _stage(self, source: EpochSource, after: Optional[Run]) -> Stage:
-        """The next slice of ``source`` and its run: the search's candidate (measured) or the decision (served)."""
+    def _stage(self, source: EpochSource, after: Optional[Run], bound_s: float) -> Stage:
+        """The next slice of ``source`` and its run: the search's candidate (measured, its window bounded to
+        ``bound_s`` seconds) or the decision (served)."""
         self._rebuild()
         candidate = self.search.candidate
         config = candidate.config if candidate is not None else self.search.decision.config
@@ -185,7 +178,8 @@ class OnlineLoader(DataLoaderFace, Source):
             part.delivered(0)
             raise
         run = Run(loader, config, mode="candidate" if candidate is not None else "serve", consumer=self.consumer,
-                  batch_size=self.request.batch_size, limit_s=candidate.limit_s if candidate is not None else math.inf)
+                  batch_size=self.request.batch_size, probe=candidate is not None and candidate.probe,
+                  bound_s=bound_s)
         if after is not None:
             run.follows(after)
         return Stage(part, run, candidate, pools=loader.worker_init_fn)
@@ -197,7 +191,7 @@ class OnlineLoader(DataLoaderFace, Source):
                   batch_size=self.request.batch_size, owned=False)
         yield from served(run, until_complete=False)
         if self.retune:
-            self.search.after_epoch(*run.rate_and_stall)
+            self.search.after_epoch(epoch, *run.rate_and_stall)
 
     # -- the decision's DataLoader ------------------------------------------------------------------------------
     def _build(self, config: LoaderConfig, **forced: Any) -> DataLoader:

@@ -1,6 +1,7 @@
-"""The search behind an online loader (``OnlineSearch``): the ``scheduler.Plan`` its epochs follow. It runs the same
-model-guided search as the trials (``search.Search``), one candidate at a time as the epochs measure them, keeps the
-decision in force, and starts again when the re-tune rule says so (search/retune.py)."""
+"""The search behind an online loader (``OnlineSearch``): the ``scheduler.Plan`` its epochs follow. It runs the online
+search (``search.online_plan``; with ``threads=True`` the trials' ``search.Search``), one candidate at a time as the
+epochs measure them, owns the decision in force, and starts again when the re-tune rule says so
+(search/retune.py)."""
 from __future__ import annotations
 
 import logging
@@ -12,10 +13,13 @@ from ..config import LoaderConfig, default_pin, make_config
 from ..coordination import Coordinator
 from ..errors import TuningError, warn_user
 from ..measure.run import Run
+from ..measure.sample_clock import BatchEstimate
 from ..probe import MachineProfile
 from ..request import Request
 from ..results import Decision, TrialResult, TuneResult
+from ..search import online_policy
 from ..search.candidates import Candidate, Steps
+from ..search.online_plan import online_steps
 from ..search.retune import retune
 from ..search.search import Search
 
@@ -29,8 +33,8 @@ taken as it is (a window that opened and holds a few batches is taken at once, m
 class SearchInProgress:
     """One search, from its start to its decision: the generator, its candidate, what it measured and what it cost."""
 
-    def __init__(self, search: Search, *, why: str, down: bool) -> None:
-        self.steps: Steps[TuneResult] = search.steps()
+    def __init__(self, search: Search, steps: Steps[TuneResult], *, why: str, down: bool) -> None:
+        self.search, self.steps = search, steps
         self.threads = search.settings.tune_threads
         self.why, self.down = why, down
         self.candidate: Optional[Candidate] = None
@@ -41,9 +45,10 @@ class SearchInProgress:
 
 
 class OnlineSearch:
-    """The decision in force and the search that may replace it (NOTE [ Online epoch scheduler ] in scheduler.py).
-    ``decisions``: every online decision; ``spanned``/``tried_fewer``: what the re-tune rule reads of the search that
-    made the decision in force."""
+    """THE decision in force (``decision``; every other holder reads it here: the online loader's plain DataLoader,
+    the prefetcher's ``tuning``, a checkpoint's label) and the search that may replace it (NOTE [ Online epoch
+    scheduler ] in scheduler.py). ``decisions``: every online decision; ``spanned``/``tried_fewer``: what the re-tune
+    rule reads of the search that made the decision in force."""
 
     def __init__(self, request: Request, profile: MachineProfile, *, slot: Slot, coordinator: Coordinator,
                  decision: Optional[TuneResult]) -> None:
@@ -51,12 +56,11 @@ class OnlineSearch:
         self.decision = decision or _undecided(request)
         self.decisions: List[Decision] = []
         self.current: Optional[SearchInProgress] = None
-        self.epoch = 0
         self.spanned = False
         """The search that made the decision in force measured candidates in more than one epoch."""
         self.tried_fewer = False
-        """The search that made the decision in force only tried fewer workers: an epoch that hardly waits does not
-        start another one."""
+        """The search that made the decision in force tried fewer workers (or found none would do): an epoch that
+        hardly waits does not start another one."""
         if decision is None:
             self.start(None, why="no tuning for this dataset and machine yet")
 
@@ -81,7 +85,9 @@ class OnlineSearch:
         """Search from ``start`` (None: from scratch); ``down``: only fewer workers than ``start`` are tried."""
         search = Search(self.request, self.profile, budget=math.inf, coordinator=self.coordinator, start=start,
                         descend=down)
-        self.current = SearchInProgress(search, why=why, down=down)
+        steps = search.steps() if search.settings.tune_threads else \
+            online_steps(search, serial=_serial_of(self.decision) if start is not None else None)
+        self.current = SearchInProgress(search, steps, why=why, down=down)
         self._send(None)
 
     # -- scheduler.Plan ----------------------------------------------------------------------------------------------
@@ -89,14 +95,37 @@ class OnlineSearch:
     def threads_tuned(self) -> bool:
         return self.current is not None and self.current.threads
 
-    def tell(self, outcome: TrialResult) -> None:
+    @property
+    def probes_samples(self) -> bool:
+        return self.coordinator.size == 1 and self.candidate is not None and self.candidate.probe
+
+    def tell(self, outcome: TrialResult, *, epoch: int) -> None:
         current = self.current
         if current is None:
             raise RuntimeError("no online search is running to be told a candidate's outcome")
         current.attempts = 0
         current.measured.append(outcome)
-        current.epochs.add(self.epoch)
-        self._send(outcome)
+        current.epochs.add(epoch)
+        self._send(outcome, epoch=epoch)
+
+    def early(self, estimate: BatchEstimate, *, epoch: int) -> Optional[Candidate]:
+        """The probe's first samples say what a batch costs: the prior's candidate when its workers should start now
+        (``online_policy.starts_early``; the probe is then told the estimate), else None (the probe goes on)."""
+        current = self.current
+        if current is None or current.candidate is None or not current.candidate.probe:
+            return None
+        workers = online_policy.prior_workers(fetch_s=estimate.fetch_s, fetch_cpu_s=estimate.fetch_cpu_s,
+                                              fetch_delay_s=estimate.fetch_delay_s, consumer_s=None,
+                                              usable_cpus=current.search.settings.usable,
+                                              cap=current.search.climb_cap())
+        if not online_policy.starts_early(fetch_s=estimate.fetch_s, workers=workers):
+            return None
+        log.info("the first samples cost %.1f ms a batch: starting %d workers now", 1e3 * estimate.fetch_s, workers)
+        self.tell(TrialResult(config=current.candidate.config, reason=f"probe: the first {estimate.samples} samples' "
+                              f"cost, no rate", batches=0, fetch_s_per_batch=estimate.fetch_s,
+                              fetch_cpu_s_per_batch=estimate.fetch_cpu_s, fetch_delay_s_per_batch=estimate.fetch_delay_s,
+                              steady=False), epoch=epoch)
+        return self.candidate
 
     def keeps(self, config: LoaderConfig) -> bool:
         return self.current is None and self.decision.config.same_candidate(config)
@@ -114,23 +143,24 @@ class OnlineSearch:
             self.current.search_s += serving_s
 
     # -- after an epoch ------------------------------------------------------------------------------------------
-    def after_epoch(self, rate: Optional[float], stall: Optional[float]) -> None:
-        """A steady epoch's rate and stall (every rank's, agreed): search again when the re-tune rule says so."""
+    def after_epoch(self, epoch: int, rate: Optional[float], stall: Optional[float]) -> None:
+        """Epoch ``epoch`` ran with the decision: its steady rate and stall (every rank's, agreed) may start a new
+        search when the re-tune rule says so."""
         rate, stall = self.coordinator.epoch(rate, stall)
         last = self.decisions[-1] if self.decisions else None
         again = retune(decided_samples_per_s=self.decision.samples_per_s, num_workers=self.decision.config.num_workers,
                        decided_stall=last.stall_fraction if last else _stall_of(self.decision),
                        epoch_samples_per_s=rate, epoch_stall=stall, tried_fewer=self.tried_fewer,
                        spanned=self.spanned)
-        log.debug("epoch %d with %s: %s samples/s, stall %s; decided %s samples/s", self.epoch,
+        log.debug("epoch %d with %s: %s samples/s, stall %s; decided %s samples/s", epoch,
                   self.decision.config.label(), rate, stall, self.decision.samples_per_s)
         if again is not None:
-            log.info("epoch %d: %s; searching again from %s%s", self.epoch, again.why, self.decision.config.label(),
+            log.info("epoch %d: %s; searching again from %s%s", epoch, again.why, self.decision.config.label(),
                      " (fewer workers only)" if again.down else "")
             self.start(self.decision.config, why=again.why, down=again.down)
 
     # -- the search generator --------------------------------------------------------------------------------------
-    def _send(self, outcome: Optional[TrialResult]) -> None:
+    def _send(self, outcome: Optional[TrialResult], *, epoch: int = 0) -> None:
         """The search's next candidate after ``outcome``, or its decision."""
         current = self.current
         if current is None:
@@ -138,21 +168,21 @@ class OnlineSearch:
         try:
             current.candidate = next(current.steps) if outcome is None else current.steps.send(outcome)
         except StopIteration as done:
-            self._decide(done.value, current)
+            self._decide(done.value, current, epoch=epoch)
         except TuningError as err:
             warn_user(f"autoloader could not tune online ({err}); keeping {self.decision.config.label()}")
             self.current = None
 
-    def _decide(self, result: TuneResult, current: SearchInProgress) -> None:
+    def _decide(self, result: TuneResult, current: SearchInProgress, *, epoch: int) -> None:
         group = self.request.group
         result = result.with_source("online")
         result = group.broadcast(result, point="online decision") if group is not None else result
         self.current = None
-        self.spanned, self.tried_fewer = len(current.epochs) > 1, current.down
+        self.spanned, self.tried_fewer = len(current.epochs) > 1, current.down or not current.threads
         self.decision = result
         chosen = next((t for t in reversed(current.measured) if t.ok and t.config.same_candidate(result.config)),
                       None)
-        self.decisions.append(Decision(self.epoch, result.config, result.samples_per_s,
+        self.decisions.append(Decision(epoch, result.config, result.samples_per_s,
                                        chosen.stall_fraction if chosen else None, f"{current.why}: {result.reason}",
                                        len(current.measured), current.search_s, current.switch_s))
         log.info("decided online: %s, %s samples/s", result.config.label(),
@@ -163,6 +193,11 @@ class OnlineSearch:
 def _stall_of(result: TuneResult) -> Optional[float]:
     chosen = next((t for t in result.trials if t.ok and t.config.same_candidate(result.config)), None)
     return chosen.stall_fraction if chosen else None
+
+
+def _serial_of(result: TuneResult) -> Optional[TrialResult]:
+    """The first batches' costs the search behind ``result`` measured (a serial trial or probe), if any."""
+    return next((t for t in result.trials if t.config.num_workers == 0 and t.fetch_s_per_batch is not None), None)
 
 
 def _undecided(request: Request) -> TuneResult:

@@ -1,15 +1,23 @@
 """One online epoch as an explicit state machine: which run serves each slice of the epoch, when a candidate's
-measurement is complete, and what happens then (``EpochScheduler``; the search behind it is ``online.OnlineSearch``).
+measurement is complete, and what happens then (``EpochScheduler``; the search behind it is ``online_search.OnlineSearch``).
 
 # NOTE [ Online epoch scheduler ]
 # An epoch is served by a sequence of stages (``handover.Stage``: a slice of the epoch's batch order and the run over
-# it, NOTE [ Exact epochs across candidates ] in loader/slices.py). A stage is in one of three phases, and
-# ``TRANSITIONS`` is every move there is (``transition`` refuses any other):
+# it, NOTE [ Exact epochs across candidates ] in loader/slices.py). A stage is in one of three phases; each event
+# moves it to the phase ``TRANSITIONS`` names, and the table alone says where it goes (``transition`` refuses any
+# other move; a stage ends in "next" or "done"):
 #   phase      event         next       what happens
 #   measuring  batch         measuring  hand it out; the run's window observes it (measure/run.py)
 #   measuring  keep          serving    the search chose this very configuration: it serves the rest of the epoch
+#   measuring  again         measuring  the search names this very configuration again (serial, after its probe): a
+#                                       new window on the same run, no restart
 #   measuring  switch        tail       the search moved on: cap the slice, start the next stage now (NOTE [ Hidden
 #                                       switch ] in handover.py); this one serves what it holds in flight
+#   measuring  early-switch  tail       the probe's first samples said the prior's workers should start now: they
+#                                       started inside the first batch's fetch; it serves that batch as its tail
+#   measuring  defer         serving    the next candidate would not repay its switch before the epoch ends
+#                                       (``online_policy.repays``): this one serves on, the candidate goes first next
+#                                       epoch
 #   measuring  plain-switch  next       the ranks' tails differ: stop now, its in-flight batches re-issued
 #   measuring  ended         done       the epoch ended first: the search is told what the window holds, or the
 #                                       candidate goes on next epoch when its window never opened
@@ -24,10 +32,12 @@ measurement is complete, and what happens then (``EpochScheduler``; the search b
 #   serving    ended         done
 #   serving    failed        (raised)   the configuration in force fails as a DataLoader does
 # "next" builds the next stage over the next slice: the one a switch started, else the search's candidate, else the
-# decision. A candidate is measured in ``measuring`` only; the search is told once per candidate. Ranks: after every
+# decision. A candidate is measured in ``measuring`` only; the search is told once per window. A window's bound is a
+# share of the epoch, predicted from the batches served so far (``online_policy.window_bound_s``). Ranks: after every
 # batch of a ``measuring`` stage they agree (``Coordinator.batch``) whether to stop (every window complete, or a
 # failure anywhere), whether their tails match and whether the window opened, so every rank makes the same move at
-# the same batch. A single process makes the same moves without the exchange.
+# the same batch; a probe's early switch is a single process's only (its trigger is a clock). A single process makes
+# the same moves without the exchange.
 # Signals: each stage's run guards its own batches (NOTE [ Asynchronous exceptions ] in measure/signals.py); a guard
 # spanning the epoch, worker deaths held, covers the moves between two stages, when the stage a switch started runs
 # its workers before its own guard is entered: a death there is taken over by that guard and raised as its failure.
@@ -43,15 +53,19 @@ from ..errors import TuningError
 from ..loader.slices import EpochSource
 from ..measure.failures import classify, failure_reason
 from ..measure.run import END, Run
+from ..measure.sample_clock import BatchEstimate, SampleClock, times_samples
 from ..measure.signals import SignalGuard
 from ..measure.window import samples_in
 from ..results import EpochTrace, TrialResult
+from ..search.candidates import Candidate
+from ..search.online_policy import repays, window_bound_s
 from .handover import Stage, tail_extra
 
 log = logging.getLogger("autoloader.online")
 
 TRANSITIONS: Dict[Tuple[str, str], str] = {
-    ("measuring", "batch"): "measuring", ("measuring", "keep"): "serving", ("measuring", "switch"): "tail",
+    ("measuring", "batch"): "measuring", ("measuring", "keep"): "serving", ("measuring", "again"): "measuring",
+    ("measuring", "switch"): "tail", ("measuring", "early-switch"): "tail", ("measuring", "defer"): "serving",
     ("measuring", "plain-switch"): "next", ("measuring", "ended"): "done", ("measuring", "failed"): "next",
     ("tail", "batch"): "tail", ("tail", "tail-served"): "next", ("tail", "ended"): "done", ("tail", "failed"): "next",
     ("serving", "batch"): "serving", ("serving", "ended"): "done",
@@ -69,14 +83,25 @@ def transition(phase: str, event: str) -> str:
 
 
 class Plan(Protocol):
-    """What the scheduler asks of the search running behind it (``online.OnlineSearch``)."""
+    """What the scheduler asks of the search running behind it (``online_search.OnlineSearch``)."""
 
     @property
     def threads_tuned(self) -> bool:
         """The search tries threads per process (a thread candidate's own errors are then its failure)."""
 
-    def tell(self, outcome: TrialResult) -> None:
-        """A candidate's outcome: the search moves on (a next candidate, or a decision)."""
+    @property
+    def candidate(self) -> Optional[Candidate]:
+        """What the search wants measured next; None once it decided."""
+
+    @property
+    def probes_samples(self) -> bool:
+        """The candidate is a probe whose first samples may start the prior early (one process only)."""
+
+    def tell(self, outcome: TrialResult, *, epoch: int) -> None:
+        """A candidate's outcome, measured in ``epoch``: the search moves on (a next candidate, or a decision)."""
+
+    def early(self, estimate: BatchEstimate, *, epoch: int) -> Optional[Candidate]:
+        """The probe's first samples: the candidate to start now, or None (the probe goes on)."""
 
     def keeps(self, config: Any) -> bool:
         """The search decided on ``config`` itself (its run serves on)."""
@@ -88,8 +113,9 @@ class Plan(Protocol):
         """What a stage cost the loop: the time it served, what it waited for starting and stopping."""
 
 
-Build = Callable[[EpochSource, Optional[Run]], Stage]
-"""The next stage over the source's next slice, after the run that served before it (its window waits for it)."""
+Build = Callable[[EpochSource, Optional[Run], float], Stage]
+"""The next stage over the source's next slice, after the run that served before it (its window waits for it), its
+window bounded to the seconds given."""
 
 
 class EpochScheduler:
@@ -104,12 +130,14 @@ class EpochScheduler:
         self.started: Optional[Stage] = None
         """The stage a switch started (its workers run while this one serves its tail), until it serves."""
         self.guard = SignalGuard(hold_worker_errors=True)
+        self._pace: Optional[float] = None
+        """Seconds per batch expected before the loop got two (a probe's estimate over the prior's workers)."""
 
     def batches(self) -> Generator[Any, None, None]:
         with self.guard:  # NOTE above: between two stages, a worker of the one a switch started may die
             try:
                 while not self.source.done:
-                    stage, self.started = self.started or self.build(self.source, self.last), None
+                    stage, self.started = self.started or self._build(), None
                     phase = yield from self._serve(stage)
                     if phase == "done" or (stage.candidate is None and self.started is None):
                         break
@@ -120,18 +148,46 @@ class EpochScheduler:
                 self.source.finish()  # the sampler asked past its end, as the plain DataLoader's epoch ends
             self.in_force = None
 
+    # -- the epoch's clock ----------------------------------------------------------------------------------------------
+    def _per_batch_s(self) -> Optional[float]:
+        """Seconds per batch the loop got this epoch so far; before two batches, what a probe's estimate says (None
+        without one)."""
+        batches = self.trace.batches
+        if len(batches) < 2:
+            return self._pace
+        return (batches[-1][0] - batches[0][0]) / (len(batches) - 1)
+
+    def _remaining_s(self) -> Optional[float]:
+        """The rest of the epoch at its pace so far; None when unknown (no pace yet, a sampler without a length)."""
+        per_batch, left = self._per_batch_s(), self.source.unclaimed
+        return None if per_batch is None or left is None else per_batch * left
+
+    def _bound_s(self) -> float:
+        """The window bound of the next stage: a share of the epoch as predicted now."""
+        per_batch = self._per_batch_s()
+        total = None if per_batch is None or self.source.remaining is None else \
+            per_batch * (self.source.remaining + len(self.trace.batches))
+        return window_bound_s(total)
+
+    def _build(self) -> Stage:
+        return self.build(self.source, self.last, self._bound_s())
+
+    # -- one stage ------------------------------------------------------------------------------------------------------
     def _serve(self, stage: Stage) -> Generator[Any, None, str]:
         """One stage's slice, through its phases; returns the phase it ended in (a switch leaves the stage it started
         in ``started``)."""
         run, part = stage.run, stage.part
         phase = "measuring" if stage.candidate is not None else "serving"
         self.in_force, self.last = run.serving.loader, run
+        if stage.candidate is not None and stage.candidate.probe and self.plan.probes_samples and \
+                times_samples(run.serving.loader):
+            part.through = SampleClock(lambda estimate: self._early(stage, estimate)).wrap
         began = span_start = time.perf_counter()
         error: Optional[BaseException] = None
         unopened = False
         try:
             with run.guarded():
-                while True:
+                while phase not in ("next", "done"):
                     if phase == "tail" and run.record.delivered >= (part.limit or 0):
                         phase = transition(phase, "tail-served")
                         break
@@ -139,6 +195,8 @@ class EpochScheduler:
                     if phase == "measuring" and run.complete():
                         run.measure()
                     batch, failure = run.fetch()
+                    if phase == "measuring" and stage.early:
+                        phase = transition(phase, "early-switch")
                     if phase == "measuring":
                         verdict = self.coordinator.batch(
                             complete=run.result is not None, failed=failure is not None,
@@ -148,7 +206,8 @@ class EpochScheduler:
                         if verdict.failed_elsewhere and failure is None:
                             failure = TuningError("a candidate failed on another rank")
                         if verdict.stop and failure is None and batch is not END:
-                            phase = self._decide(stage, same_tail=verdict.same_tail)
+                            event = self._decide(stage, same_tail=verdict.same_tail)
+                            phase = transition(phase, event)
                             if phase == "serving":
                                 span_start = self._span(span_start, stage)
                             if phase == "next":
@@ -167,6 +226,7 @@ class EpochScheduler:
         except BaseException as exc:  # noqa: B036 - classified below; GeneratorExit and Ctrl-C re-raised there
             error = exc
         finally:
+            part.through = None
             if error is not None:  # the run stopped already, unless a Ctrl-C landed as its own cleanup began
                 self._abort_started(error, also=run)  # the later slice first: its batches go back behind this one's
             self.in_force = None
@@ -188,27 +248,55 @@ class EpochScheduler:
             if also is not None:
                 also.stop(error)
 
+    def _early(self, stage: Stage, estimate: BatchEstimate) -> None:
+        """The probe's first samples (called inside its first batch's fetch, on the loop's thread): when the search
+        says so, the prior's stage starts now and the probe serves the batch being loaded as its tail."""
+        if stage.told or self.started is not None or stage.run.record.delivered:
+            return
+        candidate = self.plan.early(estimate, epoch=self.trace.epoch)
+        if candidate is None:
+            return
+        self._pace = estimate.fetch_s / max(1, candidate.config.num_workers)
+        stage.told = stage.early = True
+        self._start_next(stage, extra=0)
+
     def _decide(self, stage: Stage, *, same_tail: bool) -> str:
-        """The candidate's window is complete (every rank's): the search is told; the run serves on (keep), serves
-        its tail while the next stage starts (switch), or stops now (the ranks' tails differ)."""
-        run, part = stage.run, stage.part
+        """The candidate's window is complete (every rank's): the search is told; the event that follows: the run
+        serves on (keep), measures on (again), serves its tail while the next stage starts (switch), serves the rest of
+        the epoch (defer) or stops now (the ranks' tails differ)."""
+        run = stage.run
         result = run.result
         if result is None:
             raise RuntimeError("a candidate's window was agreed complete before it was measured")
-        self.plan.tell(stage.reported(result))
+        self.plan.tell(stage.reported(result), epoch=self.trace.epoch)
         stage.told = True
         if self.plan.keeps(stage.config):
-            return transition("measuring", "keep")
+            return "keep"
+        following = self.plan.candidate
+        if following is not None and following.config == stage.config and not run.config.num_workers:
+            run.measure_again(bound_s=self._bound_s())
+            stage.told, stage.candidate = False, following
+            return "again"
+        if following is not None and not repays(remaining_s=self._remaining_s(), gain=following.gain,
+                                                workers=following.config.num_workers, window_s=self._bound_s()):
+            log.info("the rest of the epoch is too short to repay a switch to %s: it goes first next epoch",
+                     following.config.label())
+            return "defer"
         if not same_tail:
             log.info("the ranks' candidates hold different numbers of batches in flight: switching without a tail")
-            return transition("measuring", "plain-switch")
-        part.cap(tail_extra(stage.config))
-        run.serving.keep_workers()
+            return "plain-switch"
+        self._start_next(stage, extra=tail_extra(stage.config))
+        return "switch"
+
+    def _start_next(self, stage: Stage, *, extra: int) -> None:
+        """Cap ``stage``'s slice ``extra`` batches past what its DataLoader pulled, and start the next stage over what
+        follows (NOTE [ Hidden switch ]); nothing starts when the tail ends the epoch."""
+        stage.part.cap(extra)
+        stage.run.serving.keep_workers()
         if self.source.unclaimed == 0:
-            return transition("measuring", "switch")  # the tail ends the epoch: nothing to start
-        self.started = self.build(self.source, run)
+            return  # the tail ends the epoch: nothing to start
+        self.started = self._build()
         self.started.run.start()  # an Exception is kept by the run (its failure, measured as such); a Ctrl-C stops both
-        return transition("measuring", "switch")
 
     def _after(self, stage: Stage, error: Optional[BaseException], *, phase: str,
                unopened: bool) -> Optional[TrialResult]:
@@ -230,7 +318,7 @@ class EpochScheduler:
             failed = classify(error, run.config, user=record.user, threads_tuned=self.plan.threads_tuned,
                               startup_s=record.startup_s, elapsed_s=record.elapsed,
                               batch_bytes=run.window.batch_bytes)
-            self.plan.tell(stage.reported(failed))
+            self.plan.tell(stage.reported(failed), epoch=self.trace.epoch)
             return failed
         if stage.candidate is None or stage.told:
             return None
@@ -238,7 +326,7 @@ class EpochScheduler:
             log.info("the epoch ended before candidate %s was measured: it goes on next epoch", stage.config.label())
             return None
         if run.result is not None:
-            self.plan.tell(stage.reported(run.result))
+            self.plan.tell(stage.reported(run.result), epoch=self.trace.epoch)
         return run.result
 
     def _span(self, start: float, stage: Stage) -> float:

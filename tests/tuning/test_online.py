@@ -275,7 +275,7 @@ def test_an_epoch_that_never_waits_for_data_tries_fewer_workers_once():
     cached = TuneResult(make_config(4, fixed={}, pin_memory=False), 2000.0, None, "cache", reason="cached cold")
     search = OnlineSearch.create(request, profile, slot=Slot(request, profile, None, None), decision=cached)
     source = OnlineLoader(request, search, retune=True)
-    search.after_epoch(2000.0, 0.04)  # a rate that did not move, an epoch that hardly waited
+    search.after_epoch(1, 2000.0, 0.04)  # a rate that did not move, an epoch that hardly waited
     assert source.searching and search.current.down
     loader = PrefetchLoader(source, device="cpu", tuning=None)
     epochs = 0
@@ -288,9 +288,9 @@ def test_an_epoch_that_never_waits_for_data_tries_fewer_workers_once():
     assert "trying fewer" in decision.why, decision.why
     tried = {t.config.num_workers for t in loader.tuning.trials}
     assert 4 in tried and tried <= {0, 1, 2, 3, 4}, f"a search down never climbs: {sorted(tried)}"
-    search.after_epoch(decision.samples_per_s, 0.0)
+    search.after_epoch(9, decision.samples_per_s, 0.0)
     assert not source.searching, "one search down per decision"
-    search.after_epoch(decision.samples_per_s / 2, 0.0)
+    search.after_epoch(10, decision.samples_per_s / 2, 0.0)
     assert source.searching and not search.current.down, "the regime changed: a search either way"
     del loader, source
 
@@ -374,11 +374,11 @@ def test_a_worker_lost_in_the_tail_loses_no_batch_and_the_next_candidate_starts_
 
 
 def test_a_search_that_outlived_its_epoch_tries_fewer_once_after_its_decision():
-    """Candidates measured in different epochs (here: epochs of 30 batches, too short for one search) do not compare
+    """Candidates measured in different epochs (here: epochs of 5 batches, too short for one search) do not compare
     as one regime (search/retune.py): the decision says so (``spanned``), and an epoch served by it that moved nothing
     (told to the loader as ``OnlineSearch.after_epoch`` would be, so the test does not depend on this machine's load) makes the
     next epoch try fewer workers."""
-    loader = make_loader(Indexed(240, latency_s=0.002), 8, shuffle=True, cache=False, tuning="online", max_workers=4)
+    loader = make_loader(Indexed(40, latency_s=0.002), 8, shuffle=True, cache=False, tuning="online", max_workers=4)
     _until_decided(loader)
     source = loader._source
     [decision] = loader.decisions
@@ -391,9 +391,9 @@ def test_a_search_that_outlived_its_epoch_tries_fewer_once_after_its_decision():
     cached = TuneResult(make_config(6, fixed={}, pin_memory=False), 2000.0, None, "cache", reason="cached")
     search = OnlineSearch.create(request, profile, slot=Slot(request, profile, None, None), decision=cached)
     source = OnlineLoader(request, search, retune=True)
-    search.after_epoch(2000.0, 0.08)  # the loop waited a little: no rule fires in one regime
+    search.after_epoch(1, 2000.0, 0.08)  # the loop waited a little: no rule fires in one regime
     assert not source.searching
     search.spanned = True
-    search.after_epoch(2000.0, 0.08)
+    search.after_epoch(1, 2000.0, 0.08)
     assert source.searching and search.current.down
     del source

@@ -1,0 +1,103 @@
+"""The order of an online search (NOTE [ Online convergence ] in online_policy.py): the first batches probed, the
+prior's workers measured, at most ``MAX_JUMPS`` jumps where the model points, then the choice, the fewest workers
+within the tolerance; the native-threads, prefetch and pinning comparisons of the trials' search follow it. A search
+that starts from the configuration in force (a re-tune) measures it first and jumps from it, only down when told so.
+Like ``Search.steps`` (which online tuning still follows with ``threads=True``), it measures nothing itself: the
+online epoch scheduler measures each candidate it yields."""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from ..results import TrialResult, TuneResult
+from . import online_policy, policy
+from .candidates import Steps
+from .native_search import compare_native
+from .search import Search
+
+__all__ = ["online_steps"]
+
+log = logging.getLogger("autoloader.tuner")
+
+
+def online_steps(search: Search, *, serial: Optional[TrialResult] = None) -> Steps[TuneResult]:
+    """The online search's generator over ``search`` (its settings, findings, ``run`` and result); ``serial``: the
+    first batches' costs a previous search measured (a re-tune starts from the configuration in force and has no
+    probe of its own)."""
+    settings = search.settings
+    if settings.start is None:
+        yield from search.run(search.config(0), first=True, probe=True)
+        probe = search.found.by_config.get(search.config(0))
+        if probe is None or probe.fetch_s_per_batch is None:
+            return search.result(search.choose(), None)
+        serial = search.found.serial = probe
+        workers = _prior(search, serial, consumer_s=probe.consumer_s_per_batch)
+        if workers == 0:
+            serial = (yield from search.run(search.config(0), again=True)) or serial
+            workers = _prior(search, serial, consumer_s=serial.consumer_s_per_batch)
+            if workers:
+                log.info("serial loading takes %.1f ms a batch beside a %.1f ms step: trying %d workers",
+                         1e3 * (serial.fetch_s_per_batch or 0.0), 1e3 * (serial.consumer_s_per_batch or 0.0), workers)
+        if workers:
+            yield from search.run(search.config(workers))
+    else:
+        yield from search.run(search.config(settings.start.num_workers), first=True)
+    yield from _jumps(search, serial)
+    chosen = search.choose()
+    serial_now = search.found.by_config.get(search.config(0))
+    if chosen is None or (chosen.config.num_workers == 0 and serial_now is not None and not serial_now.steady):
+        yield from search.run(search.config(0), again=True)  # the probe's estimate won, or nothing ran: serial, measured
+        chosen = search.choose()
+    return (yield from _finish(search, chosen))
+
+
+def _prior(search: Search, serial: TrialResult, *, consumer_s: Optional[float]) -> int:
+    settings = search.settings
+    return online_policy.prior_workers(fetch_s=serial.fetch_s_per_batch or 0.0,
+                                       fetch_cpu_s=serial.fetch_cpu_s_per_batch or 0.0,
+                                       fetch_delay_s=serial.fetch_delay_s_per_batch, consumer_s=consumer_s,
+                                       usable_cpus=settings.usable, cap=search.climb_cap())
+
+
+def _jumps(search: Search, serial: Optional[TrialResult]) -> Steps[None]:
+    """Jump where ``online_policy.jump`` points, at most ``MAX_JUMPS`` times; a search told to go down takes only the
+    jumps to fewer workers."""
+    settings = search.settings
+    config0 = search.config(0)
+    for _ in range(online_policy.MAX_JUMPS):
+        trials = [t for t in search.found.trials if t.config.same_candidate(search.config(t.config.num_workers))]
+        last = next((t for t in reversed(trials) if t.ok), None)
+        facts = serial if serial is not None and serial.fetch_s_per_batch is not None else TrialResult(config=config0)
+        move = online_policy.jump(trials, fetch_s=facts.fetch_s_per_batch or 0.0,
+                                  fetch_cpu_s=facts.fetch_cpu_s_per_batch or 0.0,
+                                  fetch_delay_s=facts.fetch_delay_s_per_batch,
+                                  consumer_s=last.consumer_s_per_batch if last is not None else None,
+                                  batch_size=settings.batch_size, usable_cpus=settings.usable, cap=search.climb_cap(),
+                                  tolerance=settings.tolerance)
+        if move is None or (settings.descend and last is not None and move.workers > last.config.num_workers):
+            return
+        log.info("online: %s", move.why)
+        yield from search.run(search.config(move.workers), gain=move.gain)
+
+
+def _finish(search: Search, chosen: Optional[TrialResult]) -> Steps[TuneResult]:
+    """The trials' comparisons after the worker count (native threads, a deeper prefetch, pinning), then the
+    result."""
+    settings = search.settings
+    consumer_rate = search.found.consumer_rate
+    if chosen is not None:
+        consumer = chosen.consumer_s_per_batch
+        consumer_rate = search.consumer(consumer) if consumer else consumer_rate
+        yield from compare_native(search, chosen)
+        chosen = search.choose()
+    limited = chosen is None or chosen.config.native_threads is not None
+    if chosen is not None and "prefetch_factor" not in settings.fixed and \
+            policy.worth_more_prefetch(chosen, consumer_samples_per_s=consumer_rate):
+        yield from search.run(search.config(chosen.config.num_workers, prefetch=2 * settings.prefetch,
+                                            threads=chosen.config.threads, limited=limited))
+        chosen = search.choose()
+    if chosen is not None and settings.device.type == "cuda" and "pin_memory" not in settings.fixed:
+        yield from search.run(search.config(chosen.config.num_workers, chosen.config.prefetch_factor,
+                                            pin=not settings.pin, threads=chosen.config.threads, limited=limited))
+        chosen = search.choose()
+    return search.result(chosen, consumer_rate)

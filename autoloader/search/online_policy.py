@@ -1,0 +1,184 @@
+"""The online search's decisions, as pure functions of what the first batches and the candidates measured: where an
+epoch starts (``prior_workers``, ``starts_early``), where the search jumps next (``jump``), whether a switch repays
+itself before the epoch ends (``repays``), and how long a candidate's window may last (``window_bound_s``). Nothing
+here measures or reads a clock; ``online_plan.py`` and the epoch scheduler feed them. Tested on tables
+(tests/search/test_online_policy.py).
+
+# NOTE [ Online convergence ]
+# The first epoch is the trial, so every second a slow configuration serves is a second of training lost. The rules:
+# 1. Start from the best prior. The main process serves the first batch (nothing else is known yet), and its first
+#    samples are timed as they load (``measure/sample_clock.py``): as soon as a batch is known to cost more than
+#    starting the workers would (``starts_early``), the prior's workers start, inside that first batch, while the
+#    main process finishes it and serves a short tail. The prior (``prior_workers``) is the count that fills the
+#    usable CPUs at the CPU share the samples showed (the cores rule for CPU-bound loading, several times it for
+#    loading that waits), and, once the step is known, no more than meet it (Little's law: a worker makes a batch per
+#    ``fetch_s``, the loop eats one per ``consumer_s``). Serial serving goes on only while the evidence says the
+#    loop could not be ``SERIAL_MARGIN`` faster with workers: they hide at most the loading, and each batch they hand
+#    over costs the main process ``HANDOVER_S``.
+# 2. Measure in time and confidence. A candidate's window opens once the batches its workers prefetched are drained
+#    (the loop waited for one: the queue is empty) and closes when its rate is known within half the tolerance from
+#    its own batches' jitter, or at a bound (``window_bound_s``) of a few per cent of the epoch (measure/window.py).
+# 3. Jump, don't step (``jump``). A candidate the loop waited for (loading-bound) with CPUs to spare is scaled to
+#    what meets the step or fills the CPUs, in one move; one that keeps up is cut to the fewest Little's law says
+#    still keep up. A jump that measures below the best so far beyond the tolerance is rolled back at once (the
+#    selection keeps the best). At most ``MAX_JUMPS`` jumps per search.
+# 4. A switch must repay itself (``repays``): when the rest of the epoch is too short for the predicted gain to
+#    cover what the switch costs the loop (forking the workers on the loop's thread, a window at a risk of being
+#    slower), the candidate waits for the next epoch, where starting it costs what starting any configuration does.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+from ..results import TrialResult
+from .policy import DEFAULT_TOLERANCE, HEADROOM, cpu_saturated
+from .threads_policy import rate
+
+__all__ = ["EARLY_BATCHES", "FORK_S", "HANDOVER_S", "Jump", "KEEPS_UP_STALL", "MAX_JUMPS", "SERIAL_MARGIN",
+           "WINDOW_SHARE", "cpu_share", "jump", "prior_workers", "repays", "serial_competitive", "starts_early",
+           "window_bound_s"]
+
+HANDOVER_S = 0.5e-3
+"""What the main process pays to receive one batch from a worker (unpickling, mapping its shared memory), before any
+worker was measured: 0.4-0.6 ms for 64 images of 3x32x32 on this project's 2-core VM."""
+FORK_S = 0.02
+"""What starting one worker costs the loop's thread (the fork), before any worker was measured: 15-20 ms with torch
+imported on the 2-core VM, more for a process holding gigabytes."""
+SERIAL_MARGIN = 2 * DEFAULT_TOLERANCE
+"""Serial serving stays while workers could not make the loop more than this much faster."""
+EARLY_BATCHES = 8
+"""An early start must repay the forks within this many batches of the first epoch."""
+KEEPS_UP_STALL = 0.05
+"""A candidate whose loop waited for data at most this share of its window keeps up with the step."""
+MAX_JUMPS = 3
+"""Jumps a search makes after the prior before it decides."""
+WINDOW_SHARE = 0.03
+"""A candidate's window lasts at most this share of the epoch ..."""
+MIN_WINDOW_BOUND_S = 0.25
+"""... but at least this long (a few batches of any rate) ..."""
+MAX_WINDOW_BOUND_S = 4.0
+"""... and at most this long."""
+
+
+def serial_competitive(*, fetch_s: float, consumer_s: float, handover_s: float = HANDOVER_S,
+                       margin: float = SERIAL_MARGIN) -> bool:
+    """Whether serving without workers is within ``margin`` of the best workers could do: they hide the loading
+    (``fetch_s`` per batch) but the loop still runs its step (``consumer_s``) and receives each batch (``handover_s``).
+    Pure."""
+    return fetch_s + consumer_s <= (1.0 + margin) * (consumer_s + handover_s)
+
+
+def cpu_share(*, fetch_s: float, fetch_cpu_s: float, fetch_delay_s: Optional[float] = None) -> float:
+    """How busy loading keeps a CPU, 0.01 to 1: its CPU seconds over its wall seconds less those it spent waiting for
+    a CPU (run queue: on a busy machine that is not waiting for data). Pure."""
+    running = fetch_s - (fetch_delay_s or 0.0)
+    return min(1.0, max(0.01, fetch_cpu_s / running)) if running > 0 else 1.0
+
+
+def prior_workers(*, fetch_s: float, fetch_cpu_s: float, consumer_s: Optional[float], usable_cpus: int,
+                  cap: int, fetch_delay_s: Optional[float] = None) -> int:
+    """The workers an epoch starts with, from the first batch's cost (``fetch_s`` wall, ``fetch_cpu_s`` CPU and
+    ``fetch_delay_s`` run-queue seconds per batch in the main process) and the step's (``consumer_s``; None while no
+    step was timed): 0 when serial serving is competitive (``serial_competitive``); else the count that fills the
+    usable CPUs at the loading's ``cpu_share`` (the cores rule when loading is CPU-bound, more when it waits, at most
+    ``max(8, 2 x CPUs)`` before a worker was measured) and, once the step is known, no more than meet it with
+    ``HEADROOM``. Never above ``cap``. Pure."""
+    if cap < 1 or fetch_s <= 0:
+        return 0
+    if consumer_s is not None and serial_competitive(fetch_s=fetch_s, consumer_s=consumer_s):
+        return 0
+    share = cpu_share(fetch_s=fetch_s, fetch_cpu_s=fetch_cpu_s, fetch_delay_s=fetch_delay_s)
+    count = min(usable_cpus / share, max(8, 2 * usable_cpus))
+    if consumer_s:
+        count = min(count, HEADROOM * fetch_s / consumer_s)
+    return max(1, min(cap, math.ceil(count - 1e-9)))
+
+
+def starts_early(*, fetch_s: float, workers: int, fork_s: float = FORK_S) -> bool:
+    """Whether the prior's ``workers`` start before the first batch is served, on an estimate of its cost
+    (``fetch_s``, from its first samples): when the loading they take over within ``EARLY_BATCHES`` batches costs more
+    than forking them, whatever the step turns out to be. Pure."""
+    return workers > 0 and fetch_s * EARLY_BATCHES >= workers * fork_s
+
+
+@dataclass(frozen=True)
+class Jump:
+    """The next worker count to measure and why (for the log and ``Decision.why``); ``gain``: the share by which it
+    is predicted to beat the best so far (0 when it only saves workers)."""
+
+    workers: int
+    why: str
+    gain: float = 0.0
+
+
+def keeps_up(trial: TrialResult) -> bool:
+    """The loop hardly waited for data during ``trial``'s window. Pure."""
+    return trial.stall_fraction is not None and trial.stall_fraction <= KEEPS_UP_STALL
+
+
+def jump(trials: Sequence[TrialResult], *, fetch_s: float, fetch_cpu_s: float, consumer_s: Optional[float],
+         batch_size: int, usable_cpus: int, cap: int, tolerance: float = DEFAULT_TOLERANCE,
+         fetch_delay_s: Optional[float] = None) -> Optional[Jump]:
+    """Where the search goes after the worker counts ``trials`` measured (oldest first; the serial facts are the
+    first batches' ``fetch_s``/``fetch_cpu_s``), or None to decide now (NOTE [ Online convergence ], 3.):
+    - the last measured below the best beyond ``tolerance``: None (a roll-back: the selection keeps the best);
+    - the loop waited for it and the CPUs are not saturated: the count that meets the step with ``HEADROOM`` or
+      fills the CPUs at the measured use per worker, when that is more than ``tolerance`` above it;
+    - it kept up: the fewest that still keep up by Little's law (half as many when no batch was timed in the main
+      process: ``fetch_s`` 0), when that is more than ``tolerance`` below it.
+    A count already measured (or failed: a ceiling) is never proposed again. Pure."""
+    measured: Mapping[int, Optional[float]] = {t.config.num_workers: (rate(t) if t.ok else None) for t in trials}
+    ok = [t for t in trials if t.ok]
+    if not ok or not ok[-1].config.num_workers or trials[-1] is not ok[-1]:
+        return None
+    last, best = ok[-1], max(rate(t) for t in ok)
+    if rate(last) < (1.0 - tolerance) * best:
+        return None
+    n = last.config.num_workers
+    ceiling = min((c for c, r in measured.items() if r is None and c > 0), default=cap + 1)
+    if not keeps_up(last):
+        if cpu_saturated(last, usable_cpus=usable_cpus) or not consumer_s:
+            return None
+        needed = HEADROOM * batch_size / consumer_s
+        by_step = n * needed / rate(last)
+        busy = (last.worker_cpu_util or 0.0) * n + (last.main_cpu_util or 0.0)
+        by_cpu = n * 0.85 * usable_cpus / busy if busy > 0 else math.inf
+        target = min(cap, ceiling - 1, math.ceil(min(by_step, by_cpu) - 1e-9))
+        if target > (1.0 + tolerance) * n and target not in measured:
+            gain = min(needed, rate(last) * target / n) / rate(last) - 1.0
+            return Jump(target, f"the loop waited for data {last.stall_fraction or 0:.0%} of {n} workers' window: "
+                                f"{target} workers predicted to meet the step", gain=gain)
+        return None
+    if not consumer_s:
+        return None
+    if fetch_s > 0:
+        share = cpu_share(fetch_s=fetch_s, fetch_cpu_s=fetch_cpu_s, fetch_delay_s=fetch_delay_s)
+        fewest = max(1, min(n, math.ceil(min(HEADROOM * (fetch_s - (fetch_delay_s or 0.0)) / consumer_s,
+                                             usable_cpus / share) - 1e-9)))
+    else:  # no batch was timed in the main process (a re-tune from a cached decision): halve
+        fewest = max(1, n // 2)
+    if fewest < (1.0 - tolerance) * n and fewest not in measured:
+        return Jump(fewest, f"{n} workers kept up with the step: {fewest} predicted to keep up too")
+    return None
+
+
+def repays(*, remaining_s: Optional[float], gain: float, workers: int, window_s: float,
+           tolerance: float = DEFAULT_TOLERANCE, fork_s: float = FORK_S) -> bool:
+    """Whether switching to an unmeasured candidate now repays itself before the epoch ends (NOTE [ Online
+    convergence ], 4.): its predicted ``gain`` (a share; a count that only saves workers is worth ``tolerance``) over
+    the ``remaining_s`` seconds covers forking its ``workers`` on the loop's thread and a window of ``window_s`` at the
+    risk of being ``tolerance`` slower. Unknown ``remaining_s`` (a sampler without a length): True. Pure."""
+    if remaining_s is None:
+        return True
+    worth = max(gain, tolerance) * max(0.0, remaining_s - window_s)
+    return worth >= workers * fork_s + tolerance * window_s
+
+
+def window_bound_s(epoch_s: Optional[float]) -> float:
+    """The longest a candidate's window lasts: ``WINDOW_SHARE`` of an epoch of ``epoch_s`` seconds (predicted), within
+    ``MIN_WINDOW_BOUND_S`` and ``MAX_WINDOW_BOUND_S``; the upper bound when the epoch's length is unknown. Pure."""
+    if epoch_s is None or not math.isfinite(epoch_s):
+        return MAX_WINDOW_BOUND_S
+    return min(MAX_WINDOW_BOUND_S, max(MIN_WINDOW_BOUND_S, WINDOW_SHARE * epoch_s))

@@ -1,0 +1,75 @@
+"""When an online candidate's window opens and closes (measure/window_rule.py), on tables of batch times; and the
+candidate and probe windows of measure/window.py built on them."""
+import pytest
+
+from autoloader.config import LoaderConfig
+from autoloader.measure import window_rule as rule
+from autoloader.measure.window import PROBE_MARKS, Window
+
+
+class _Sync:
+    def synchronize(self):
+        pass
+
+
+@pytest.mark.parametrize("waits, first_wave, opened", [
+    ([0.3, 0.0, 0.0, 0.0, 0.01, 0.0], 2, 4),   # the burst drained at batch 4: the loop waited for it
+    ([0.3, 0.0, 0.01, 0.0], 4, None),          # a wait inside the first wave does not count
+    ([0.0] * 10, 1, None),                     # never waited: a step-paced loop
+    ([0.5, 0.003], 1, 1),
+])
+def test_the_window_opens_once_the_loop_waited_after_the_first_wave(waits, first_wave, opened):
+    assert rule.drained(waits, first_wave=first_wave) == opened
+
+
+def test_steady_batches_are_confident_jittery_ones_are_not():
+    steady = [0.01 * i for i in range(31)]
+    assert rule.relative_error(steady, chunk=1) == pytest.approx(0.0, abs=1e-9)
+    assert rule.confident(steady, chunk=1, tolerance=0.05)
+    jitter = [0.0]
+    for i in range(30):
+        jitter.append(jitter[-1] + (0.001 if i % 2 else 0.05))
+    assert not rule.confident(jitter, chunk=1, tolerance=0.05), "each other batch 50x slower: not known within 2.5 %"
+    assert rule.confident(jitter, chunk=2, tolerance=0.05), "in chunks of its period it is exact"
+
+
+def test_too_few_batches_or_seconds_are_never_confident():
+    assert not rule.confident([0.01 * i for i in range(rule.CONFIDENT_BATCHES)], chunk=1, tolerance=0.05)
+    assert not rule.confident([0.0001 * i for i in range(40)], chunk=1, tolerance=0.05), "40 batches in 4 ms"
+    assert rule.relative_error([0.0, 1.0, 2.0], chunk=1) is None, "fewer than 3 chunks"
+
+
+def test_a_candidate_window_opens_at_the_first_wait_and_closes_at_its_bound(monkeypatch):
+    window = Window(LoaderConfig(4, 2), started=0.0, batch_size=8, rule="candidate", bound_s=0.5)
+    times = {"now": 0.0}
+    monkeypatch.setattr("autoloader.measure.window.time.perf_counter", lambda: times["now"])
+    burst = window.skip
+    assert burst == 12
+    # the first wave (4 batches) comes at once after 0.3 s of start-up, then every batch waits 20 ms
+    for i in range(40):
+        wait = 0.3 if i == 0 else (0.0 if i < 4 else 0.02)
+        t_ask = times["now"]
+        times["now"] += wait
+        window.add(i, t_ask=t_ask, c_ask=(0.0, None), t_got=times["now"], c_got=(0.0, None), consumer=_Sync())
+        times["now"] += 0.001
+    assert window.skip == 5, "opened at the first batch the loop waited for after the first wave (index 4)"
+    assert window.opened()
+    assert window.complete(deadline=float("inf"), patient=True), "20 ms batches, exact: confident"
+
+
+def test_a_probe_window_is_complete_after_two_batches_and_reports_costs_not_a_steady_rate(monkeypatch):
+    times = {"now": 0.0}
+    monkeypatch.setattr("autoloader.measure.window.time.perf_counter", lambda: times["now"])
+    window = Window(LoaderConfig(0), started=0.0, batch_size=8, rule="probe")
+    for i, (wait, step) in enumerate([(0.05, 0.01), (0.03, 0.01)]):
+        assert not window.complete(deadline=float("inf"))
+        t_ask = times["now"]
+        times["now"] += wait
+        t_got = times["now"]
+        times["now"] += step
+        window.add([0] * 8, t_ask=t_ask, c_ask=(0.0, None), t_got=t_got, c_got=(wait / 2, None), consumer=_Sync())
+    assert len(window.marks) == PROBE_MARKS and window.complete(deadline=float("inf"))
+    result = window.result(1.0)
+    assert not result.steady and result.ok
+    assert result.fetch_s_per_batch == pytest.approx(0.04) and result.consumer_s_per_batch == pytest.approx(0.01)
+    assert result.fetch_cpu_s_per_batch == pytest.approx(0.02)

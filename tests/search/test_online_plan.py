@@ -1,0 +1,101 @@
+"""The order of an online search (search/online_plan.py, NOTE [ Online convergence ]) driven with fake measurements
+from models of the data on an emulated host: no trial runs, no clock. Each model says what a configuration measures;
+the search must start where a good rule would, jump rather than step, and decide in few candidates."""
+import dataclasses
+import math
+
+import pytest
+
+from autoloader.config import LoaderConfig
+from autoloader.probe import probe_machine
+from autoloader.request import Request
+from autoloader.results import TrialResult
+from autoloader.search.online_plan import online_steps
+from autoloader.search.search import Search
+from workloads import LatencyBound
+
+
+@dataclasses.dataclass
+class Host:
+    """Per batch: ``fetch_s`` of loading in one process (``cpu`` of it on a CPU), a step of ``step_s``; ``cpus`` usable
+    CPUs; a worker hands a batch over for ``handover_s`` of the main process."""
+
+    fetch_s: float
+    cpu: float
+    step_s: float
+    cpus: int
+    batch: int = 128
+    handover_s: float = 0.0005
+
+    def measure(self, config: LoaderConfig, *, probe: bool = False, early: bool = False) -> TrialResult:
+        n = config.num_workers
+        if n == 0:
+            per_batch = self.fetch_s + self.step_s
+            fields = dict(fetch_s_per_batch=self.fetch_s, fetch_cpu_s_per_batch=self.fetch_s * self.cpu,
+                          consumer_s_per_batch=None if early else self.step_s, steady=not probe)
+            rate = None if early else self.batch / per_batch
+            return TrialResult(config=config, samples_per_s=rate, batches=2 if probe else 30,
+                               stall_fraction=self.fetch_s / per_batch, **fields)
+        busy = min(n, self.cpus / self.cpu)            # workers that find a CPU
+        production = busy / self.fetch_s               # batches per second
+        consumer = 1.0 / (self.step_s + self.handover_s)
+        rate = min(production, consumer)
+        return TrialResult(config=config, samples_per_s=rate * self.batch, batches=30,
+                           stall_fraction=max(0.0, 1.0 - rate / consumer), consumer_s_per_batch=self.step_s,
+                           worker_cpu_util=self.cpu * busy / n, main_cpu_util=0.1)
+
+
+def drive(host: Host, *, early: bool = False, start=None, serial=None, down=False):
+    request = Request.checked(LatencyBound(n=100000), host.batch, device="cpu", dataloader_kwargs={})
+    profile = probe_machine(disk=False, gpus=False)
+    profile = dataclasses.replace(profile, cpu=dataclasses.replace(profile.cpu, usable=host.cpus),
+                                  memory=dataclasses.replace(profile.memory, budget_bytes=None))
+    search = Search(request, profile, budget=math.inf, start=start, descend=down)
+    steps = online_steps(search, serial=serial)
+    asked, candidate = [], next(steps)
+    try:
+        while True:
+            asked.append(candidate.config.num_workers)
+            outcome = host.measure(candidate.config, probe=candidate.probe, early=early and candidate.probe)
+            candidate = steps.send(outcome)
+    except StopIteration as done:
+        return asked, done.value
+
+
+def test_cpu_bound_decoding_on_16_cores_starts_at_the_cores_rule_and_keeps_it():
+    asked, result = drive(Host(fetch_s=0.33, cpu=1.0, step_s=0.02, cpus=16))
+    assert asked == [0, 16], asked
+    assert result.config.num_workers == 16
+
+
+@pytest.mark.parametrize("cpus", [8, 64])
+def test_many_cores_start_at_the_cores_rule_too(cpus):
+    asked, result = drive(Host(fetch_s=0.33, cpu=1.0, step_s=0.001, cpus=cpus))
+    assert asked[:2] == [0, cpus] and result.config.num_workers == cpus, asked
+
+
+def test_an_early_start_knows_no_step_and_cuts_down_once_the_step_shows_slow():
+    asked, result = drive(Host(fetch_s=0.33, cpu=1.0, step_s=0.1, cpus=16), early=True)
+    assert asked == [0, 16, 4], "the cores rule first, then the fewest that meet a 100 ms step (1.2 x 3.3)"
+    assert result.config.num_workers == 4
+
+
+def test_data_in_memory_stays_serial_and_is_measured():
+    asked, result = drive(Host(fetch_s=0.0005, cpu=1.0, step_s=0.002, cpus=16, batch=64))
+    assert asked == [0, 0], "the probe, then serial measured on (the same run)"
+    assert result.config.num_workers == 0
+    chosen = [t for t in result.trials if t.config == result.config]
+    assert result.samples_per_s == chosen[-1].samples_per_s and chosen[-1].steady, "the measurement, not the probe"
+
+
+def test_waiting_data_jumps_to_what_meets_the_step():
+    asked, result = drive(Host(fetch_s=0.064, cpu=0.05, step_s=0.005, cpus=2, batch=16))
+    assert asked == [0, 8, 16], "8 (2 x CPUs, unmeasured), then 8 x 1.2 x 3,200 / 2,000 = 15.4"
+    assert result.config.num_workers == 16
+
+
+def test_a_re_tune_measures_the_configuration_in_force_first_and_only_goes_down_when_told():
+    host = Host(fetch_s=0.33, cpu=1.0, step_s=0.1, cpus=16)
+    serial = host.measure(LoaderConfig(0), probe=True)
+    asked, result = drive(host, start=LoaderConfig(16, 2), serial=serial, down=True)
+    assert asked == [16, 4] and result.config.num_workers == 4

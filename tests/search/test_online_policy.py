@@ -1,0 +1,121 @@
+"""The online search's decisions (search/online_policy.py, NOTE [ Online convergence ]) on tables of facts and fake
+trials: where an epoch starts, whether the prior starts inside the first batch, where the search jumps, whether a
+switch repays itself, how long a window may last. No process, no clock."""
+import math
+
+import pytest
+
+from autoloader.config import LoaderConfig
+from autoloader.results import TrialResult
+from autoloader.search import online_policy as op
+
+
+@pytest.mark.parametrize("fetch_s, cpu_s, delay_s, step_s, cpus, cap, expected, why", [
+    (0.0005, 0.0005, None, 0.002, 16, 128, 0, "in memory: workers hide 0.5 ms and cost a hand-over"),
+    (0.0005, 0.0005, None, None, 16, 128, 16, "no step timed yet: only the CPUs bound it"),
+    (0.33, 0.33, None, 0.02, 16, 128, 16, "CPU-bound decoding on 16 cores: the cores rule"),
+    (0.33, 0.33, None, None, 64, 128, 64, "CPU-bound on 64 cores, step unknown: 64"),
+    (0.33, 0.33, None, 0.1, 16, 128, 4, "a slow step: the fewest that meet it with headroom (1.2 x 3.3)"),
+    (0.064, 0.0032, None, 0.005, 2, 64, 8, "waiting data: several times the cores, at most 2 x CPUs (>= 8) unmeasured"),
+    (0.064, 0.0032, None, 0.005, 16, 64, 16, "waiting data on 16 cores: 1.2 x 64 / 5 = 16 meets the step"),
+    (0.100, 0.030, 0.070, None, 2, 64, 2, "a busy machine: the run-queue wait is not waiting for data"),
+    (0.33, 0.33, None, 0.02, 16, 6, 6, "never above the cap"),
+    (0.33, 0.33, None, 0.02, 16, 0, 0, "cap 0: no workers at all"),
+    (0.02, 0.02, None, 0.5, 16, 128, 0, "a step 25x the loading: serial is within the margin"),
+])
+def test_the_prior(fetch_s, cpu_s, delay_s, step_s, cpus, cap, expected, why):
+    assert op.prior_workers(fetch_s=fetch_s, fetch_cpu_s=cpu_s, fetch_delay_s=delay_s, consumer_s=step_s,
+                            usable_cpus=cpus, cap=cap) == expected, why
+
+
+@pytest.mark.parametrize("fetch_s, step_s, competitive", [
+    (0.0002, 0.002, True), (0.0005, 0.002, True), (0.002, 0.002, False), (0.037, 0.005, False), (0.01, 0.5, True)])
+def test_serial_is_competitive_while_workers_could_not_gain_the_margin(fetch_s, step_s, competitive):
+    assert op.serial_competitive(fetch_s=fetch_s, consumer_s=step_s) is competitive
+
+
+@pytest.mark.parametrize("fetch_s, workers, early", [
+    (0.33, 16, True),  # 2.6 s of loading in 8 batches against 0.32 s of forks
+    (0.033, 3, True), (0.005, 16, False), (0.001, 2, False), (0.33, 0, False)])
+def test_the_prior_starts_inside_the_first_batch_when_its_forks_repay_within_a_few_batches(fetch_s, workers, early):
+    assert op.starts_early(fetch_s=fetch_s, workers=workers) is early
+
+
+def trial(workers, rate, *, stall, util=None, main=None, step=0.01, batch=16, ok=True):
+    config = LoaderConfig(workers, 2) if workers else LoaderConfig(0)
+    if not ok:
+        return TrialResult(config=config, status="failed", reason="killed")
+    return TrialResult(config=config, samples_per_s=rate, batches=30, window_s=30 * batch / rate,
+                       stall_fraction=stall, consumer_s_per_batch=step, worker_cpu_util=util, main_cpu_util=main)
+
+
+def jump(trials, *, fetch_s=0.064, cpu_s=0.064, step=0.01, cpus=16, cap=128):
+    move = op.jump(trials, fetch_s=fetch_s, fetch_cpu_s=cpu_s, consumer_s=step, batch_size=16, usable_cpus=cpus,
+                   cap=cap)
+    return None if move is None else move.workers
+
+
+def test_a_loading_bound_candidate_with_cpus_to_spare_jumps_to_what_meets_the_step():
+    # 4 workers at 40 % CPU each, 250 samples/s; the step eats 1,600/s: 4 x 1.2 x 1600 / 250 = 30.7; the CPUs
+    # (0.85 x 16 / 1.7 busy) allow 32: 31
+    assert jump([trial(4, 250.0, stall=0.8, util=0.4, main=0.1)]) == 31
+
+
+def test_a_loading_bound_candidate_on_saturated_cpus_does_not_jump():
+    assert jump([trial(16, 800.0, stall=0.5, util=0.95, main=0.3)]) is None
+
+
+def test_the_cpus_bound_a_jump_up():
+    # 2 workers at 100 % of a CPU each on 4 usable CPUs (0.85 x 4 = 3.4 of 2 busy): at most 4 workers
+    assert jump([trial(2, 400.0, stall=0.6, util=1.0, main=0.0)], cpus=4) == 4
+
+
+def test_a_jump_below_the_best_is_rolled_back():
+    first = trial(8, 1000.0, stall=0.3, util=0.3)
+    assert jump([first, trial(16, 900.0, stall=0.4, util=0.2)]) is None, "16 measured below 8: decide (8 wins)"
+
+
+def test_a_candidate_that_keeps_up_is_cut_to_the_fewest_little_says_keep_up():
+    # a worker makes a batch per 64 ms, the step takes 20 ms: 1.2 x 64 / 20 = 3.84 -> 4
+    assert jump([trial(16, 800.0, stall=0.01, util=0.2, step=0.02)], step=0.02) == 4
+
+
+def test_without_a_timed_batch_a_candidate_that_keeps_up_halves():
+    assert jump([trial(16, 800.0, stall=0.01, util=0.2, step=0.02)], fetch_s=0.0, cpu_s=0.0, step=0.02) == 8
+
+
+def test_a_count_measured_or_failed_is_never_proposed_again():
+    assert jump([trial(4, 800.0, stall=0.01, step=0.02), trial(16, 800.0, stall=0.01, step=0.02)],
+                step=0.02) is None, "4 was measured"
+    assert jump([trial(31, 0.0, stall=0.0, ok=False), trial(4, 250.0, stall=0.8, util=0.4, main=0.1)]) == 30, \
+        "31 failed: a ceiling"
+
+
+def test_nothing_to_jump_from():
+    assert jump([]) is None
+    assert jump([trial(0, 500.0, stall=0.9)]) is None, "serial: the prior decides, not a jump"
+    assert jump([trial(4, 0.0, stall=0.0, ok=False)]) is None, "the last one failed"
+
+
+@pytest.mark.parametrize("remaining_s, gain, workers, window_s, expected", [
+    (10.0, 0.5, 16, 0.3, True),     # 5 s gained against 0.32 s of forks
+    (0.5, 0.5, 16, 0.3, False),     # 0.1 s gained against 0.32 s of forks: next epoch
+    (20.0, 0.0, 4, 0.3, True),      # only saves workers: worth the tolerance of 20 s = 1 s
+    (1.0, 0.0, 4, 0.3, False),
+    (None, 0.0, 64, 4.0, True),     # an epoch of unknown length
+])
+def test_a_switch_repays_itself_before_the_epoch_ends(remaining_s, gain, workers, window_s, expected):
+    assert op.repays(remaining_s=remaining_s, gain=gain, workers=workers, window_s=window_s) is expected
+
+
+@pytest.mark.parametrize("epoch_s, bound", [(None, op.MAX_WINDOW_BOUND_S), (math.inf, op.MAX_WINDOW_BOUND_S),
+                                            (3.0, op.MIN_WINDOW_BOUND_S), (60.0, 1.8), (600.0, op.MAX_WINDOW_BOUND_S)])
+def test_a_window_lasts_a_few_percent_of_the_epoch(epoch_s, bound):
+    assert op.window_bound_s(epoch_s) == pytest.approx(bound)
+
+
+@pytest.mark.parametrize("fetch_s, cpu_s, delay_s, share", [
+    (0.1, 0.1, None, 1.0), (0.1, 0.01, None, 0.1), (0.1, 0.03, 0.07, 1.0), (0.1, 0.0, None, 0.01), (0.0, 0.0, None, 1.0),
+    (0.1, 0.4, None, 1.0)])
+def test_the_cpu_share_leaves_out_the_run_queue_wait(fetch_s, cpu_s, delay_s, share):
+    assert op.cpu_share(fetch_s=fetch_s, fetch_cpu_s=cpu_s, fetch_delay_s=delay_s) == pytest.approx(share)
