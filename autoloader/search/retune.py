@@ -1,11 +1,14 @@
 """When an online loader searches again after an epoch served by its decision, and which worker counts a search that
 starts from the configuration in force proposes. Pure functions of the figures measured, tested with tables.
 
-Why search again (``retune``, after each epoch served by the decision, ``OnlineLoader._after_epoch``), and which way:
+Why search again (``retune``, after each epoch served by the decision, ``OnlineSearch.after_epoch``), and which way:
 - Loading became the bottleneck: the loop waited for data ``RETUNE_STALL`` of the epoch or more, and more than when
-  the decision was measured; or the epoch ran more than ``RETUNE_RATE_CHANGE`` slower than the decision's rate. The
-  data got costlier (another job on the machine, a colder storage tier): the search starts from the configuration in
-  force and goes either way (``policy.next_count_near``: it climbs while more workers pay).
+  the decision was measured; or the epoch ran more than ``RETUNE_RATE_CHANGE`` slower than the decision's rate while
+  the loop waited for data ``RETUNE_STALL`` of it. The data got costlier (another job on the machine, a colder
+  storage tier): the search starts from the configuration in force and goes either way. An epoch that ran slower
+  while the loop hardly waited was slowed by its step (a busier GPU, another job on the CPUs): no loader makes it
+  faster, and searching would only cost the loop (no re-tune churn: NOTE [ Online convergence ] in
+  online_policy.py).
 - The epoch ran more than ``RETUNE_RATE_CHANGE`` faster: the data got cheaper (the page cache now serves files a
   cold first epoch read from disk). The same rate needs no more workers than before, so the search only goes down.
 - Fewer may do: the loop hardly waited for data (at most ``IDLE_STALL`` of the epoch) with more than one worker,
@@ -16,8 +19,8 @@ Why search again (``retune``, after each epoch served by the decision, ``OnlineL
   ones in a faster one, so the comparison that chose it does not hold. Fewer are tried once, in one regime (the
   online benchmark's simulated cold files: candidates 8, 20, 40 cold, 64 and 51 warm, 51 chosen where 1 worker is
   the warm optimum, and 51 ran the warm epochs at 0.72-0.84 of its speed).
-A search that only goes down (``policy.next_count_down``) never measures more workers than the configuration in force: a
-candidate that climbs would cost a switch for nothing.
+A search that only goes down never measures more workers than the configuration in force (``policy.next_count_down``
+with threads, ``online_plan``'s jumps down otherwise): a candidate that climbs would cost a switch for nothing.
 """
 from __future__ import annotations
 
@@ -56,7 +59,8 @@ def retune(*, decided_samples_per_s: Optional[float], decided_stall: Optional[fl
             return Retune(f"the loop waited for data {epoch_stall:.0%} of the epoch (at the decision: "
                           f"{decided_stall or 0.0:.0%})", down=False)
         change = epoch_samples_per_s / decided_samples_per_s - 1.0
-        if change < -RETUNE_RATE_CHANGE or (change > RETUNE_RATE_CHANGE and num_workers > 0):
+        slower = change < -RETUNE_RATE_CHANGE and epoch_stall >= RETUNE_STALL
+        if slower or (change > RETUNE_RATE_CHANGE and num_workers > 0):
             return Retune(f"the epoch ran at {epoch_samples_per_s:,.0f} samples/s, {change:+.0%} from the "
                           f"{decided_samples_per_s:,.0f} measured for the decision", down=change > 0)
     if not tried_fewer and num_workers > 1 and epoch_stall <= IDLE_STALL:

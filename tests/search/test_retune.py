@@ -12,7 +12,9 @@ from autoloader.search.retune import IDLE_STALL, retune
     (1000.0, 0.0, 8, 1000.0, 0.08, False, None),             # nothing moved, the loop waited a little
     (1000.0, 0.0, 8, 1100.0, 0.08, False, None),             # +10 %: within RETUNE_RATE_CHANGE
     (1000.0, 0.0, 8, 1200.0, 0.08, False, ("+20%", True)),   # the data got cheaper (warm page cache): down only
-    (1000.0, 0.0, 8, 700.0, 0.08, False, ("-30%", False)),   # another job on the machine: either way
+    (1000.0, 0.0, 8, 700.0, 0.08, False, None),              # slower, the loop hardly waited: the step slowed
+    (1000.0, 0.25, 8, 700.0, 0.30, False, ("-30%", False)),  # slower, waiting for data: either way
+    (1000.0, 0.0, 8, 700.0, 0.30, False, ("waited for data 30%", False)),
     (1000.0, 0.02, 8, 950.0, 0.25, False, ("waited for data 25%", False)),  # loading became the bottleneck
     (1000.0, 0.20, 8, 950.0, 0.25, False, None),             # it already was when the decision was measured
     (1000.0, 0.0, 8, 1000.0, 0.0, False, ("8 workers: trying fewer", True)),  # never waited: fewer may keep up
