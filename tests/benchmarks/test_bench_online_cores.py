@@ -292,7 +292,7 @@ def _ratio(r: Dict[str, Any], key: str) -> str:
 def tables() -> str:
     out = [f"Emulated hosts (`tests/cores_data.py`): worker start {FORK_S:g} s in the parent before each fork + "
            f"{INIT_S:g} s on its first batch, each holding a slot. Speeds as ratios (higher is faster; **bold**: "
-           f"under issue 45's target): e1/rule = the better of serial and the cores rule over online epoch 1 "
+           f"under the target): e1/rule = the better of serial and the cores rule over online epoch 1 "
            f"(>= 0.97), e1/oracle (>= 0.90, 600-batch rows), e2/oracle (>= 0.98), e3/e2 (>= 1 beyond noise), "
            f"trials = oracle epoch over trials' pre-pass + epoch 1 (and over its epoch 1 alone).", "",
            "| row | bound | step ms | serial s | cores rule s | oracle: workers, s | online e1 / e2 / e3 s | "
