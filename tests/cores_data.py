@@ -84,7 +84,8 @@ class VirtualHost:
         self._claim = context.Lock()
         self._claimed = context.RawValue("q", 0)
         self._repaired = context.RawValue("d", 0.0)  # when a waiting process last looked for dead holders
-        self._map: Optional[mmap.mmap] = mmap.mmap(-1, records * RECORD.itemsize)  # anonymous and shared: every later fork sees it
+        # anonymous and shared: every process forked later sees it
+        self._map: Optional[mmap.mmap] = mmap.mmap(-1, records * RECORD.itemsize)
         self.table = np.frombuffer(self._map, dtype=RECORD)
         self._mine = (-1, -1)  # (pid, record) of the process that claimed it; a forked child sees another pid
         self._inited = -1  # the pid whose init was paid
@@ -187,7 +188,8 @@ class VirtualHost:
         from autoloader.probe import machine
 
         real_probe, real_process_time = machine._probe_cpu, time.process_time
-        real_delay, real_cpu_times, real_children = cpuclock.run_delay_s, psutil.Process.cpu_times, procs._children_cpu_s
+        real_delay, real_cpu_times = cpuclock.run_delay_s, psutil.Process.cpu_times
+        real_children = procs._children_cpu_s
         cores, host = self.cores, self
 
         def probe_cpu(proc_cgroup: str) -> Any:
