@@ -172,8 +172,8 @@ def make_loader(
             process (``max(1, (CPUs - 1) // num_workers)``); when the serial candidate shows native threads in use,
             the choice is also measured without the limit, which is kept only when at least as fast. An int N >= 1:
             every worker's pools limited to N threads, never measured without. False: the pools are left alone.
-            Your ``worker_init_fn`` runs after the limit, so its own limits win. The BLAS and OpenMP pools need
-            ``threadpoolctl`` (``pip install "autoloader[native]"``). NOTE [ Native thread pools ] in
+            Your ``worker_init_fn`` runs after the limit, so its own limits win. The BLAS and OpenMP pools are seen and
+            limited with ``threadpoolctl`` (a dependency). NOTE [ Native thread pools ] in
             ``autoloader/loader/native.py``.
         **dataloader_kwargs: Every other ``torch.utils.data.DataLoader`` argument (``collate_fn``, ``sampler``,
             ``batch_sampler``, ``drop_last``, ``worker_init_fn``, ``generator``, ``multiprocessing_context``,

@@ -58,6 +58,8 @@ class TrialResult(Protocol):
     def worker_memory_bytes(self) -> Optional[int]: ...
     @property
     def footprint_bytes(self) -> Optional[int]: ...
+    @property
+    def native_limit_held(self) -> Optional[bool]: ...
 
 
 class TuneResult(Protocol):
@@ -91,6 +93,8 @@ class TuneResult(Protocol):
     def memory_budget_from(self) -> Optional[str]: ...
     @property
     def native_pools(self) -> Optional[Sequence[_Pool]]: ...
+    @property
+    def native_limit_held(self) -> Optional[bool]: ...
 
 
 class CacheEntry(Protocol):
@@ -195,6 +199,8 @@ BOTTLENECK_WORDS = {
     "io": "waiting: workers mostly sleep on storage or network reads",
     "ipc": "inter-process transfer: handing batches between processes costs more than loading them",
     "memory": "memory: more workers would not fit in RAM or /dev/shm",
+    "oversubscription": "oversubscription: the workers' native thread pools (BLAS, OpenMP) together ran more threads "
+                        "than there are CPUs, so workers lost to loading in the main process",
 }
 DISK_LIMITED = 0.8
 """A rate within this share of the disk's ceiling (or above it) is limited by the storage, not the configuration."""
@@ -301,7 +307,10 @@ def config_kwargs(result: TuneResult) -> str:
     config = result.config
     text = ", ".join(f"{k}={v}" for k, v in config.loader_kwargs().items())
     text += f"; threads={config.threads} per process" if config.threads > 1 else ""
-    return text + (f"; native_threads={config.native_threads} per worker" if config.native_threads else "")
+    if not config.native_threads:
+        return text
+    return text + f"; native_threads={config.native_threads} per worker" + (
+        " (not seen applied)" if result.native_limit_held is False else "")
 
 
 def _source_words(result: TuneResult) -> str:
@@ -335,7 +344,7 @@ def _trial_row(trial: TrialResult, best: Optional[float], chosen: bool, *, threa
     measured = trial.samples_per_s if trial.ok else None  # never None when ok
     return ["*" if chosen else "", str(c.num_workers), *([str(c.threads)] if threads else []),
             "-" if c.prefetch_factor is None else str(c.prefetch_factor),
-            "yes" if c.pin_memory else "no", *([_native_cell(c)] if native else []),
+            "yes" if c.pin_memory else "no", *([_native_cell(trial)] if native else []),
             rate(measured),
             f"{100 * measured / best:.0f}%" if measured is not None and best else "-",
             "-" if trial.startup_s is None else f"{trial.startup_s:.2f}",
@@ -345,11 +354,15 @@ def _trial_row(trial: TrialResult, best: Optional[float], chosen: bool, *, threa
             *([_mib_cell(trial.footprint_bytes)] if footprint else []), status]
 
 
-def _native_cell(config: Any) -> str:
-    """The native threads column: the limit, ``off`` for workers without one, ``-`` without workers."""
+def _native_cell(trial: TrialResult) -> str:
+    """The native threads column: the limit (``N?`` when a measured candidate's workers were not seen held to it:
+    ``TrialResult.native_limit_held``), ``off`` for workers without one, ``-`` without workers."""
+    config = trial.config
     if config.num_workers == 0:
         return "-"
-    return "off" if config.native_threads is None else str(config.native_threads)
+    if config.native_threads is None:
+        return "off"
+    return f"{config.native_threads}?" if trial.ok and trial.native_limit_held is False else str(config.native_threads)
 
 
 def native_words(result: TuneResult) -> Optional[str]:
@@ -361,8 +374,7 @@ def native_words(result: TuneResult) -> Optional[str]:
     pools = result.native_pools
     found = UNKNOWN + " (not measured, or threadpoolctl is not installed)" if pools is None else \
         (", ".join(p.label() for p in pools) or "none")
-    limit = "not limited" if config.native_threads is None else f"limited to {config.native_threads} thread(s) each"
-    text = f"native thread pools per worker: {found}; {limit}"
+    text = f"native thread pools per worker: {found}; {_limit_words(result)}"
     sides = {}
     for trial in result.trials:
         if trial.ok and trial.config.num_workers == config.num_workers and trial.config.threads == config.threads \
@@ -372,6 +384,20 @@ def native_words(result: TuneResult) -> Optional[str]:
     if len(sides) == 2:
         text += f" (measured without a limit: {rate(sides[True])} samples/s, with it: {rate(sides[False])})"
     return text
+
+
+def _limit_words(result: TuneResult) -> str:
+    """The limit as far as it was seen applied: never "limited to N" unless every pool a worker reported kept <= N."""
+    limit, pools = result.config.native_threads, result.native_pools
+    if limit is None:
+        return "not limited"
+    if result.native_limit_held:
+        return f"limited to {limit} thread(s) each"
+    if pools is None:
+        return (f"a limit of {limit} thread(s) each was asked for, not seen applied (without threadpoolctl the BLAS "
+                f"and OpenMP pools keep their size; \"{limit}?\" in the table)")
+    return (f"a limit of {limit} thread(s) each was asked for, not applied: a pool above kept more threads "
+            f"(\"{limit}?\" in the table)")
 
 
 def _mib_cell(n: Optional[int]) -> str:

@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any, List, Literal, Mapping, Optional, Tuple
 
 from .config import RECORDED, LoaderConfig, check_knobs
-from .probe._pools import NativePool
+from .probe._pools import NativePool, limit_held
 from .report import format_tune_result
 
-Bottleneck = Literal["consumer", "cpu", "io", "ipc", "memory"]
+Bottleneck = Literal["consumer", "cpu", "io", "ipc", "memory", "oversubscription"]
 Source = Literal["tuned", "online", "cache", "fallback"]
 TrialStatus = Literal["ok", "skipped", "failed"]
 
-BOTTLENECKS: Tuple[str, ...] = ("consumer", "cpu", "io", "ipc", "memory")
+BOTTLENECKS: Tuple[str, ...] = ("consumer", "cpu", "io", "ipc", "memory", "oversubscription")
 SOURCES: Tuple[str, ...] = ("tuned", "online", "cache", "fallback")
 TRIAL_STATUSES: Tuple[str, ...] = ("ok", "skipped", "failed")
 
@@ -106,6 +106,13 @@ class TrialResult:
         return self.status == "ok" and self.samples_per_s is not None
 
     @property
+    def native_limit_held(self) -> Optional[bool]:
+        """Whether its workers' native pools were seen held to ``config.native_threads`` (``probe._pools.limit_held``):
+        None without workers or without a limit; False when they were not (their pools unknown: threadpoolctl
+        missing; or one kept more threads)."""
+        return None if self.config.num_workers == 0 else limit_held(self.config.native_threads, self.native_pools)
+
+    @property
     def worker_memory_bytes(self) -> Optional[int]:
         """The workers' memory: the sum of their USS (0 without worker processes: threads of the main process have
         none of their own); None when not measured."""
@@ -172,8 +179,10 @@ class TuneResult:
             fallback, or online before the first decision).
         bottleneck (str): What limits it: ``"consumer"`` (the training step: more workers would not help),
             ``"cpu"`` (the usable cores are busy loading), ``"io"`` (workers mostly wait on storage or network),
-            ``"ipc"`` (handing batches between processes costs more than loading them) or ``"memory"`` (more
-            workers would not fit in the memory budget or ``/dev/shm``); None when unknown.
+            ``"ipc"`` (handing batches between processes costs more than loading them), ``"memory"`` (more
+            workers would not fit in the memory budget or ``/dev/shm``) or ``"oversubscription"`` (workers lost to
+            loading in the main process because their native thread pools, BLAS or OpenMP, together ran more threads
+            than there are CPUs); None when unknown.
         source (str): Where it came from: ``"tuned"`` (trials ran now), ``"online"`` (decided in the training loop),
             ``"cache"`` (a cached result, no trial ran now) or ``"fallback"`` (nothing could be measured: a safe
             default, not cached).
@@ -221,6 +230,12 @@ class TuneResult:
         same = [t for t in self.trials if t.ok and t.config.same_candidate(self.config)]
         chosen = next((t for t in same if t.samples_per_s == self.samples_per_s), same[-1] if same else None)
         return chosen.native_pools if chosen is not None else None
+
+    @property
+    def native_limit_held(self) -> Optional[bool]:
+        """Whether the chosen configuration's native limit was seen held in its workers (``probe._pools.limit_held``
+        on ``native_pools``): None without workers or without a limit; False when it was not seen so."""
+        return None if self.config.num_workers == 0 else limit_held(self.config.native_threads, self.native_pools)
 
     def with_source(self, source: Source) -> "TuneResult":
         """The same result from another source.

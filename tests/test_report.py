@@ -97,6 +97,29 @@ def test_the_native_pools_a_worker_found_and_the_limit_chosen_are_shown():
     rows = [line.split() for line in text.splitlines()[text.splitlines().index(header) + 1:]]
     assert [r[4 if r[0] == "*" else 3] for r in rows] == ["-", "7", "off"], rows  # no workers, the limit, none
     unknown = format_tune_result(tuned_result(native_threads=1))
-    assert "native thread pools per worker: unknown" in unknown and "limited to 1" in unknown
+    assert "native thread pools per worker: unknown" in unknown and "limited to 1" not in unknown
+    assert "a limit of 1 thread(s) each was asked for, not seen applied" in unknown
+
+
+def test_a_limit_not_seen_applied_is_never_claimed():
+    # as without threadpoolctl: the candidates' workers reported no pools, so the BLAS pool kept its size
+    unseen = replace(trial(2, 1000.0), config=LoaderConfig(2, 2, native_threads=1))
+    result = tuned_result(trials=(trial(0, 500.0), unseen), native_threads=1, samples_per_s=1000.0)
+    assert result.native_limit_held is False
+    text = format_tune_result(result)
+    assert "native_threads=1 per worker (not seen applied)" in text.splitlines()[0] and "limited to" not in text
+    header = next(line for line in text.splitlines() if "vs best" in line)
+    rows = [line.split() for line in text.splitlines()[text.splitlines().index(header) + 1:]]
+    assert [r[4 if r[0] == "*" else 3] for r in rows] == ["-", "1?"], rows
+    refused = (NativePool("libscipy_openblas", "blas", "openblas", 8, 4),)  # a library that kept 4 of its 8
+    kept = tuned_result(trials=(replace(unseen, native_pools=refused),), native_threads=1, samples_per_s=1000.0)
+    assert "not applied: a pool above kept more threads" in format_tune_result(kept)
+    held = replace(unseen, native_pools=(NativePool("libscipy_openblas", "blas", "openblas", 8, 1),))
+    text = format_tune_result(tuned_result(trials=(held,), native_threads=1, samples_per_s=1000.0))
+    assert "limited to 1 thread(s) each" in text and "?" not in text and "not seen" not in text
+
+
+def test_oversubscription_is_named_in_words():
+    assert "oversubscription" in format_tune_result(tuned_result(bottleneck="oversubscription"))
     assert "native thread pools" not in format_tune_result(tuned_result(num_workers=0, prefetch_factor=None,
                                                                         persistent_workers=False))

@@ -207,9 +207,10 @@ def check_native_pools(pools: Optional[Sequence[NativePool]], *, usable_cpus: Op
     name = "native thread pools"
     if pools is None:
         return Finding(name, "warn" if (usable_cpus or 1) >= 2 else "info",
-                       "threadpoolctl is not installed: in DataLoader workers autoloader can neither see nor limit "
-                       "the BLAS and OpenMP pools (numpy's OpenBLAS or MKL), only OpenCV, numexpr and libraries a "
-                       "worker loads later", 'pip install threadpoolctl (or "autoloader[native]")')
+                       "threadpoolctl is not installed (a dependency of autoloader the install left out): in "
+                       "DataLoader workers autoloader can neither see nor limit the BLAS and OpenMP pools (numpy's "
+                       "OpenBLAS or MKL), only OpenCV, numexpr and libraries a worker loads later",
+                       "pip install threadpoolctl")
     shown = ", ".join(p.label() for p in pools) or "none loaded"
     detail = (f"in this process {shown}; autoloader limits each worker's to max(1, ({usable_cpus or '?'} usable CPUs - "
               f"1) // workers) threads unless measured slower than without (make_loader(native_threads=N or False) "

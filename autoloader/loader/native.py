@@ -18,9 +18,10 @@ user's own), and what each worker found (``worker_pools``). The share each worke
 # What it cannot see: a library first loaded inside ``__getitem__`` (threadpoolctl lists loaded libraries only; the
 # variables cover OpenBLAS, MKL, OpenMP and numexpr, which read them when loaded, not OpenCV: import cv2 at module
 # level); OpenMP's setting is per thread, so threads the worker starts itself (``ThreadedDataset``'s) keep the
-# runtime's initial size; pools no one exposes (OpenCV's TBB). Without threadpoolctl only OpenCV, numexpr and the
-# variables are limited: a BLAS or OpenMP library already loaded (under fork, numpy's OpenBLAS, the usual offender)
-# keeps its size. That is logged once per process, and the pools are then unknown (``pools_here`` is None).
+# runtime's initial size; pools no one exposes (OpenCV's TBB). threadpoolctl is a dependency; where it is missing all
+# the same, only OpenCV, numexpr and the variables are limited: a BLAS or OpenMP library already loaded (under fork,
+# numpy's OpenBLAS, the usual offender) keeps its size. That is logged once per process, the pools are then unknown
+# (``pools_here`` is None), and the reports say the limit was not seen applied (``probe._pools.limit_held``).
 # Forked pools: a pool started in the parent comes to the worker without its threads, and the library starts them
 # again (OpenBLAS's fork handler, the OpenMP runtime on its next parallel region); the hangs reported with OpenCV and
 # albumentations under fork are of that kind. A limit of one makes OpenCV sequential in the worker, so it starts no
@@ -186,4 +187,4 @@ def _tell_without_threadpoolctl() -> None:
         log.warning("threadpoolctl is not installed: in DataLoader workers autoloader limits only OpenCV, numexpr "
                     "and libraries loaded after a worker starts (OMP_NUM_THREADS, ...); the BLAS and OpenMP pools "
                     "already loaded (numpy's OpenBLAS or MKL) keep one thread per core in every worker. "
-                    "pip install threadpoolctl (or autoloader[native]) to limit them too")
+                    "pip install threadpoolctl (a dependency of autoloader the install left out) to limit them too")

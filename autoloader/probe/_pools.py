@@ -1,9 +1,10 @@
 """The native thread pools of this process (BLAS, OpenMP, OpenCV, numexpr): which there are and how many threads each
 keeps. Read, never set: ``loader/native.py`` limits them inside DataLoader workers (NOTE [ Native thread pools ]).
 
-threadpoolctl, an optional dependency (``pip install "autoloader[native]"``), finds the BLAS and OpenMP libraries
-loaded in the process; OpenCV and numexpr are read when they are imported. Without threadpoolctl the BLAS and OpenMP
-pools are unknown: ``pools_here()`` is None then, never a partial list that would read as "no BLAS pool".
+threadpoolctl, a dependency (``install_requires``), finds the BLAS and OpenMP libraries loaded in the process; OpenCV
+and numexpr are read when they are imported. Where it is missing all the same (an install that left it out, a test
+that hides it) the BLAS and OpenMP pools are unknown: ``pools_here()`` is None then, never a partial list that would
+read as "no BLAS pool".
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import logging
 import sys
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, List, Mapping, Optional
+from typing import Any, List, Mapping, Optional, Sequence
 
 log = logging.getLogger("autoloader.probe")
 
@@ -32,6 +33,11 @@ class NativePool:
     internal_api: str
     found: int
     limited_to: Optional[int] = None
+
+    @property
+    def kept(self) -> int:
+        """The threads it kept: ``limited_to`` after a limit, else ``found``."""
+        return self.found if self.limited_to is None else self.limited_to
 
     def label(self) -> str:
         """``libscipy_openblas (blas) 2 -> 1``: the library, its API, the threads found and kept."""
@@ -55,6 +61,18 @@ class NativePool:
                 not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
             raise ValueError(f"a native pool needs text names and thread counts >= 0, got {data!r}")
         return pool
+
+
+def limit_held(limit: Optional[int], pools: Optional[Sequence[NativePool]]) -> Optional[bool]:
+    """Whether a worker's native pools were seen held to ``limit`` threads: None without a limit; False when its pools
+    are unknown (None: threadpoolctl missing, or not measured; the BLAS and OpenMP pools were then neither seen nor
+    limited) or one kept more threads than the limit (a library that refused); True when every pool kept at most
+    ``limit``. What a report may claim of a limit (it never claims one it did not see applied)."""
+    if limit is None:
+        return None
+    if pools is None:
+        return False
+    return all(p.kept <= limit for p in pools)
 
 
 def threadpoolctl() -> Optional[ModuleType]:

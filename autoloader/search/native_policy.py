@@ -125,6 +125,9 @@ def decision_words(trials: Sequence[TrialResult], config: LoaderConfig, *, toler
         return None
     limited, unlimited = measured
     if keep_limit(limited, unlimited, tolerance=tolerance):
+        if limited.native_limit_held is False:  # never claim a limit its workers were not seen held to
+            return (f"native pools: a limit of {limited.config.native_threads} thread(s) per worker kept, measured at "
+                    f"least as fast as without (within {tolerance:.0%}), but not seen applied to every pool")
         return (f"native pools limited to {limited.config.native_threads} thread(s) per worker: measured at least as "
                 f"fast as without (within {tolerance:.0%})")
     return f"native pools not limited: faster without than limited to {limited.config.native_threads} per worker"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, Optional, Sequence, Tuple
 
+from . import native_policy
 from .budget import SHM_MARGIN, budget_guard, forecast_bytes, growth_per_sample, shm_need_bytes, trial_footprint
 from .threads_policy import fewest_near, least_memory, rate
 from ..report import mib
@@ -17,7 +18,8 @@ from ..results import Bottleneck, TrialResult, TuneResult
 __all__ = [
     "DEFAULT_TOLERANCE", "FIRST_STEP_WORKERS", "HEADROOM", "SHM_MARGIN",
     "bottleneck", "climb_cap", "cpu_saturated", "disk_ceiling", "keep_workers_alive", "next_count_down",
-    "next_count_near", "next_worker_count", "no_longer_fits", "per_worker_bytes", "predict_from_serial",
+    "next_count_near", "next_worker_count", "no_longer_fits",
+    "oversubscribed", "per_worker_bytes", "predict_from_serial",
     "predict_from_workers", "rate_ceiling", "select", "select_within_budget", "shm_need_bytes", "workers_needed",
     "worth_more_prefetch"]
 
@@ -280,9 +282,11 @@ def bottleneck(chosen: TrialResult, trials: Sequence[TrialResult], *, consumer_s
         return "memory"
     n = chosen.config.num_workers
     if n == 0:
-        slower_with_workers = any(t.ok and t.config.num_workers > 0 for t in trials)
+        slower_with_workers = [t for t in trials if t.ok and t.config.num_workers > 0]
         if slower_with_workers:
-            return "ipc"
+            if oversubscribed(chosen, slower_with_workers, usable_cpus=usable_cpus):
+                return "oversubscription"
+            return "cpu" if native_policy.native_in_use(chosen) else "ipc"
         fetch, cpu = chosen.fetch_s_per_batch, chosen.fetch_cpu_s_per_batch
         if fetch and cpu is not None and cpu / fetch < 0.5:
             return "io"
@@ -294,6 +298,22 @@ def bottleneck(chosen: TrialResult, trials: Sequence[TrialResult], *, consumer_s
     if chosen.worker_cpu_util is not None and chosen.worker_cpu_util < 0.5:
         return "io"
     return "cpu"
+
+
+def oversubscribed(serial: TrialResult, with_workers: Sequence[TrialResult], *, usable_cpus: int) -> bool:
+    """Workers lost to serial loading because their native pools oversubscribed the CPUs: the serial loading ran
+    native threads (``native_policy.native_in_use``: its CPU time above its wall time), and a configuration with
+    workers was not seen held to a limit that fits (its pools unknown, as without threadpoolctl, or a limit not held),
+    or its workers' pools kept more threads in all than the usable CPUs."""
+    if not native_policy.native_in_use(serial):
+        return False
+    for trial in with_workers:
+        if trial.native_pools is None or trial.native_limit_held is False:
+            return True
+        kept = max((p.kept for p in trial.native_pools), default=1)
+        if trial.config.num_workers * kept > usable_cpus:
+            return True
+    return False
 
 
 def disk_ceiling(*, read_bytes_per_sample: Optional[float], seq_read_mb_s: Optional[float]) -> Optional[float]:

@@ -17,12 +17,20 @@ configuration measured in interleaved rounds (forward, then reverse order, ...) 
 ``test_bench_threads.py`` does; the table gives ratios to the fastest row of the workload. Asserted only what must hold
 anywhere: no trial or tune leaves a worker behind, the main process's pools are as they were, every configuration
 measured at least once. ``AUTOLOADER_BENCH_ROUNDS`` (default 3), ``AUTOLOADER_BENCH_TABLE`` (a path for the table).
+
+``blas-epochs`` (issue 45, item 7; ~8 min): what a new user sees, whole epochs of their loop rather than trials:
+``blas_user.py`` (three 320x320 matmuls by numpy per sample; plain DataLoaders at 0, 1 and 2 workers against
+``make_loader`` online epochs 1-3 and trials) run twice in fresh interpreters, once as installed and once hiding
+threadpoolctl (the default install before it became a dependency). ``AUTOLOADER_BENCH_WORKLOADS=blas-epochs`` runs
+only that.
 The run is added to tests/benchmarks/results/native_threads.md (``bench_results``).
 """
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
 import sys
 from typing import Any, Dict, List, Tuple
 
@@ -53,7 +61,11 @@ MAX_WORKERS = 8
 TRIAL_LIMIT = 8.0
 MIN_WINDOW_S = 1.0
 CASES = {"numpy": "numpy BLAS: 4 matmuls 256x256 per sample", "torch": "torch op: 4 matmuls 256x256 per sample"}
-SELECTED = selected_workloads(",".join(CASES), CASES)
+BLAS = "blas-epochs"
+"""The new user's rows (issue 45, item 7): ``blas_user.py``'s epochs, with threadpoolctl and as if without it."""
+SELECTED = selected_workloads(",".join([*CASES, BLAS]), [*CASES, BLAS])
+BLAS_TARGET = 1.3
+BLAS_ROWS: List[Dict[str, Any]] = []
 ROWS: List[Dict[str, Any]] = []
 
 
@@ -107,7 +119,7 @@ def comparison(result: TuneResult) -> str:
     return result.reason.split("; ")[-1]
 
 
-@pytest.mark.parametrize("case_id", SELECTED)
+@pytest.mark.parametrize("case_id", [c for c in SELECTED if c in CASES])
 def test_native_threads_side_by_side(benchmark, case_id):
     before, load_start = parent_pools(), os.getloadavg()[0]
     dataset = Matmul(backend=case_id)
@@ -138,6 +150,50 @@ def test_native_threads_side_by_side(benchmark, case_id):
     print(f"\n{case_id}: {row}")
 
 
+def blas_user(hide: bool) -> Dict[str, Any]:
+    """``blas_user.py`` in a fresh interpreter (hiding threadpoolctl there only): its JSON row, the report lines."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "blas_user.py")
+    done = subprocess.run([sys.executable, script] + (["--hide-threadpoolctl"] if hide else []),
+                          capture_output=True, text=True, timeout=1800, check=True)
+    lines = done.stdout.strip().splitlines()
+    row = json.loads(lines[-1])
+    row["bottlenecks"] = [line.split("bottleneck: ", 1)[1] for line in lines if "bottleneck: " in line]
+    row["native"] = [line.strip() for line in lines if line.strip().startswith("native thread pools per worker")]
+    return row
+
+
+@pytest.mark.skipif(BLAS not in SELECTED, reason=f"{BLAS} is not in AUTOLOADER_BENCH_WORKLOADS")
+def test_blas_epochs_as_a_new_user(benchmark):
+    load_start = os.getloadavg()[0]
+    without = benchmark.pedantic(blas_user, args=(True,), rounds=1, iterations=1)
+    with_it = blas_user(False)
+    for row in (without, with_it):
+        row["load"] = (load_start, os.getloadavg()[0])
+        BLAS_ROWS.append(row)
+        print(f"\n{BLAS}: {row}")
+    assert_no_worker_left("blas_user.py")
+    assert not without["threadpoolctl"] and with_it["threadpoolctl"]
+
+
+def blas_table() -> str:
+    out = [f"A new user's epochs: `python tests/benchmarks/blas_user.py [--hide-threadpoolctl]`, one "
+           f"fresh interpreter each; three 320x320 float32 matmuls by numpy per sample, batch 16, no step, epochs of "
+           f"{BLAS_ROWS[0]['samples']:,} samples. Samples/s; in brackets the ratio to the best plain DataLoader of the "
+           f"same run (target >= {BLAS_TARGET} from online epoch 2 and for trials' epoch 1).", "",
+           "| install | plain 0 / 1 / 2 workers | online e1 / e2 / e3 | online in force after e3 | trials: choice, "
+           "pre-pass s, e1 | target | online's bottleneck, native pools | load |", "|---|---|---|---|---|---|---|---|"]
+    for r in BLAS_ROWS:
+        plain = " / ".join(f"{r['plain'][str(w)]:,.0f}" for w in (0, 1, 2))
+        online = " / ".join(f"{x:,.0f} ({q:.2f})" for x, q in zip(r["online"], r["online/plain"]))
+        met = min(r["online/plain"][1:]) >= BLAS_TARGET and r["trials/plain"] >= BLAS_TARGET
+        words = "; ".join(r["bottlenecks"][:1] + r["native"][:1]) or "-"
+        out.append(f"| {'with' if r['threadpoolctl'] else 'without'} threadpoolctl | {plain} | {online} | "
+                   f"{r['online_configs'][-1]} | {r['trials_config']}, {r['trials_prepass_s']:.1f}, "
+                   f"{r['trials']:,.0f} ({r['trials/plain']:.2f}) | {'yes' if met else '**no**'} | {words} | "
+                   f"{r['load'][0]:.1f}/{r['load'][1]:.1f} |")
+    return "\n".join(out)
+
+
 def tables() -> str:
     cpus = probe_machine(disk=False, gpus=False).cpu.usable
     loads = [x for r in ROWS for x in r["load"]]
@@ -165,7 +221,7 @@ def tables() -> str:
 def table():
     run = Run.start("native_threads", "Native thread pools inside workers: benchmark results")
     yield
-    if ROWS:
-        text = tables()
+    if ROWS or BLAS_ROWS:
+        text = "\n\n".join(([tables()] if ROWS else []) + ([blas_table()] if BLAS_ROWS else []))
         emit_table(text)
-        run.write(text, packages=("threadpoolctl",), loads=[x for r in ROWS for x in r["load"]])
+        run.write(text, packages=("threadpoolctl",), loads=[x for r in ROWS + BLAS_ROWS for x in r["load"]])

@@ -29,7 +29,7 @@ def test_doctor_runs_here(work):
     assert {"shared memory", "memory budget", "open files", "usable CPUs", "start method", "thread variables", "GPUs",
             "GPU device holders", "machine profile", "cache", "native thread pools"} <= names
     pools = next(f for f in findings if f["name"] == "native thread pools")
-    assert pools["status"] == "ok" and "(blas)" in pools["detail"], pools   # threadpoolctl: the test extra has it
+    assert pools["status"] == "ok" and "(blas)" in pools["detail"], pools   # threadpoolctl: a dependency
     budget = next(f for f in findings if f["name"] == "memory budget")
     assert budget["status"] in ("ok", "info") and "memory_budget=" in budget["detail"] + budget["fix"]
     assert all(f["status"] in ("ok", "warn", "fail", "info") and f["detail"] for f in findings)

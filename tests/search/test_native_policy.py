@@ -2,7 +2,7 @@
 import pytest
 
 from autoloader.config import LoaderConfig
-from autoloader.probe._pools import NativePool
+from autoloader.probe._pools import NativePool, limit_held
 from autoloader.results import TrialResult
 from autoloader.search import native_policy as policy
 
@@ -117,3 +117,24 @@ def test_pair_and_decision_words_say_why_the_limit_stays_or_goes():
     assert kept == "native pools limited to 1 thread(s) per worker: measured at least as fast as without (within 5%)"
     dropped = policy.decision_words([limited, workers(2, 1500.0, native=None)], without.config, tolerance=0.05)
     assert dropped == "native pools not limited: faster without than limited to 1 per worker"
+
+
+@pytest.mark.parametrize("limit, pools, expected", [
+    (None, BLAS_2, None), (None, None, None),                                  # no limit: nothing to claim
+    (1, BLAS_2, True), (1, BLAS_1, True), (2, BLAS_2, True),
+    (1, None, False),                                                          # pools unknown: no threadpoolctl
+    (1, (NativePool("libscipy_openblas", "blas", "openblas", 8, 4),), False),  # a library that kept more
+    (1, (NativePool("libscipy_openblas", "blas", "openblas", 2),), False),     # found 2, no limit applied
+    (1, (), True),
+])
+def test_limit_held_only_when_every_pool_was_seen_under_it(limit, pools, expected):
+    assert limit_held(limit, pools) is expected
+    if limit is not None:
+        assert workers(2, 1.0, native=limit, pools=pools).native_limit_held is expected
+    assert workers(0, 1.0, native=None, pools=pools, prefetch=None).native_limit_held is None  # no workers
+
+
+def test_decision_words_never_claim_a_limit_not_seen_applied():
+    limited, without = workers(2, 1000.0, pools=None), workers(2, 980.0, native=None, pools=None)
+    words = policy.decision_words([limited, without], limited.config, tolerance=0.05)
+    assert "not seen applied" in words and "limited to" not in words

@@ -7,7 +7,16 @@ import pytest
 from autoloader.search import policy, threads_policy
 from autoloader.search.bounds import default_max_workers
 from autoloader.config import LoaderConfig
+from autoloader.probe._pools import NativePool
 from autoloader.results import TrialResult
+
+
+def pooled(n, rate, *, found, kept=None, limit=None):
+    """A worker trial whose workers reported their BLAS pool: ``found`` threads, ``kept`` under ``limit``."""
+    pool = NativePool("libscipy_openblas", "blas", "openblas", found,
+                      None if limit is None else (kept if kept is not None else min(found, limit)))
+    return dataclasses.replace(trial(n, rate), config=LoaderConfig(n, 2, False, False, native_threads=limit),
+                               native_pools=(pool,))
 
 
 def trial(n, rate, *, prefetch=2, status="ok", util=None, main=None, stall=None, fetch=None, cpu=None, pin=False):
@@ -157,6 +166,13 @@ def test_worth_more_prefetch():
     (trial(32, 1500, util=0.02, main=0.3, stall=0.6), [], None, False, "io"),
     (trial(4, 3000, util=0.1, main=0.95, stall=0.6), [], None, False, "ipc"),
     (trial(8, 1500, util=0.02, main=0.3, stall=0.6), [], None, True, "memory"),
+    # serial loading ran native threads (CPU 1.8x its wall time) and workers were slower:
+    (trial(0, 200, fetch=0.05, cpu=0.09), [trial(2, 120)], None, False, "oversubscription"),  # their pools unknown
+    (trial(0, 200, fetch=0.05, cpu=0.09), [pooled(2, 120, found=2)], None, False, "oversubscription"),  # 2 x 2 > 2
+    (trial(0, 200, fetch=0.05, cpu=0.09), [pooled(2, 120, found=2, limit=1)], None, False, "cpu"),  # held to 1
+    (trial(0, 200, fetch=0.05, cpu=0.09), [pooled(2, 120, found=8, kept=4, limit=1)], None, False,
+     "oversubscription"),                                                                        # a pool kept 4
+    (trial(0, 200, fetch=0.05, cpu=0.05), [trial(2, 120)], None, False, "ipc"),  # one thread: the transfer lost
 ])
 def test_bottleneck(chosen, others, consumer, memory_limited, expected):
     assert policy.bottleneck(chosen, [chosen, *others], consumer_samples_per_s=consumer, usable_cpus=2,
