@@ -110,7 +110,8 @@ class OnlineSearch:
 
     def early(self, estimate: BatchEstimate, *, epoch: int) -> Optional[Candidate]:
         """The probe's first samples say what a batch costs: the prior's candidate when its workers should start now
-        (``online_policy.starts_early``; the probe is then told the estimate), else None (the probe goes on)."""
+        (``online_policy.starts_early``, and within the memory budget; the probe is then told the estimate), else None
+        (the probe goes on)."""
         current = self.current
         if current is None or current.candidate is None or not current.candidate.probe:
             return None
@@ -118,7 +119,9 @@ class OnlineSearch:
                                               fetch_delay_s=estimate.fetch_delay_s, consumer_s=None,
                                               usable_cpus=current.search.settings.usable,
                                               cap=current.search.climb_cap())
-        if not online_policy.starts_early(fetch_s=estimate.fetch_s, workers=workers):
+        search = current.search
+        if not online_policy.starts_early(fetch_s=estimate.fetch_s, workers=workers) or \
+                search.guard(search.config(workers), search.per_worker_estimate()) is not None:
             return None
         log.info("the first samples cost %.1f ms a batch: starting %d workers now", 1e3 * estimate.fetch_s, workers)
         self.tell(TrialResult(config=current.candidate.config, reason=f"probe: the first {estimate.samples} samples' "

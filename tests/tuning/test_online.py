@@ -397,3 +397,24 @@ def test_a_search_that_outlived_its_epoch_tries_fewer_once_after_its_decision():
     search.after_epoch(1, 2000.0, 0.08)
     assert source.searching and search.current.down
     del source
+
+
+def test_costly_first_samples_start_the_prior_inside_the_first_batch():
+    """NOTE [ Online convergence ], 1.: 5 ms samples make a 40 ms batch; four samples in, the prior's workers start
+    (forking 4 costs ~80 ms, less than 8 batches of loading), and the main process serves only the batch it was
+    loading. The epoch is still exactly the plain DataLoader's."""
+    data = Indexed(480, latency_s=0.005)
+    torch.manual_seed(11)
+    loader = make_loader(data, 8, shuffle=True, cache=False, tuning="online", max_workers=4)
+    online = _epochs(loader, 2)
+    torch.manual_seed(11)
+    assert online == _epochs(DataLoader(data, 8, shuffle=True), 2)
+    probe = loader.tuning.trials[0] if loader.tuning.trials else None
+    trace = loader.online_traces[0]
+    serial_end = trace.spans[0][1]
+    assert trace.spans[0][2] == "workers=0"
+    assert sum(1 for t, _ in trace.batches if t <= serial_end) == 1, "the main process served its first batch only"
+    assert trace.spans[1][2].startswith("workers=4"), trace.spans
+    if probe is not None:
+        assert probe.config.num_workers == 0 and not probe.steady and (probe.reason or "").startswith("probe")
+    del loader
