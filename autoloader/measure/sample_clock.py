@@ -5,8 +5,10 @@ convergence ], 1., in search/online_policy.py).
 A ``SampleClock`` wraps the index lists a probe's slice hands its DataLoader (``BatchSlice.through``): torch's
 fetcher iterates a batch's indices one sample at a time (``[dataset[i] for i in indices]``), so the time between two
 indices is one sample's ``__getitem__``. Nothing else changes: the dataset gets the same ints, in the same order, from
-the same process. A dataset with ``__getitems__`` (the whole batch at once) or a batch of fewer than ``MIN_SAMPLES``
-samples is not timed here: the probe's batches tell the cost instead, a batch later.
+the same process. A ``__getitems__`` that walks the indices (``torch.utils.data.Subset``'s) is timed the same way;
+one that takes the whole batch at once (an Arrow ``take``) reads as nearly free samples, so the prior does not start
+early, and a batch of fewer than ``MIN_SAMPLES`` samples is not timed: the probe's batches tell the cost instead, a
+batch later.
 """
 from __future__ import annotations
 
@@ -39,10 +41,9 @@ class BatchEstimate:
 
 
 def times_samples(loader: Any) -> bool:
-    """Whether ``loader`` fetches a batch one ``__getitem__`` at a time in this process (no workers, no
-    ``__getitems__``): only then does a ``SampleClock`` time its samples."""
-    dataset = getattr(loader, "dataset", None)
-    return getattr(loader, "num_workers", 1) == 0 and not callable(getattr(dataset, "__getitems__", None))
+    """Whether ``loader`` fetches its batches in this process (no workers): only then does a ``SampleClock`` time
+    its samples."""
+    return getattr(loader, "num_workers", 1) == 0
 
 
 class SampleClock:

@@ -22,11 +22,6 @@ class Sleepy(Dataset):
         return torch.tensor([i])
 
 
-class Batched(Sleepy):
-    def __getitems__(self, indices):
-        return [self[i] for i in indices]
-
-
 def serial_over_a_slice(dataset, estimates, *, batch_size=8):
     plain = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(3))
     source = EpochSlicer(plain).epoch()
@@ -53,10 +48,19 @@ def test_the_estimate_comes_inside_the_first_batch_once_and_the_batches_are_unto
     part.delivered(len(seen))
 
 
-def test_only_a_loader_fetching_sample_by_sample_in_this_process_is_timed():
+def test_only_a_loader_fetching_in_this_process_is_timed():
     assert times_samples(DataLoader(Sleepy(), batch_size=8))
-    assert not times_samples(DataLoader(Batched(), batch_size=8)), "__getitems__: the whole batch at once"
     assert not times_samples(DataLoader(Sleepy(), batch_size=8, num_workers=2)), "in its workers"
+
+
+def test_a_subset_walks_its_indices_in_getitems_and_is_timed_as_well():
+    dataset, estimates = torch.utils.data.Subset(Sleepy(), list(range(64))), []
+    loader, reference, part = serial_over_a_slice(dataset, estimates)
+    got = list(loader)
+    [estimate] = estimates
+    assert estimate.fetch_s >= 8 * 0.004 * 0.8
+    assert [b.tolist() for b in got] == [b.tolist() for b in reference]
+    part.delivered(len(got))
 
 
 def test_a_batch_too_small_to_time_is_passed_through():
