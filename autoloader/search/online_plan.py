@@ -38,8 +38,11 @@ def online_steps(search: Search, *, serial: Optional[TrialResult] = None) -> Ste
             if workers:
                 log.info("serial loading takes %.1f ms a batch beside a %.1f ms step: trying %d workers",
                          1e3 * (serial.fetch_s_per_batch or 0.0), 1e3 * (serial.consumer_s_per_batch or 0.0), workers)
-        if workers:
+        while workers:  # a prior that would not fit the memory budget: half as many (nothing started: no cost)
             yield from search.run(search.config(workers))
+            if search.found.trials[-1].status != "skipped":
+                break
+            workers //= 2
     else:
         yield from search.run(search.config(settings.start.num_workers), first=True)
     yield from _jumps(search, serial)
@@ -76,8 +79,28 @@ def _jumps(search: Search, serial: Optional[TrialResult]) -> Steps[None]:
                                   tolerance=settings.tolerance)
         if move is None or (settings.descend and last is not None and move.workers > last.config.num_workers):
             return
-        log.info("online: %s", move.why)
-        yield from search.run(search.config(move.workers), gain=move.gain)
+        workers = _fitting(search, low=last.config.num_workers if last is not None else 0, high=move.workers)
+        if workers is None:
+            return
+        log.info("online: %s%s", move.why, "" if workers == move.workers else
+                 f"; {workers} fit the memory budget")
+        yield from search.run(search.config(workers), gain=move.gain)
+
+
+def _fitting(search: Search, *, low: int, high: int) -> Optional[int]:
+    """The most workers up to ``high`` that the memory budget admits (``Search.guard``: it grows with the count), a
+    jump down as it is; None when none above ``low`` does."""
+    estimate = search.per_worker_estimate()
+    if high <= low or search.guard(search.config(high), estimate) is None:
+        return high
+    top, bottom = high, low  # top does not fit; bottom is measured (it fit)
+    while top - bottom > 1:
+        middle = (top + bottom) // 2
+        if search.guard(search.config(middle), estimate) is None:
+            bottom = middle
+        else:
+            top = middle
+    return bottom if bottom > low else None
 
 
 def _finish(search: Search, chosen: Optional[TrialResult]) -> Steps[TuneResult]:

@@ -99,3 +99,22 @@ def test_a_re_tune_measures_the_configuration_in_force_first_and_only_goes_down_
     serial = host.measure(LoaderConfig(0), probe=True)
     asked, result = drive(host, start=LoaderConfig(16, 2), serial=serial, down=True)
     assert asked == [16, 4] and result.config.num_workers == 4
+
+
+def test_a_prior_over_the_memory_budget_is_halved_until_it_fits(monkeypatch):
+    host = Host(fetch_s=0.33, cpu=1.0, step_s=0.001, cpus=64)
+    monkeypatch.setattr(Search, "guard", lambda self, config, per_worker: "memory: too many" if
+                        config.num_workers > 16 else None)
+    asked, result = drive(host)
+    assert asked == [0, 16], "64 and 32 skipped before they started (nothing measured), 16 measured"
+    assert [t.config.num_workers for t in result.trials if t.status == "skipped"] == [64, 32]
+    assert result.config.num_workers == 16, "no jump past what the budget admits"
+
+
+def test_a_jump_stops_at_what_the_memory_budget_admits(monkeypatch):
+    host = Host(fetch_s=0.33, cpu=1.0, step_s=0.001, cpus=64)
+    monkeypatch.setattr(Search, "guard", lambda self, config, per_worker: "memory: too many" if
+                        config.num_workers > 24 else None)
+    monkeypatch.setattr("autoloader.search.online_plan.online_policy.prior_workers", lambda **_: 16)
+    asked, result = drive(host)
+    assert asked == [0, 16, 24], "16 loading-bound on 64 CPUs jumps towards 54, and stops at 24, the most that fit"
