@@ -36,8 +36,8 @@ measurement is complete, and what happens then (``EpochScheduler``; the search b
 # share of the epoch, predicted from the batches served so far (``online_policy.window_bound_s``). Ranks: after every
 # batch of a ``measuring`` stage they agree (``Coordinator.batch``) whether to stop (every window complete, or a
 # failure anywhere), whether their tails match and whether the window opened, so every rank makes the same move at
-# the same batch; a probe's early switch is a single process's only (its trigger is a clock). A single process makes
-# the same moves without the exchange.
+# the same batch; a probe's early switch and a deferred switch are a single process's only (each rank's clock would
+# say otherwise). A single process makes the same moves without the exchange.
 # Signals: each stage's run guards its own batches (NOTE [ Asynchronous exceptions ] in measure/signals.py); a guard
 # spanning the epoch, worker deaths held, covers the moves between two stages, when the stage a switch started runs
 # its workers before its own guard is entered: a death there is taken over by that guard and raised as its failure.
@@ -277,8 +277,9 @@ class EpochScheduler:
             run.measure_again(bound_s=self._bound_s())
             stage.told, stage.candidate = False, following
             return "again"
-        if following is not None and not repays(remaining_s=self._remaining_s(), gain=following.gain,
-                                                workers=following.config.num_workers, window_s=self._bound_s()):
+        if following is not None and self.coordinator.size == 1 and not repays(
+                remaining_s=self._remaining_s(), gain=following.gain, workers=following.config.num_workers,
+                window_s=self._bound_s()):
             log.info("the rest of the epoch is too short to repay a switch to %s: it goes first next epoch",
                      following.config.label())
             return "defer"
