@@ -39,7 +39,9 @@ def online_steps(search: Search, *, serial: Optional[TrialResult] = None) -> Ste
                 log.info("serial loading takes %.1f ms a batch beside a %.1f ms step: trying %d workers",
                          1e3 * (serial.fetch_s_per_batch or 0.0), 1e3 * (serial.consumer_s_per_batch or 0.0), workers)
         while workers:  # a prior that would not fit the memory budget: half as many (nothing started: no cost)
-            yield from search.run(search.config(workers))
+            gain = online_policy.prior_gain(fetch_s=serial.fetch_s_per_batch or 0.0,
+                                            consumer_s=serial.consumer_s_per_batch, workers=workers)
+            yield from search.run(search.config(workers), gain=gain)
             if search.found.trials[-1].status != "skipped":
                 break
             workers //= 2

@@ -37,7 +37,7 @@ from .policy import DEFAULT_TOLERANCE, HEADROOM, cpu_saturated
 from .threads_policy import rate
 
 __all__ = ["EARLY_BATCHES", "FORK_S", "HANDOVER_S", "Jump", "KEEPS_UP_STALL", "MAX_JUMPS", "SERIAL_MARGIN",
-           "WINDOW_SHARE", "cpu_share", "jump", "prior_workers", "repays", "serial_competitive", "starts_early",
+           "WINDOW_SHARE", "cpu_share", "jump", "prior_gain", "prior_workers", "repays", "serial_competitive", "starts_early",
            "window_bound_s"]
 
 HANDOVER_S = 0.5e-3
@@ -94,6 +94,16 @@ def prior_workers(*, fetch_s: float, fetch_cpu_s: float, consumer_s: Optional[fl
     if consumer_s:
         count = min(count, HEADROOM * fetch_s / consumer_s)
     return max(1, min(cap, math.ceil(count - 1e-9)))
+
+
+def prior_gain(*, fetch_s: float, consumer_s: Optional[float], workers: int, handover_s: float = HANDOVER_S) -> float:
+    """The share by which ``workers`` are predicted to beat serial serving (for ``repays``): the serial loop takes
+    ``fetch_s + consumer_s`` a batch, the workers' the longer of the step plus a hand-over and their loading per batch
+    (``fetch_s / workers``). Pure."""
+    if workers < 1 or fetch_s <= 0:
+        return 0.0
+    step = consumer_s or 0.0
+    return (fetch_s + step) / max(step + handover_s, fetch_s / workers) - 1.0
 
 
 def starts_early(*, fetch_s: float, workers: int, fork_s: float = FORK_S) -> bool:

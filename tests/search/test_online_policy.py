@@ -119,3 +119,10 @@ def test_a_window_lasts_a_few_percent_of_the_epoch(epoch_s, bound):
     (0.1, 0.4, None, 1.0)])
 def test_the_cpu_share_leaves_out_the_run_queue_wait(fetch_s, cpu_s, delay_s, share):
     assert op.cpu_share(fetch_s=fetch_s, fetch_cpu_s=cpu_s, fetch_delay_s=delay_s) == pytest.approx(share)
+
+
+@pytest.mark.parametrize("fetch_s, step_s, workers, gain", [
+    (0.010, 0.0, 6, 5.0),        # 10 ms batches, no step: 6 workers make 6 a batch-time
+    (0.33, 0.02, 16, 0.35 / (0.33 / 16) - 1), (0.0005, 0.002, 2, 0.0025 / 0.0025 - 1), (0.1, None, 0, 0.0)])
+def test_the_prior_is_predicted_to_gain_what_its_workers_hide(fetch_s, step_s, workers, gain):
+    assert op.prior_gain(fetch_s=fetch_s, consumer_s=step_s, workers=workers) == pytest.approx(gain)

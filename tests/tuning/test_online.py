@@ -70,13 +70,25 @@ def test_every_epoch_equals_a_plain_dataloaders_epoch(setup):
     del loader
 
 
-def _until_decided(loader, decisions=1, max_epochs=10):
+def _epochs_stepping(loader, epochs, step_s):
+    """``_epochs``, with a training step of ``step_s`` after each batch."""
+    out = []
+    for _ in range(epochs):
+        batches = []
+        for batch in loader:
+            batches.append(batch.view(-1).tolist())
+            time.sleep(step_s)
+        out.append(batches)
+    return out
+
+
+def _until_decided(loader, decisions=1, max_epochs=10, step_s=0.0):
     """Epochs until the loader made ``decisions`` (a candidate needs a few waves of batches, more than an epoch of
     these small datasets may hold); returns the epochs' batches."""
     epochs = []
     while len(loader.decisions) < decisions:
         assert len(epochs) < max_epochs, f"no decision after {max_epochs} epochs"
-        epochs += _epochs(loader, 1)
+        epochs += _epochs_stepping(loader, 1, step_s)
     return epochs
 
 
@@ -318,11 +330,11 @@ def _recording_hand_overs(monkeypatch, *, kill_tail=False):
 
     def recording(self, stage, *, same_tail):
         in_flight = stage.part.pulled - stage.run.record.delivered
-        phase = real(self, stage, same_tail=same_tail)
+        event = real(self, stage, same_tail=same_tail)
         following = self.started
-        if phase == "serving":  # the search kept this configuration: no switch
-            return phase
-        tail = stage.part.limit - stage.run.record.delivered if phase == "tail" else None
+        if event in ("keep", "again", "defer"):  # no switch: the run serves on
+            return event
+        tail = stage.part.limit - stage.run.record.delivered if event == "switch" else None
         records.append((stage.config.num_workers, in_flight, tail,
                         following.config.num_workers if following else None))
         if kill_tail and tail and following is not None and stage.config.num_workers:
@@ -330,7 +342,7 @@ def _recording_hand_overs(monkeypatch, *, kill_tail=False):
             for proc in workers:
                 proc.kill()
             _until_dead(workers)
-        return phase
+        return event
 
     monkeypatch.setattr(EpochScheduler, "_decide", recording)
     return records
@@ -341,10 +353,10 @@ def test_the_next_candidate_starts_while_the_measured_one_serves_its_tail(monkey
     """NOTE [ Hidden switch ]: at each switch the measured candidate serves what it holds in flight (none lost or
     loaded twice: its slice gives nothing back) while the next candidate's workers start; the epochs stay exact."""
     records = _recording_hand_overs(monkeypatch)
-    data = Indexed(2400, latency_s=0.001)
+    data = Indexed(960, latency_s=0.002)  # the prior (6 workers) starts early; a 30 ms step needs 1: a hidden switch
     torch.manual_seed(4)
     loader = make_loader(data, 8, shuffle=True, cache=False, tuning="online", max_workers=6)
-    online = _until_decided(loader)
+    online = _until_decided(loader, step_s=0.03)
     torch.manual_seed(4)
     assert online == _epochs(DataLoader(data, 8, shuffle=True), len(online))
     assert records, "no switch was hidden"
@@ -359,11 +371,11 @@ def test_the_next_candidate_starts_while_the_measured_one_serves_its_tail(monkey
 @pytest.mark.slow
 def test_a_worker_lost_in_the_tail_loses_no_batch_and_the_next_candidate_starts_again(monkeypatch, caplog):
     records = _recording_hand_overs(monkeypatch, kill_tail=True)
-    data = Indexed(2400, latency_s=0.001)
+    data = Indexed(960, latency_s=0.002)
     torch.manual_seed(6)
     loader = make_loader(data, 8, shuffle=True, cache=False, tuning="online", max_workers=6)
     with caplog.at_level("WARNING", logger="autoloader.online"):
-        online = _until_decided(loader)
+        online = _until_decided(loader, step_s=0.03)
     torch.manual_seed(6)
     assert online == _epochs(DataLoader(data, 8, shuffle=True), len(online))
     killed = [r for r in records if r[0] > 0 and r[3] is not None]
