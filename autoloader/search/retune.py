@@ -3,7 +3,7 @@ starts from the configuration in force proposes. Pure functions of the figures m
 
 Why search again (``retune``, after each epoch served by the decision, ``OnlineSearch.after_epoch``), and which way:
 - Loading became the bottleneck: the loop waited for data ``RETUNE_STALL`` of the epoch or more, and more than when
-  the decision was measured; or the epoch ran more than ``RETUNE_RATE_CHANGE`` slower than the decision's rate while
+  the decision was measured (unless loading was the bottleneck already: ``LOADING_BOUND_STALL``); or the epoch ran more than ``RETUNE_RATE_CHANGE`` slower than the decision's rate while
   the loop waited for data ``RETUNE_STALL`` of it. The data got costlier (another job on the machine, a colder
   storage tier): the search starts from the configuration in force and goes either way. An epoch that ran slower
   while the loop hardly waited was slowed by its step (a busier GPU, another job on the CPUs): no loader makes it
@@ -32,6 +32,9 @@ RETUNE_STALL = 0.10
 """Loading is the bottleneck when the loop waits for data this share of an epoch or more."""
 RETUNE_RATE_CHANGE = 0.15
 """A regime changed when an epoch's rate moved this much from the rate measured for the decision."""
+LOADING_BOUND_STALL = 0.5
+"""A decision whose loop waited for data this share of its window or more was loading-bound already: its loop waits
+more whenever the step gets faster or the window was short, and only a drop of its rate says the data got costlier."""
 IDLE_STALL = 0.05
 """An epoch whose loop waited for data at most this share had workers to spare, or exactly enough: half the
 ``RETUNE_STALL`` that makes loading the bottleneck (the hand-over of each batch from a worker counts as waiting too,
@@ -55,7 +58,8 @@ def retune(*, decided_samples_per_s: Optional[float], decided_stall: Optional[fl
     if epoch_samples_per_s is None or epoch_stall is None:
         return None
     if decided_samples_per_s:
-        if epoch_stall >= RETUNE_STALL and epoch_stall > (decided_stall or 0.0) + RETUNE_STALL:
+        if epoch_stall >= RETUNE_STALL and epoch_stall > (decided_stall or 0.0) + RETUNE_STALL and \
+                (decided_stall or 0.0) < LOADING_BOUND_STALL:
             return Retune(f"the loop waited for data {epoch_stall:.0%} of the epoch (at the decision: "
                           f"{decided_stall or 0.0:.0%})", down=False)
         change = epoch_samples_per_s / decided_samples_per_s - 1.0
