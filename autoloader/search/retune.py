@@ -32,9 +32,10 @@ RETUNE_STALL = 0.10
 """Loading is the bottleneck when the loop waits for data this share of an epoch or more."""
 RETUNE_RATE_CHANGE = 0.15
 """A regime changed when an epoch's rate moved this much from the rate measured for the decision."""
-LOADING_BOUND_STALL = 0.5
-"""A decision whose loop waited for data this share of its window or more was loading-bound already: its loop waits
-more whenever the step gets faster or the window was short, and only a drop of its rate says the data got costlier."""
+LOADING_BOUND_STALL = 0.10
+"""A decision whose loop waited for data this share of its window or more was loading-bound already (it could not keep
+up: ``RETUNE_STALL``): its loop waits more whenever the step gets faster or its window was short, and only a drop of
+its rate says the data got costlier."""
 IDLE_STALL = 0.05
 """An epoch whose loop waited for data at most this share had workers to spare, or exactly enough: half the
 ``RETUNE_STALL`` that makes loading the bottleneck (the hand-over of each batch from a worker counts as waiting too,

@@ -18,6 +18,7 @@ from autoloader.search.retune import IDLE_STALL, retune
     (1000.0, 0.02, 8, 950.0, 0.25, False, ("waited for data 25%", False)),  # loading became the bottleneck
     (1000.0, 0.20, 8, 950.0, 0.25, False, None),             # it already was when the decision was measured
     (1000.0, 0.83, 8, 1000.0, 0.96, False, None),            # loading-bound already, the same rate: nothing new
+    (1000.0, 0.39, 8, 1000.0, 0.51, False, None),
     (1000.0, 0.0, 8, 1000.0, 0.0, False, ("8 workers: trying fewer", True)),  # never waited: fewer may keep up
     (1000.0, 0.0, 8, 1000.0, IDLE_STALL, False, ("trying fewer", True)),
     (1000.0, 0.0, 8, 1000.0, 0.0, True, None),               # a search already went down from this decision
