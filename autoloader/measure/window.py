@@ -181,13 +181,19 @@ class Window:
         if last >= deadline and (not patient or self.opened()):
             return True
         if self.rule == "candidate":
-            return self.opened() and (last - self.marks[self.skip - 1].done >= self.bound_s or window_rule.confident(
-                [m.done for m in self.marks[self.skip - 1:]], chunk=self._chunk(), tolerance=self.tolerance))
+            if not self.opened():
+                return False
+            done, chunk = [m.done for m in self.marks[self.skip - 1:]], self._chunk()
+            if (len(done) - 1) % chunk:  # mid-wave: the batches of a wave come together, close at a wave's start
+                return False
+            return last - done[0] >= self.bound_s or window_rule.confident(done, chunk=chunk,
+                                                                           tolerance=self.tolerance)
         return in_window >= self.need and last - self.marks[self.skip - 1].done >= self.min_window_s
 
     def _chunk(self) -> int:
-        """Batches per chunk of a confidence estimate: a wave of the workers when the loop waits for them (their
-        batches then come in waves), else one (the step's pace)."""
+        """Batches per chunk of a confidence estimate, and a window's granularity: a wave of the workers when the loop
+        waits for them (their batches then come in waves: a window of whole waves measures their rate), else one (the
+        step's pace)."""
         n = self.config.num_workers
         waits = [m.wait_s for m in self.marks[self.skip:]]
         return n if n > 1 and window_rule.drained(waits, first_wave=0) is not None else 1

@@ -39,22 +39,25 @@ def test_too_few_batches_or_seconds_are_never_confident():
     assert rule.relative_error([0.0, 1.0, 2.0], chunk=1) is None, "fewer than 3 chunks"
 
 
-def test_a_candidate_window_opens_at_the_first_wait_and_closes_at_its_bound(monkeypatch):
+def test_a_candidate_window_opens_at_the_first_wait_and_closes_after_whole_waves(monkeypatch):
     window = Window(LoaderConfig(4, 2), started=0.0, batch_size=8, rule="candidate", bound_s=0.5)
     times = {"now": 0.0}
     monkeypatch.setattr("autoloader.measure.window.time.perf_counter", lambda: times["now"])
     burst = window.skip
     assert burst == 12
     # the first wave (4 batches) comes at once after 0.3 s of start-up, then every batch waits 20 ms
+    completed = None
     for i in range(40):
         wait = 0.3 if i == 0 else (0.0 if i < 4 else 0.02)
         t_ask = times["now"]
         times["now"] += wait
         window.add(i, t_ask=t_ask, c_ask=(0.0, None), t_got=times["now"], c_got=(0.0, None), consumer=_Sync())
         times["now"] += 0.001
+        if completed is None and window.complete(deadline=float("inf"), patient=True):
+            completed = len(window.marks)
     assert window.skip == 5, "opened at the first batch the loop waited for after the first wave (index 4)"
-    assert window.opened()
-    assert window.complete(deadline=float("inf"), patient=True), "20 ms batches, exact: confident"
+    assert completed is not None, "20 ms batches, exact: confident"
+    assert (completed - window.skip) % 4 == 0, "the loop waits for 4 workers: whole waves of 4 batches"
 
 
 def test_a_probe_window_is_complete_after_two_batches_and_reports_costs_not_a_steady_rate(monkeypatch):
