@@ -116,7 +116,7 @@ def _finish(search: Search, chosen: Optional[TrialResult]) -> Steps[TuneResult]:
         yield from compare_native(search, chosen)
         chosen = search.choose()
     limited = chosen is None or chosen.config.native_threads is not None
-    if chosen is not None and "prefetch_factor" not in settings.fixed and \
+    if chosen is not None and "prefetch_factor" not in settings.fixed and not online_policy.keeps_up(chosen) and \
             policy.worth_more_prefetch(chosen, consumer_samples_per_s=consumer_rate):
         yield from search.run(search.config(chosen.config.num_workers, prefetch=2 * settings.prefetch,
                                             threads=chosen.config.threads, limited=limited))

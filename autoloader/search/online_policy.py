@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
+from ..measure.window_rule import DRAIN_WAIT_S
 from ..results import TrialResult
 from .policy import DEFAULT_TOLERANCE, HEADROOM, cpu_saturated
 from .threads_policy import rate
@@ -124,8 +125,12 @@ class Jump:
 
 
 def keeps_up(trial: TrialResult) -> bool:
-    """The loop hardly waited for data during ``trial``'s window. Pure."""
-    return trial.stall_fraction is not None and trial.stall_fraction <= KEEPS_UP_STALL
+    """The loop hardly waited for data during ``trial``'s window: at most ``KEEPS_UP_STALL`` of it, or no longer a batch
+    on average than a queued batch takes to be handed over (``window_rule.DRAIN_WAIT_S``: beside a short step, the
+    hand-over alone is a tenth of the time, and more workers do not shorten it). Pure."""
+    if trial.stall_fraction is not None and trial.stall_fraction <= KEEPS_UP_STALL:
+        return True
+    return trial.fetch_s_per_batch is not None and trial.fetch_s_per_batch <= DRAIN_WAIT_S
 
 
 def jump(trials: Sequence[TrialResult], *, fetch_s: float, fetch_cpu_s: float, consumer_s: Optional[float],
@@ -135,7 +140,8 @@ def jump(trials: Sequence[TrialResult], *, fetch_s: float, fetch_cpu_s: float, c
     first batches' ``fetch_s``/``fetch_cpu_s``), or None to decide now (NOTE [ Online convergence ], 3.):
     - the last measured below the best beyond ``tolerance``: None (a roll-back: the selection keeps the best);
     - the loop waited for it and the CPUs are not saturated: the count that meets the step with ``HEADROOM`` or
-      fills the CPUs at the measured use per worker, when that is more than ``tolerance`` above it;
+      fills the CPUs at the measured use per worker, when that is more than ``tolerance`` above it (and a jump up
+      that gained less than half the ``tolerance`` over fewer workers stops the climb);
     - it kept up: the fewest that still keep up by Little's law (half as many when no batch was timed in the main
       process: ``fetch_s`` 0), when that is more than ``tolerance`` below it.
     A count already measured (or failed: a ceiling) is never proposed again. Pure."""
@@ -148,9 +154,12 @@ def jump(trials: Sequence[TrialResult], *, fetch_s: float, fetch_cpu_s: float, c
         return None
     n = last.config.num_workers
     ceiling = min((c for c, r in measured.items() if r is None and c > 0), default=cap + 1)
+    fewer = [t for t in ok if 0 < t.config.num_workers < n]
     if not keeps_up(last):
         if cpu_saturated(last, usable_cpus=usable_cpus) or not consumer_s:
             return None
+        if fewer and rate(last) <= (1.0 + tolerance / 2) * max(rate(t) for t in fewer):
+            return None  # the last jump up gained nothing: the model's bottleneck is elsewhere
         needed = HEADROOM * batch_size / consumer_s
         by_step = n * needed / rate(last)
         busy = (last.worker_cpu_util or 0.0) * n + (last.main_cpu_util or 0.0)

@@ -126,3 +126,16 @@ def test_the_cpu_share_leaves_out_the_run_queue_wait(fetch_s, cpu_s, delay_s, sh
     (0.33, 0.02, 16, 0.35 / (0.33 / 16) - 1), (0.0005, 0.002, 2, 0.0025 / 0.0025 - 1), (0.1, None, 0, 0.0)])
 def test_the_prior_is_predicted_to_gain_what_its_workers_hide(fetch_s, step_s, workers, gain):
     assert op.prior_gain(fetch_s=fetch_s, consumer_s=step_s, workers=workers) == pytest.approx(gain)
+
+
+def test_a_loop_that_waits_no_longer_than_a_hand_over_keeps_up():
+    handed_over = trial(3, 1400.0, stall=0.09)
+    handed_over = type(handed_over)(**{**handed_over.__dict__, "fetch_s_per_batch": 0.0009})
+    assert op.keeps_up(handed_over), "0.9 ms a batch beside a 10 ms step: the hand-over, not a starving loop"
+    assert not op.keeps_up(trial(3, 1400.0, stall=0.09)), "no per-batch figure: the stall decides"
+
+
+def test_a_jump_up_that_gained_nothing_ends_the_climb():
+    first, second = trial(3, 1397.0, stall=0.3, util=0.2), trial(5, 1391.0, stall=0.3, util=0.12)
+    assert jump([first]) is not None
+    assert jump([first, second]) is None
