@@ -188,6 +188,7 @@ class OnlineLoader(DataLoaderFace, Source):
                   batch_size=self.request.batch_size, limit_s=candidate.limit_s if candidate is not None else math.inf)
         if after is not None:
             run.follows(after)
+        run.window.memory_check = candidate.memory if candidate is not None else None  # NOTE [ Memory budget ]
         return Stage(part, run, candidate, pools=loader.worker_init_fn)
 
     def _steady(self, epoch: int) -> Iterator[Any]:

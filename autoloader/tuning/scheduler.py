@@ -202,6 +202,8 @@ class EpochScheduler:
         if not same_tail:
             log.info("the ranks' candidates hold different numbers of batches in flight: switching without a tail")
             return transition("measuring", "plain-switch")
+        if result.status == "skipped":  # stopped at its first batch for the memory budget: no tail beside the next
+            return transition("measuring", "plain-switch")
         part.cap(tail_extra(stage.config))
         run.serving.keep_workers()
         if self.source.unclaimed == 0:
