@@ -71,10 +71,12 @@ def make_loader(
     while that pays and bisects down to the fewest within 5 % (typically 3-7 candidates); once a candidate reaches
     the rate the step or the usable CPUs bound every worker count to, no larger one starts. ``prefetch_factor`` is
     tried only when the step waits on a loader that keeps up on average (jitter), ``pin_memory`` only for CUDA;
-    ``persistent_workers`` is on unless the workers would hold more than half the memory budget. Only a candidate's
-    steady state is timed: its start-up and the burst of batches its workers prefetched are skipped (NOTE [ Trial
-    timing ] in ``autoloader/measure/run.py``). No candidate starts whose predicted memory exceeds the budget or
-    whose batches in flight overflow ``/dev/shm`` (its row says why it was skipped). The bottleneck is named from the
+    ``persistent_workers`` is on unless the workers would hold more than half the memory budget (or, copying the
+    objects they read, outgrow it in time). Only a candidate's steady state is timed: its start-up and the burst of
+    batches its workers prefetched are skipped (NOTE [ Trial timing ] in ``autoloader/measure/run.py``), and its time
+    limit grows with that start-up. No candidate starts whose measured memory exceeds the budget, whose batches in
+    flight overflow ``/dev/shm``, or whose start-up would not fit in the time budget left; forked workers not measured
+    yet are measured at their first batch, and stop there when over the budget (its row says why it was skipped). The bottleneck is named from the
     same measurements (``TuneResult.bottleneck``). Online, switching candidates is hidden behind the batches in
     flight (NOTE [ Hidden switch ] in ``autoloader/tuning/handover.py``). Under ``torch.distributed`` the ranks of a
     node tune together and agree on one configuration; each node decides for itself (NOTE [ One decision across

@@ -36,9 +36,9 @@ class TrialResult:
 
     Attributes:
         config (LoaderConfig): The configuration measured.
-        status (str): ``"ok"`` (measured), ``"skipped"`` (not started: it would not fit the memory budget or
-            ``/dev/shm``) or ``"failed"`` (a worker died, it ran past its time limit, too few batches, too many open
-            files...).
+        status (str): ``"ok"`` (measured), ``"skipped"`` (not started, or stopped at its first batch: it would not
+            fit the memory budget, ``/dev/shm`` or what is left of the time budget) or ``"failed"`` (a worker died, it
+            ran past its time limit, too few batches, too many open files...).
         reason (str): Why it was skipped or failed, in words (e.g. ``"memory: ... over the memory budget of ..."``,
             ``"worker killed (SIGKILL, usually the out-of-memory killer)"``); None when ok.
         samples_per_s (float): Samples per second over the timed window; None when nothing was measured.
@@ -69,6 +69,14 @@ class TrialResult:
         footprint_bytes (int): What the configuration takes of the memory budget (NOTE [ Memory budget ] in
             ``autoloader/search/budget.py``): from its own measurements when it ran, predicted when it was skipped;
             None when unknown.
+        worker_copied_bytes (int): What one worker copied of the pages it shared with the main process, from its first
+            batch to the window's end (copy-on-read: NOTE [ Copy-on-read forecast ] in
+            ``autoloader/search/growth.py``); None with one worker, or where Linux's ``/proc/<pid>/pagemap`` could
+            not be read.
+        worker_copy_span_bytes (int): Of what that worker shared at its first batch, the bytes within the address span
+            its copies fell in: the inherited objects its reads copy from, the most that copying can reach.
+        worker_shared_bytes (int): What that worker shared with the main process at its first batch: the most it can
+            ever copy.
         native_pools (tuple of NativePool): The native thread pools one of its workers found, and kept under
             ``config.native_threads`` (NOTE [ Native thread pools ] in ``autoloader/loader/native.py``); None
             without workers, or when unknown (no threadpoolctl).
@@ -99,6 +107,9 @@ class TrialResult:
     worker_uss_total_bytes: Optional[int] = None
     footprint_bytes: Optional[int] = None
     native_pools: Optional[Tuple[NativePool, ...]] = None
+    worker_copied_bytes: Optional[int] = None
+    worker_copy_span_bytes: Optional[int] = None
+    worker_shared_bytes: Optional[int] = None
 
     @property
     def ok(self) -> bool:

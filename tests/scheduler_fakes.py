@@ -64,8 +64,9 @@ class FakeRun:
 
     def __init__(self, part: Any, config: LoaderConfig, *, rate: float, measure_after: Optional[int],
                  fail_at: Optional[int] = None, fail: Optional[BaseException] = None,
-                 guard: Optional[SignalGuard] = None, plan: Any = None) -> None:
-        self.part, self.config, self.rate, self.guard, self.plan = part, config, rate, guard, plan
+                 guard: Optional[SignalGuard] = None, over_budget: bool = False, plan: Any = None) -> None:
+        self.part, self.config, self.rate, self.guard, self.over_budget = part, config, rate, guard, over_budget
+        self.plan = plan
         self.measure_after, self.fail_at, self.fail = measure_after, fail_at, fail
         self.record, self.window, self.serving = Record(), Window(), FakeServing(config)
         self.result: Optional[TrialResult] = None
@@ -90,7 +91,8 @@ class FakeRun:
         return self.measuring and self.measure_after is not None and self.record.delivered >= self.measure_after
 
     def measure(self) -> TrialResult:
-        self.result = TrialResult(self.config, samples_per_s=self.rate, batches=self.record.delivered)
+        self.result = TrialResult(self.config, status="skipped", reason="memory: stopped at its first batch") \
+            if self.over_budget else TrialResult(self.config, samples_per_s=self.rate, batches=self.record.delivered)
         self.measuring = False
         return self.result
 
@@ -141,6 +143,8 @@ class Step:
     rate: float
     measure_after: Optional[int] = 6
     fail_at: Optional[int] = None
+    over_budget: bool = False
+    """Its window is complete at the first batch, "skipped" for the memory budget (NOTE [ Memory budget ])."""
     probe: bool = False
     gain: float = 0.0
 
@@ -225,7 +229,8 @@ def serve(plan: ScriptedPlan, *, coordinator: Optional[Coordinator] = None, monk
         run = FakeRun(part, config, rate=step.rate if step else 0.0,
                       measure_after=step.measure_after if step else None, fail_at=step.fail_at if step else None,
                       fail=RuntimeError("DataLoader worker (pid 1) is killed by signal: Killed.") if step else None,
-                      guard=SignalGuard(hold_worker_errors=True) if guarded else None, plan=plan)
+                      guard=SignalGuard(hold_worker_errors=True) if guarded else None,
+                      over_budget=step.over_budget if step else False, plan=plan)
         runs.append(run)
         return Stage(part, run, step)
 

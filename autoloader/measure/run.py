@@ -203,7 +203,7 @@ class Run:
         self.record.startup_s = t_got - self.serving.started
         if self.measuring:
             workers = _procs.new_children(self.serving.crew.before) if self.config.num_workers else ()
-            self.window.first_batch(batch, t_got, workers=workers, memory=self.mode == "trial")
+            self.window.first_batch(batch, t_got, workers=workers, memory=True)
 
 
 def served(run: Run, *, until_complete: bool) -> Iterator[Any]:

@@ -24,6 +24,7 @@ from . import advice as _advice
 from .consumer import Consumer
 from .failures import classify
 from .run import Run, served
+from .window import MemoryCheck
 
 log = logging.getLogger("autoloader.trial")
 
@@ -85,12 +86,14 @@ def trial_loader(request: Request, config: LoaderConfig, *, limit_s: float) -> D
 
 
 def run_trial(request: Request, config: LoaderConfig, *, consumer: Consumer, limit_s: float = 5.0,
-              measure_consumer: bool = False, threads_tuned: bool = False) -> TrialResult:
+              measure_consumer: bool = False, threads_tuned: bool = False,
+              memory: Optional[MemoryCheck] = None) -> TrialResult:
     """Time ``config`` against ``consumer`` (see NOTE [ Trial timing ]); workers are always reaped.
 
     Returns a ``TrialResult`` with ``status="failed"`` and the reason when the candidate itself fails (worker killed,
-    timeout, file descriptors, or a thread candidate the tuner chose, ``threads_tuned``, raising); re-raises the
-    user's own exceptions from the dataset or the step unchanged, and ``KeyboardInterrupt``. With
+    timeout, file descriptors, or a thread candidate the tuner chose, ``threads_tuned``, raising), and with
+    ``status="skipped"`` when ``memory`` (the candidate's ``budget.MemoryCheck``) stopped it at its first batch;
+    re-raises the user's own exceptions from the dataset or the step unchanged, and ``KeyboardInterrupt``. With
     ``measure_consumer``, ``consumer_s_per_batch`` is the step alone timed on the last batch (see
     ``Consumer.seconds_per_batch``); otherwise it is the host time spent in the step during the window.
     """
@@ -99,6 +102,7 @@ def run_trial(request: Request, config: LoaderConfig, *, consumer: Consumer, lim
     loader = trial_loader(request, config, limit_s=limit_s)
     init = loader.worker_init_fn  # what the workers report their native pools through (the run lets go of loader)
     run = Run(loader, config, mode="trial", consumer=consumer, batch_size=request.batch_size, limit_s=limit_s)
+    run.window.memory_check = memory
     del loader
     error: Optional[BaseException] = None
     try:
@@ -120,6 +124,8 @@ def run_trial(request: Request, config: LoaderConfig, *, consumer: Consumer, lim
     result = run.result
     if result is None:  # the generator never ran to its end: cannot happen without an error above
         raise RuntimeError("the trial's loop ended without a measurement")
+    if not result.ok:  # stopped at its first batch for the memory budget: nothing else was measured
+        return result
     if run.repeats is not None and run.repeats.repeated:
         _advice.warn_once(request.dataset, "repeated-stream",
                           _advice.repeated_stream_advice(request.dataset, config.num_workers))

@@ -16,7 +16,7 @@ from ..config import LoaderConfig
 from ..loader.batch import batch_nbytes, iter_tensors
 from ..loader.epochs import stall_fraction
 from ..results import TrialResult
-from . import window_rule
+from . import cow, window_rule
 from .cpuclock import spent
 from .procs import WorkerSample, WorkerTracker
 
@@ -26,6 +26,9 @@ Rule = Literal["trial", "candidate", "probe"]
 cost of a batch and of the step, from ``PROBE_MARKS`` batches, for the prior: NOTE [ Online convergence ])."""
 Clocks = Tuple[float, Optional[float]]
 """``cpuclock.cpu_and_delay()``: process CPU seconds, the thread's run-queue seconds (None: not known)."""
+MemoryCheck = Callable[[LoaderConfig, Optional[int], Optional[int]], Optional[str]]
+"""(config, the largest worker's USS at the first batch, the batch's bytes) -> why it must stop, or None: the search's
+``budget.MemoryCheck`` (a candidate's ``memory``)."""
 
 SAMPLE_EVERY_S = 0.1
 """How often the workers' counters are read during a trial, so a worker that exits keeps most of its figures."""
@@ -70,13 +73,17 @@ class _Probe:
 @dataclass
 class _Edges:
     """What a window reads at its edges: the workers' tracker and their memory at the first batch, the counters when
-    it opened and when it closed, and when it closed."""
+    it opened and when it closed, and when it closed; one worker's pages copied in between (copy-on-read)."""
 
     end: float
     tracker: Optional[WorkerTracker] = None
     memory_start: Optional[WorkerSample] = None
     opened: Optional[_Probe] = None
     closed: Optional[_Probe] = None
+    census: Optional[cow.Census] = None
+    """One worker's shared pages at the first batch (``cow.take``), and its pid, for what it copies by the end."""
+    census_pid: Optional[int] = None
+    copies: Optional[cow.Copies] = None
 
 
 def _mean_delay(marks: Sequence[BatchMark]) -> Optional[float]:
@@ -126,15 +133,25 @@ class Window:
         self.batch_bytes: Optional[int] = None
         self.edges = _Edges(started)
         self.exhausted = False
+        self.memory_check: Optional[MemoryCheck] = None
+        """The memory budget the workers face at their first batch (set by the driver: ``Candidate.memory``)."""
+        self.over_budget: Optional[str] = None
+        """Why the candidate stopped at its first batch (``budget.first_batch_check``): the window is then complete
+        at once and its result "skipped" (NOTE [ Memory budget ] in search/budget.py)."""
 
     def first_batch(self, batch: Any, t_got: float, *, workers: Sequence[Any], memory: bool = True) -> None:
-        """The first batch arrived: start-up is over; start tracking ``workers`` (their memory too, for its growth
-        during the window: reading it costs tens of milliseconds per worker on big machines)."""
+        """The first batch arrived: start-up is over; start tracking ``workers`` (their memory too, for the budget's
+        check and their growth during the window: reading it costs 10-20 ms per worker on a busy 2-core machine)."""
         self.startup_s = t_got - self.started
         self.batch_bytes = batch_nbytes(batch)
         if workers:
             self.edges.tracker = WorkerTracker(workers)
             self.edges.memory_start = self.edges.tracker.sample(memory=memory)
+            if self.memory_check is not None:
+                self.over_budget = self.memory_check(self.config, self.edges.memory_start.max_uss, self.batch_bytes)
+            if memory and self.over_budget is None and len(workers) >= 2:  # cow.py: one worker reads this process
+                self.edges.census_pid = workers[0].pid
+                self.edges.census = cow.take(workers[0].pid)
 
     def add(self, batch: Any, *, t_ask: float, c_ask: Clocks, t_got: float, c_got: Clocks, consumer: Any) -> None:
         """Record a batch the consumer has finished; the batch that opens the window first waits for the device.
@@ -171,7 +188,9 @@ class Window:
         """Enough waves and seconds after the window opened, or the soft limit reached. ``patient``: the limit ends
         the window only once it has opened and holds a few batches (online, a slow training step must not cut a
         candidate before it is measured). A candidate's window: confident or at its bound (``window_rule``); a
-        probe's: ``PROBE_MARKS`` batches."""
+        probe's: ``PROBE_MARKS`` batches; one whose workers' memory at their first batch is over the budget: at once."""
+        if self.over_budget is not None:
+            return True
         if not self.marks:
             return False
         if self.rule == "probe":
@@ -208,8 +227,13 @@ class Window:
         if self.edges.opened is not None:
             tracker = self.edges.tracker
             self.edges.closed = _Probe(self.edges.end, time.process_time(), tracker.sample() if tracker else None)
+            if self.edges.census is not None and self.edges.census_pid is not None:
+                last = cow.take(self.edges.census_pid)
+                self.edges.copies = cow.copied(self.edges.census, last) if last is not None else None
 
     def result(self, elapsed: float) -> TrialResult:
+        if self.over_budget is not None:
+            return self._stopped(elapsed)
         if self.rule == "probe":
             return self._probe_result(elapsed)
         config, marks = self.config, self.marks
@@ -261,6 +285,16 @@ class Window:
                            fetch_delay_s_per_batch=_mean_delay(marks), consumer_s_per_batch=step,
                            batch_bytes=self.batch_bytes, steady=False)
 
+    def _stopped(self, elapsed: float) -> TrialResult:
+        """The result of a candidate stopped at its first batch for the memory budget: what its workers measured."""
+        memory = self.edges.memory_start
+        uss = memory.uss_by_pid if memory is not None else {}
+        return TrialResult(config=self.config, status="skipped", reason=self.over_budget, startup_s=self.startup_s,
+                           elapsed_s=elapsed, batch_bytes=self.batch_bytes, steady=False,
+                           worker_rss_bytes=memory.max_rss if memory is not None else None,
+                           worker_uss_bytes=memory.max_uss if memory is not None else None,
+                           worker_uss_total_bytes=sum(uss.values()) if uss else None)
+
     def _worker_fields(self, span: float, batches: int) -> dict:
         start, end = self.edges.opened, self.edges.closed
         if start is None or end is None:
@@ -285,6 +319,10 @@ class Window:
             worker_uss_growth_bytes=max(growth) if growth else None,
             worker_uss_total_bytes=sum(end.workers.uss_by_pid.values()) if end.workers.uss_by_pid else None,
         )
+        copies = self.edges.copies
+        if copies is not None:
+            fields.update(worker_copied_bytes=copies.copied_bytes, worker_copy_span_bytes=copies.span_bytes,
+                          worker_shared_bytes=copies.shared_bytes)
         return fields
 
 

@@ -14,38 +14,43 @@ the machine's facts and of what trials measured (tested on tables).
 #   pinned       as many page-locked copies when pin_memory (the pin thread copies every batch it takes);
 #   threads      with threads > 1, each loading process holds a batch's samples in its threads' hands before collate
 #                (one per-thread share of the batch per thread: a batch per process).
-# Every check uses ``footprint``: ``budget_guard`` before a candidate starts, the choice at the end (a candidate whose
-# measured footprint is over the budget is not chosen), and ``policy.no_longer_fits`` on a cached result.
+# Every check uses ``footprint``: ``budget_guard`` before a candidate starts, ``first_batch_check`` once its workers
+# made their first batch, the choice at the end (a candidate whose measured footprint is over the budget is not
+# chosen), and ``policy.no_longer_fits`` on a cached result.
+# Before a worker was measured, its size is unknown, and it is not guessed: a forked worker shares every page of this
+# process copy-on-write, so this process's RSS (the old estimate) said 280 MiB for workers that measured 15 MiB and
+# refused 8 workers (2,227 MiB "needed") whose epoch peaked at 129 MiB. ``budget_guard`` then checks only what is
+# known (the batches in /dev/shm, pinned, in threads' hands), the candidate starts, and its workers' USS is read at
+# their first batch (``MemoryCheck``, trials and online alike): when the footprint measured there, plus the growth an
+# earlier candidate's workers showed during their window, is over the budget, the candidate stops at once, "skipped"
+# with the figures, and its measured worker size guards every later candidate. What this admits: the process tree
+# can pass the budget only from the start of such a candidate to its first batch, and by less than its workers' USS
+# at that batch (a forked worker's private pages then are what it allocated and copied to make its first
+# prefetch_factor batches: 8-20 MiB each measured here; a worker_init_fn that allocates more is not bounded), and only
+# once per search: afterwards every candidate is guarded by a measured size. Spawned workers share nothing and import
+# everything again, so for them this process's RSS stays the estimate until one is measured (``Search
+# .per_worker_estimate``).
 # Copy-on-read (NOTE [ Copy-on-read ] in measure/advice.py) makes workers grow with every sample they read; a trial
-# sees the start of it. ``growth_per_sample`` is the largest worker's growth, less what a healthy worker also shows
-# once (``growth_noise_bytes``: allocator warm-up, the collector's first pass over inherited objects, batches being
-# built; measured 1-3 MiB in a pytest process), over the samples a worker made during the trial's growth interval
-# (first batch to the window's end: about the window's batches plus the start-up burst, each worker a 1/num_workers
-# share). Measured on a dataset that keeps 128 KiB per sample: 0.82-1.17 x that with 2 and 4 workers.
-# ``forecast_bytes`` extends it to the end of an epoch (this rank's share of the dataset): each worker's USS + slope x
-# its share of the epoch's samples, in the same ``footprint``. Linear is an upper bound: copy-on-read stops at the
-# size of the objects inherited.
+# sees the start of it, and the choice is made on the forecast of an epoch (NOTE [ Copy-on-read forecast ] in
+# growth.py).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from ..config import LoaderConfig
 from ..report import mib
 from ..results import TrialResult
+from .footprint import Footprint, footprint, shm_need_bytes
 
-__all__ = ["DEFAULT_FRACTION", "GROWTH_NOISE_BYTES", "SHM_MARGIN", "Footprint", "MemoryBudget", "budget_guard",
-           "footprint", "forecast_bytes", "growth_noise_bytes", "growth_per_sample", "resolve_budget",
-           "shm_need_bytes", "trial_footprint"]
+__all__ = ["DEFAULT_FRACTION", "SHM_MARGIN", "Footprint", "MemoryBudget", "MemoryCheck", "budget_guard",
+           "first_batch_check", "footprint", "resolve_budget", "shm_need_bytes", "trial_footprint"]
 
 DEFAULT_FRACTION = 0.5
 """The share of this process's available memory (cgroup-aware, per local rank) the loader may take by default."""
 SHM_MARGIN = 0.9
 """/dev/shm is full well before its last byte: keep this share of what is free."""
-GROWTH_NOISE_BYTES = 4 * 2**20
-"""A worker's USS grows this much once in any trial, whatever it reads (see NOTE [ Memory budget ])."""
 BudgetArg = Union[None, int, float]
 
 
@@ -87,44 +92,6 @@ def resolve_budget(memory_budget: BudgetArg, memory: Any) -> MemoryBudget:
                         memory_budget is not None)
 
 
-@dataclass(frozen=True)
-class Footprint:
-    """What one configuration adds to the process tree's memory (see NOTE [ Memory budget ]); ``workers_bytes`` is
-    None when one worker's memory is not known yet."""
-
-    workers_bytes: Optional[int]
-    shm_bytes: int
-    pinned_bytes: int
-    threads_bytes: int
-
-    @property
-    def total_bytes(self) -> Optional[int]:
-        if self.workers_bytes is None:
-            return None
-        return self.workers_bytes + self.shm_bytes + self.pinned_bytes + self.threads_bytes
-
-    def describe(self) -> str:
-        parts = [("workers", self.workers_bytes), ("batches in /dev/shm", self.shm_bytes),
-                 ("pinned copies", self.pinned_bytes), ("thread buffers", self.threads_bytes)]
-        return " + ".join(f"{mib(v)} {name}" for name, v in parts if v)
-
-
-def shm_need_bytes(config: LoaderConfig, batch_bytes: int) -> int:
-    """/dev/shm the batches in flight take (``LoaderConfig.shm_batches``)."""
-    return config.shm_batches() * batch_bytes
-
-
-def footprint(config: LoaderConfig, *, per_worker_bytes: Optional[int], batch_bytes: Optional[int]) -> Footprint:
-    """THE footprint of ``config`` when one worker takes ``per_worker_bytes`` (USS plus growth) and a batch
-    ``batch_bytes`` (unknown: 0 for the batch parts)."""
-    n, batch = config.num_workers, batch_bytes or 0
-    shm = shm_need_bytes(config, batch)
-    pinned = (shm if n else 2 * batch) if config.pin_memory else 0
-    threads = max(1, n) * config.threads * math.ceil(batch / config.threads) if config.threads > 1 else 0
-    workers = 0 if n == 0 else (None if per_worker_bytes is None else n * per_worker_bytes)
-    return Footprint(workers, shm, pinned, threads)
-
-
 def trial_footprint(trial: TrialResult) -> Optional[int]:
     """The footprint a trial measured: its own workers' memory (the largest USS plus growth, per worker)."""
     if trial.config.num_workers and trial.worker_uss_bytes is None:
@@ -150,33 +117,32 @@ def budget_guard(config: LoaderConfig, *, per_worker_bytes: Optional[int], batch
     return None
 
 
-def growth_noise_bytes(trial: TrialResult) -> int:
-    """Growth any worker shows once during a trial: ``GROWTH_NOISE_BYTES``, or the batches a worker holds
-    (``LoaderConfig.worker_batches``) when more (a batch built in shared memory counts as the worker's own until the
-    main process maps it)."""
-    return max(GROWTH_NOISE_BYTES, trial.config.worker_batches() * (trial.batch_bytes or 0))
+@dataclass(frozen=True)
+class MemoryCheck:
+    """What a candidate's workers are checked against at their first batch (``first_batch_check``): the budget, and
+    the growth per worker an earlier candidate's workers showed during their window (0: none measured)."""
+
+    budget_bytes: int
+    growth_bytes: int = 0
+
+    def __call__(self, config: LoaderConfig, uss_bytes: Optional[int], batch_bytes: Optional[int]) -> Optional[str]:
+        """``first_batch_check`` with this check (how a measuring window calls it: measure/window.py)."""
+        return first_batch_check(config, self, uss_bytes=uss_bytes, batch_bytes=batch_bytes)
 
 
-def growth_per_sample(trial: TrialResult) -> Optional[float]:
-    """Bytes one worker's USS grew per sample it made during the trial (copy-on-read) beyond the noise, or None when
-    not measured (no workers, no growth figure, no batches); 0 for a worker that did not grow past the noise."""
-    n, growth = trial.config.num_workers, trial.worker_uss_growth_bytes
-    if n == 0 or growth is None or trial.batches <= 0:
+def first_batch_check(config: LoaderConfig, check: Optional[MemoryCheck], *, uss_bytes: Optional[int],
+                      batch_bytes: Optional[int]) -> Optional[str]:
+    """Why ``config`` must stop at its first batch, whose largest worker's USS is ``uss_bytes``: its footprint with
+    that worker size plus ``check.growth_bytes`` is over ``check.budget_bytes`` (NOTE [ Memory budget ]); None when it
+    fits, or when nothing is checked or measured. Pure."""
+    if check is None or uss_bytes is None or config.num_workers == 0:
         return None
-    batch_size = trial.samples_per_s * trial.window_s / trial.batches if trial.samples_per_s and trial.window_s \
-        else None
-    if not batch_size:
+    need = footprint(config, per_worker_bytes=uss_bytes + check.growth_bytes, batch_bytes=batch_bytes)
+    total = need.total_bytes
+    if total is None or total <= check.budget_bytes:
         return None
-    per_worker = (trial.batches + trial.config.burst_batches()) * batch_size / n
-    return max(0, growth - growth_noise_bytes(trial)) / per_worker
-
-
-def forecast_bytes(trial: TrialResult, *, epoch_samples: Optional[int]) -> Optional[int]:
-    """The footprint of ``trial``'s configuration at the end of an epoch of ``epoch_samples`` (this rank's share),
-    its workers growing at the measured ``growth_per_sample``; None when it cannot be told."""
-    slope = growth_per_sample(trial)
-    if slope is None or epoch_samples is None or trial.worker_uss_bytes is None:
-        return None
-    n = trial.config.num_workers
-    per_worker = trial.worker_uss_bytes + int(slope * epoch_samples / n)
-    return footprint(trial.config, per_worker_bytes=per_worker, batch_bytes=trial.batch_bytes).total_bytes
+    grown = f" and {mib(check.growth_bytes)} each of the growth measured before" if check.growth_bytes else ""
+    return (f"memory: stopped at its first batch: {config.num_workers} workers of {mib(uss_bytes)} (measured there"
+            f"{grown}) need {mib(total)} ({need.describe()}), over the memory budget of {mib(check.budget_bytes)}; "
+            f"pass memory_budget= (bytes, or a fraction of the available memory) to allow more, or max_workers= to "
+            f"try fewer")

@@ -10,7 +10,8 @@ import math
 from typing import Mapping, Optional, Sequence, Tuple
 
 from . import native_policy
-from .budget import SHM_MARGIN, budget_guard, forecast_bytes, growth_per_sample, shm_need_bytes, trial_footprint
+from .budget import SHM_MARGIN, budget_guard, shm_need_bytes, trial_footprint
+from .growth import forecast_bytes, growth_per_sample
 from .threads_policy import fewest_near, least_memory, rate
 from ..report import mib
 from ..results import Bottleneck, TrialResult, TuneResult
@@ -18,10 +19,9 @@ from ..results import Bottleneck, TrialResult, TuneResult
 __all__ = [
     "DEFAULT_TOLERANCE", "FIRST_STEP_WORKERS", "HEADROOM", "SHM_MARGIN",
     "bottleneck", "climb_cap", "cpu_saturated", "disk_ceiling", "keep_workers_alive", "next_count_down",
-    "next_count_near", "next_worker_count", "no_longer_fits",
-    "oversubscribed", "per_worker_bytes", "predict_from_serial",
-    "predict_from_workers", "rate_ceiling", "select", "select_within_budget", "shm_need_bytes", "workers_needed",
-    "worth_more_prefetch"]
+    "next_count_near", "next_worker_count", "no_longer_fits", "oversubscribed", "per_worker_bytes",
+    "predict_from_serial", "predict_from_workers", "rate_ceiling", "select", "select_within_budget", "shm_need_bytes",
+    "sized", "skipped_for_memory", "worker_growth_bytes", "workers_needed", "worth_more_prefetch"]
 
 DEFAULT_TOLERANCE = 0.05
 HEADROOM = 1.2
@@ -207,10 +207,29 @@ def _half_of_fewest(rates: Mapping[int, Optional[float]], *, tolerance: float) -
 
 
 def per_worker_bytes(trials: Sequence[TrialResult]) -> Optional[int]:
-    """What one worker needs, from trials that measured it: the largest USS plus its growth during the trial
-    (copy-on-read keeps growing, see NOTE [ Copy-on-read ]); None when no trial measured a worker."""
-    return max((t.worker_uss_bytes + max(0, t.worker_uss_growth_bytes or 0)
-                for t in trials if t.worker_uss_bytes is not None), default=None)
+    """What one worker needs, from trials that measured it (``sized``): the largest USS plus its growth during the
+    trial (copy-on-read keeps growing, see NOTE [ Copy-on-read ]); None when no trial measured a worker."""
+    return max((t.worker_uss_bytes + max(0, t.worker_uss_growth_bytes or 0) for t in sized(trials)
+                if t.worker_uss_bytes is not None), default=None)
+
+
+def worker_growth_bytes(trials: Sequence[TrialResult]) -> int:
+    """The most one worker grew during a window, of the trials ``sized`` keeps (0: none measured)."""
+    return max((max(0, t.worker_uss_growth_bytes or 0) for t in sized(trials)), default=0)
+
+
+def sized(trials: Sequence[TrialResult]) -> Sequence[TrialResult]:
+    """The trials that size a worker for any count: those with two workers or more when one measured a worker. A lone
+    worker also holds alone every page the main process writes meanwhile (measure/cow.py): its USS measured 59 MiB
+    online where 2 or more measured 15-20 MiB each, and sized as 59 MiB, 7 workers were refused under 380 MiB."""
+    several = [t for t in trials if t.config.num_workers >= 2 and t.worker_uss_bytes is not None]
+    return several or [t for t in trials if t.worker_uss_bytes is not None]
+
+
+def skipped_for_memory(trial: TrialResult) -> bool:
+    """The candidate was not started, or stopped at its first batch, for the memory budget or /dev/shm (not for the
+    time budget: NOTE [ Candidate time limit ] in candidates.py)."""
+    return trial.status == "skipped" and (trial.reason or "").startswith(("memory", "/dev/shm"))
 
 
 def no_longer_fits(result: TuneResult, *, budget_bytes: Optional[int], shm_free_bytes: Optional[int]) -> Optional[str]:
@@ -251,10 +270,14 @@ def select_within_budget(trials: Sequence[TrialResult], *, tolerance: float = DE
         f"starts its workers; or use fewer workers (max_workers=) or threads=True, or raise memory_budget=")
 
 
-def keep_workers_alive(num_workers: int, *, per_worker_bytes: Optional[int], budget_bytes: Optional[int]) -> bool:
+def keep_workers_alive(num_workers: int, *, per_worker_bytes: Optional[int], budget_bytes: Optional[int],
+                       lasting_bytes: Optional[int] = None) -> bool:
     """``persistent_workers``: on with workers, unless they would hold more than half the memory budget between
-    epochs."""
+    epochs, or their footprint once copy-on-read copied all it can reach (``growth.lasting_bytes``: workers kept
+    across epochs get there, fresh ones each epoch start over) is over the budget."""
     if num_workers == 0:
+        return False
+    if budget_bytes is not None and lasting_bytes is not None and lasting_bytes > budget_bytes:
         return False
     if per_worker_bytes is None or budget_bytes is None:
         return True

@@ -27,8 +27,9 @@ from ..request import Request
 from ..results import TrialResult, TuneResult
 from . import native_policy, policy, threads_policy
 from .bounds import worker_bounds
-from .budget import budget_guard, footprint, resolve_budget, trial_footprint
-from .candidates import Candidate, Progress, Steps, fallback_result
+from .budget import MemoryCheck, budget_guard, footprint, resolve_budget, trial_footprint
+from .growth import lasting_bytes
+from .candidates import Candidate, Progress, Steps, admit, fallback_result, start_costs
 from .settings import Findings, Settings
 from .native_search import compare_native
 from .thread_search import search_threads, search_threads_first
@@ -95,16 +96,26 @@ class Search:
                             budget_bytes=self.settings.memory_budget, shm_free_bytes=self.settings.shm_free)
 
     def per_worker_estimate(self) -> Optional[int]:
-        """Measured worker USS (plus its growth) once a worker trial ran; before that the main process's RSS, which
-        a forked worker starts out sharing (an upper bound)."""
-        if self.found.per_worker_bytes is not None:
+        """One worker's memory as measured (USS plus its growth) once a worker candidate reached its first batch;
+        before that None for forked workers, which share this process's pages copy-on-write (their candidate is
+        checked at its first batch instead: NOTE [ Memory budget ]), and this process's RSS for spawned ones, which
+        import everything again (an estimate, until one is measured)."""
+        if self.found.per_worker_bytes is not None or self.settings.forked:
             return self.found.per_worker_bytes
         return self.main_rss
+
+    def memory_check(self, config: LoaderConfig) -> Optional[MemoryCheck]:
+        """What ``config``'s workers are checked against at their first batch: the budget and the most a worker grew
+        during an earlier window; None without workers or a budget."""
+        if config.num_workers == 0 or self.settings.memory_budget is None:
+            return None
+        return MemoryCheck(self.settings.memory_budget, policy.worker_growth_bytes(self.found.trials))
 
     def run(self, config: LoaderConfig, *, first: bool = False, again: bool = False, force: bool = False,
             probe: bool = False, gain: float = 0.0) -> Steps[Optional[TrialResult]]:
         """Have one candidate measured (or skip it with a reason); None when it yields no rate. A candidate measured
-        before is not measured again, unless ``again``; none starts past the budget, unless ``first`` or ``force``.
+        before is not measured again, unless ``again``; none starts past the budget, unless ``first`` or ``force``,
+        and none whose predicted start-up and window do not fit in what is left (NOTE [ Candidate time limit ]).
         ``probe`` and ``gain``: see ``Candidate``."""
         if config in self.found.by_config and not again and not self.refits(self.found.by_config[config]):
             return self.found.by_config[config] if self.found.by_config[config].ok else None
@@ -112,14 +123,15 @@ class Search:
         if not (first or force) and elapsed >= self.stop_at:
             return None
         estimate = self.per_worker_estimate()
-        reason = self.guard(config, estimate)
-        if reason is not None:
+        limit = self.guard(config, estimate) or admit(
+            config, window_limit_s=self.settings.trial_limit, left_s=self.stop_at - elapsed,
+            costs=start_costs(self.found.trials), usable_cpus=self.settings.usable, budget_s=self.settings.budget,
+            forced=first or force)
+        if isinstance(limit, str):  # why it is not started: memory, /dev/shm, or the time left
             predicted = footprint(config, per_worker_bytes=estimate, batch_bytes=self.found.batch_bytes)
-            trial = TrialResult(config=config, status="skipped", reason=reason, footprint_bytes=predicted.total_bytes)
+            trial = TrialResult(config=config, status="skipped", reason=limit, footprint_bytes=predicted.total_bytes)
         else:
-            most = self.settings.trial_limit
-            limit = most if first or force else max(1.0, min(most, self.stop_at - elapsed))
-            outcome = yield Candidate(config, limit, first, probe, gain)
+            outcome = yield Candidate(config, limit, first, self.memory_check(config), probe, gain)
             agreed = self.coordinator.outcome(outcome, elapsed_s=time.monotonic() - self.started,
                                               main_rss_bytes=psutil.Process().memory_info().rss)
             self.clock, self.main_rss = agreed.elapsed_s, agreed.main_rss_bytes
@@ -143,9 +155,10 @@ class Search:
 
     # -- the search ---------------------------------------------------------------------------------------------
     def refits(self, trial: TrialResult) -> bool:
-        """A candidate skipped while one worker's memory was only estimated (this process's RSS, an upper bound) that
-        fits now that a worker was measured: no longer a ceiling, and measured when proposed again."""
-        return trial.status == "skipped" and self.found.per_worker_bytes is not None and \
+        """A candidate skipped for memory while one worker's memory was only estimated (spawned workers: this
+        process's RSS) that fits now that a worker was measured: no longer a ceiling, and measured when proposed
+        again."""
+        return policy.skipped_for_memory(trial) and self.found.per_worker_bytes is not None and \
             self.guard(trial.config, self.found.per_worker_bytes) is None
 
     def rates(self) -> Dict[int, Optional[float]]:
@@ -307,10 +320,11 @@ class Search:
         persistent = self.settings.fixed.get("persistent_workers")
         if persistent is None:
             persistent = policy.keep_workers_alive(n, per_worker_bytes=self.found.per_worker_bytes,
-                                                   budget_bytes=self.settings.memory_budget)
+                                                   budget_bytes=self.settings.memory_budget,
+                                                   lasting_bytes=lasting_bytes(chosen))
         neck = policy.bottleneck(chosen, self.found.trials, consumer_samples_per_s=consumer_rate,
                                  usable_cpus=self.settings.usable, memory_limited=self.found.memory_limited or any(
-                                     t.status == "skipped" and t.config.num_workers > n and not self.refits(t)
+                                     policy.skipped_for_memory(t) and t.config.num_workers > n and not self.refits(t)
                                      for t in self.found.trials))
         best = max(threads_policy.rate(t) for t in self.found.trials if t.ok)
         fewest = "fewest workers, then threads per process," if self.settings.tune_threads else "fewest workers"

@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Mapping, Optional, Union
 import torch
 
 from ..config import DEFAULT_PREFETCH, LoaderConfig, default_pin
+from ..probe import start_method
 from ..results import TrialResult
 from .budget import MemoryBudget
 from .candidates import trial_limit
@@ -50,6 +51,8 @@ class Settings:
     """Search near this configuration (the one in force) instead of from the serial one."""
     descend: bool = False
     """From ``start``, try only fewer workers (``policy.next_count_down``)."""
+    forked: bool = True
+    """Workers start by fork (they share this process's pages until they write them), not spawn or forkserver."""
 
     @property
     def memory_budget(self) -> Optional[int]:
@@ -65,7 +68,8 @@ class Settings:
                    bounds.by_open_files, budget, memory, profile.shm.free_bytes, epoch_samples(request),
                    profile.disk.seq_read_mb_s if profile.disk else None, tolerance, trial_limit(budget),
                    default_pin(fixed, request.device.type), int(fixed.get("prefetch_factor") or DEFAULT_PREFETCH),
-                   request.threads is True, request.fixed_threads, request.native_threads, start, descend)
+                   request.threads is True, request.fixed_threads, request.native_threads, start, descend,
+                   start_method(request.setting("multiprocessing_context")) == "fork")
 
     def replace(self, **changes: Any) -> "Settings":
         return dataclasses.replace(self, **changes)

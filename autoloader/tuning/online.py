@@ -182,6 +182,7 @@ class OnlineLoader(DataLoaderFace, Source):
                   bound_s=bound_s)
         if after is not None:
             run.follows(after)
+        run.window.memory_check = candidate.memory if candidate is not None else None  # NOTE [ Memory budget ]
         return Stage(part, run, candidate, pools=loader.worker_init_fn)
 
     def _steady(self, epoch: int) -> Iterator[Any]:

@@ -272,6 +272,8 @@ class EpochScheduler:
         stage.told = True
         if self.plan.keeps(stage.config):
             return "keep"
+        if result.status == "skipped":  # stopped at its first batch for the memory budget: no tail beside the next
+            return "plain-switch"
         following = self.plan.candidate
         if following is not None and following.config == stage.config and not run.config.num_workers:
             run.measure_again(bound_s=self._bound_s())

@@ -132,7 +132,8 @@ def tune_with(request: Request, profile: Optional[MachineProfile] = None, *, pro
     def measure(candidate: Candidate) -> TrialResult:
         try:
             return run_trial(request, candidate.config, consumer=consumer, limit_s=candidate.limit_s,
-                             measure_consumer=candidate.first, threads_tuned=search.settings.tune_threads)
+                             measure_consumer=candidate.first, threads_tuned=search.settings.tune_threads,
+                             memory=candidate.memory)
         except Exception as err:  # the user's own error, re-raised unchanged by run_trial
             if candidate.config.threads > 1 and not isinstance(err, TuningError):
                 warn_user(f"the dataset raised with threads={candidate.config.threads} per process "

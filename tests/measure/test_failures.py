@@ -26,6 +26,7 @@ from torch.utils.data import TensorDataset
 
 import fault_data as fd
 from autoloader import AutoloaderWarning, LoaderConfig, TrialResult, make_loader
+from autoloader.search.growth import copied_per_sample
 from autoloader.measure.advice import COPY_ON_READ_MIN_BYTES, copy_on_read_advice, warn_once
 from autoloader.cache import TuneCache
 from autoloader.measure.consumer import Consumer
@@ -511,6 +512,9 @@ def test_copy_on_read_growth_is_measured_and_warned_about():
                         multiprocessing_context="fork")
     assert result.ok
     assert result.worker_uss_growth_bytes >= COPY_ON_READ_MIN_BYTES, result.worker_uss_growth_bytes
+    if result.worker_copied_bytes is not None:  # Linux pagemap: the copies themselves (NOTE [ Copy-on-read forecast ])
+        assert result.worker_copied_bytes >= 0.5 * result.worker_uss_growth_bytes, result
+        assert result.worker_copied_bytes <= result.worker_copy_span_bytes <= result.worker_shared_bytes, result
     messages = _autoloader_warnings(record)
     assert len(messages) == 1 and "numpy" in messages[0] and "13246" in messages[0], messages
 
@@ -522,6 +526,7 @@ def test_numpy_dataset_does_not_grow():
                         multiprocessing_context="fork")
     assert result.ok and result.worker_uss_growth_bytes is not None
     assert result.worker_uss_growth_bytes < COPY_ON_READ_MIN_BYTES / 2
+    assert copied_per_sample(result) in (None, 0.0), result
     assert _autoloader_warnings(record) == []
 
 

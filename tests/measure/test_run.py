@@ -21,6 +21,7 @@ import fault_data as fd
 from autoloader.config import LoaderConfig
 from autoloader.measure.consumer import Consumer
 from autoloader.measure.failures import classify
+from autoloader.measure.window import MIN_OPENED
 from autoloader.measure.run import END, Run, served
 from autoloader.measure.trial import trial_loader
 
@@ -131,7 +132,8 @@ def test_a_candidate_is_measured_once_then_serves_on_with_the_same_workers_and_n
     result = run.result
     assert measured_at is not None and result is not None, "the window never completed"
     assert result.ok and result.steady and result.config == WORKERS and result.samples_per_s > 0
-    assert result.batches == measured_at - WORKERS.burst_batches(), "the window counts the batches before measure()"
+    assert run.window.skip <= WORKERS.burst_batches(), "opened at the burst's end at the latest (or once drained)"
+    assert result.batches == measured_at - run.window.skip, "the window counts the batches before measure()"
     assert all(isinstance(b, torch.Tensor) for b in batches), "only the loader's batches are handed out"
     assert _ids(batches) == list(range(400)), "every sample once, in order"
     assert run.record.delivered == 100 and run.record.ended and not run.measuring
@@ -146,7 +148,8 @@ def test_a_candidate_is_patient_with_a_slow_step():
     been cut at its limit)."""
     run = Run(_loader(200), WORKERS, mode="candidate", consumer=CPU, batch_size=BATCH, limit_s=0.05)
     _, _, measured_at = _drive_candidate(run, step_s=0.02)
-    assert measured_at is not None and measured_at > WORKERS.burst_batches() and run.result.ok
+    assert measured_at is not None and run.result.ok and run.result.batches >= MIN_OPENED, \
+        "measured on the batches after its window opened, not cut at the limit"
     assert wait_no_children() == []
 
 

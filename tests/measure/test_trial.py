@@ -10,6 +10,8 @@ from autoloader.measure.consumer import Consumer
 from autoloader.measure.trial import _Cycle, run_trial, trial_loader
 from autoloader.measure.window import MIN_WINDOW_S
 from autoloader.request import Request
+from autoloader.search.budget import MemoryCheck
+from helpers import wait_no_children
 from workloads import CpuBound, InMemory, LatencyBound
 
 CPU = Consumer(None, torch.device("cpu"))
@@ -95,3 +97,19 @@ def test_step_exception_surfaces_unchanged():
 
     with pytest.raises(StepFailed, match="loss is nan"):
         _trial(InMemory(n=64), 8, LoaderConfig(2, 2), consumer=Consumer(step, torch.device("cpu")), limit_s=2)
+
+
+def test_a_trial_over_the_memory_budget_stops_at_its_first_batch():
+    """NOTE [ Memory budget ]: a forked candidate admitted before its workers were measured stops at its first batch
+    when their measured footprint is over the budget: skipped, with the figures, its workers reaped at once."""
+    request = Request.checked(LatencyBound(n=1000, latency_s=0.001), 8)
+    started = time.perf_counter()
+    result = run_trial(request, LoaderConfig(2, 2), consumer=CPU, limit_s=3.0,
+                       memory=MemoryCheck(budget_bytes=2**20))
+    assert result.status == "skipped" and result.reason.startswith("memory: stopped at its first batch"), result
+    assert "2 workers of" in result.reason and "memory budget of 1.0 MiB" in result.reason
+    assert result.worker_uss_bytes > 0 and result.startup_s is not None and result.batches == 0
+    assert time.perf_counter() - started < 2.5, "stopped at once, not at its limit"
+    assert wait_no_children() == []
+    fits = run_trial(request, LoaderConfig(2, 2), consumer=CPU, limit_s=3.0, memory=MemoryCheck(budget_bytes=2**40))
+    assert fits.ok and fits.worker_uss_bytes is not None

@@ -1,6 +1,8 @@
 """Where a trial's timed window opens (autoloader.measure.window): after the prefetch burst has drained; and the rate
 of a trial cut before it did."""
+import psutil
 import pytest
+import torch
 
 from autoloader.measure.window import BatchMark, Window, window_open
 from autoloader.config import LoaderConfig
@@ -72,3 +74,30 @@ def test_the_window_waits_for_the_previous_runs_workers_to_be_reaped():
     assert window.skip == 9 and window.edges.opened is not None
     result = window.result(elapsed=t)
     assert result.steady and result.batches == 20 - 9
+
+
+def test_a_window_over_the_memory_budget_at_its_first_batch_is_complete_and_skipped():
+    """NOTE [ Memory budget ]: the workers' USS read at the first batch is checked (``Candidate.memory``); over the
+    budget, the window is complete at once and its result "skipped" with the figures (this process stands for the
+    workers)."""
+    me = psutil.Process()
+    seen = []
+
+    def check(config, uss, batch_bytes):
+        seen.append((config.num_workers, uss, batch_bytes))
+        return "memory: stopped at its first batch: ..."
+
+    window = Window(LoaderConfig(2, 2), started=0.0, batch_size=4)
+    window.memory_check = check
+    window.first_batch(torch.zeros(4, 8), 0.25, workers=[me])
+    assert len(seen) == 1 and seen[0][0] == 2 and seen[0][1] > 0 and seen[0][2] == 4 * 8 * 4
+    assert window.complete(deadline=1e9) and window.edges.census is None
+    result = window.result(elapsed=0.3)
+    assert result.status == "skipped" and result.reason == "memory: stopped at its first batch: ..."
+    assert result.worker_uss_bytes == seen[0][1] and result.batch_bytes == 128 and result.startup_s == 0.25
+    assert result.worker_uss_total_bytes == seen[0][1] and not result.ok
+
+    fits = Window(LoaderConfig(2, 2), started=0.0, batch_size=4)
+    fits.memory_check = lambda config, uss, batch_bytes: None
+    fits.first_batch(torch.zeros(4, 8), 0.25, workers=[me])
+    assert fits.over_budget is None and not fits.complete(deadline=1e9)

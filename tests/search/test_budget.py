@@ -7,8 +7,12 @@ import time
 import warnings
 from typing import Callable, List
 
+import numpy as np
+import psutil
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import Dataset
 
 from autoloader import AutoloaderWarning
@@ -18,7 +22,7 @@ from autoloader.measure.trial import run_trial
 from autoloader.probe import MemoryInfo
 from autoloader.request import Request
 from autoloader.results import TrialResult, TuneResult
-from autoloader.search import budget, policy
+from autoloader.search import budget, growth, policy
 from autoloader.search.search import Search
 from autoloader.search.settings import epoch_samples
 from helpers import drive_search, full_profile
@@ -108,20 +112,20 @@ def fake(n, rate, *, uss=100 * MIB, growth=0, batch_bytes=MIB, threads=1, status
 def growth_for(n, slope, *, batches=40, batch=32, prefetch=2):
     """The growth a worker of ``n`` shows in a trial when it grows ``slope`` bytes per sample it makes (plus the
     noise any worker shows: these trials' batches are 1 MiB)."""
-    return int(slope * (batches + n * prefetch + n) * batch / n) + max(budget.GROWTH_NOISE_BYTES, 2 * prefetch * MIB)
+    return int(slope * (batches + n * prefetch + n) * batch / n) + max(growth.GROWTH_NOISE_BYTES, 2 * prefetch * MIB)
 
 
 def test_growth_per_sample_and_forecast():
     slope = 4096
     trial = fake(4, 1000.0, uss=50 * MIB, growth=growth_for(4, slope))
-    assert budget.growth_per_sample(trial) == pytest.approx(slope, rel=0.01)
+    assert growth.growth_per_sample(trial) == pytest.approx(slope, rel=0.01)
     # each of 4 workers reads a quarter of 100,000 samples: 50 MiB + 100 MB / 4 each, plus 10 batches in flight
-    forecast = budget.forecast_bytes(trial, epoch_samples=100_000)
+    forecast = growth.forecast_bytes(trial, epoch_samples=100_000)
     assert forecast == pytest.approx(4 * 50 * MIB + slope * 100_000 + 10 * MIB, rel=0.01)
-    assert budget.growth_per_sample(fake(0, 500.0)) is None
-    assert budget.forecast_bytes(trial, epoch_samples=None) is None
-    assert budget.growth_per_sample(fake(4, 1000.0, growth=-MIB)) == 0
-    assert budget.growth_per_sample(fake(4, 1000.0, growth=3 * MIB)) == 0  # a healthy worker's noise
+    assert growth.growth_per_sample(fake(0, 500.0)) is None
+    assert growth.forecast_bytes(trial, epoch_samples=None) is None
+    assert growth.growth_per_sample(fake(4, 1000.0, growth=-MIB)) == 0
+    assert growth.growth_per_sample(fake(4, 1000.0, growth=3 * MIB)) == 0  # a healthy worker's noise
 
 
 @pytest.mark.parametrize("table, budget_bytes, expected, warned", [
@@ -171,8 +175,8 @@ BATCH = 32
 
 
 class PriorSearch(Search):
-    """The search with a fixed prior for one worker before any was measured (the real one reads this process's RSS,
-    which depends on what ran before in the test session)."""
+    """The search with a fixed prior for one worker before any was measured, as for spawned workers (the real one
+    reads this process's RSS, which depends on what ran before in the test session; forked workers have none)."""
 
     prior = 100 * MIB
 
@@ -227,7 +231,7 @@ def test_the_search_warns_when_growth_over_the_epoch_would_cross_the_budget():
     with pytest.warns(AutoloaderWarning, match="gc.freeze"):
         _, result = drive(lambda c: waiting(c, slope=5000), memory_budget=GIB)
     chosen = next(t for t in result.trials if t.ok and t.config.same_candidate(result.config))
-    assert budget.forecast_bytes(chosen, epoch_samples=100_000) <= GIB, result
+    assert growth.forecast_bytes(chosen, epoch_samples=100_000) <= GIB, result
     fastest = max((t for t in result.trials if t.ok), key=lambda t: t.samples_per_s)
     assert result.num_workers < fastest.config.num_workers
 
@@ -265,21 +269,21 @@ def test_a_trial_measures_the_growth_per_sample_and_the_forecast_catches_it():
     request = Request.checked(Hoarder(grow_bytes=grow), 4, device="cpu")
     trial = run_trial(request, config(2), consumer=Consumer(None, torch.device("cpu")), limit_s=5.0)
     assert trial.ok, trial.reason
-    slope = budget.growth_per_sample(trial)
+    slope = growth.growth_per_sample(trial)
     assert slope is not None and 0.5 * grow <= slope <= 2.0 * grow, (slope, trial)
     # an epoch of 100,000 samples: about 12 GiB of growth; a 1 GiB budget is crossed, with the fix named
-    forecast = budget.forecast_bytes(trial, epoch_samples=100_000)
+    forecast = growth.forecast_bytes(trial, epoch_samples=100_000)
     assert forecast > 3 * GIB
     chosen, warning = policy.select_within_budget([trial], budget_bytes=GIB, epoch_samples=100_000)
     assert warning is not None and "gc.freeze()" in warning
 
     flat = run_trial(Request.checked(Hoarder(grow_bytes=0), 4, device="cpu"), config(2),
                      consumer=Consumer(None, torch.device("cpu")), limit_s=5.0)
-    assert flat.ok and budget.growth_per_sample(flat) < 0.1 * grow, flat
+    assert flat.ok and growth.growth_per_sample(flat) < 0.1 * grow, flat
     with warnings.catch_warnings():
         warnings.simplefilter("error", AutoloaderWarning)
         assert policy.select_within_budget([flat], budget_bytes=GIB, epoch_samples=100_000)[1] is None
-    assert math.isfinite(budget.forecast_bytes(flat, epoch_samples=100_000))
+    assert math.isfinite(growth.forecast_bytes(flat, epoch_samples=100_000))
 
 
 def test_a_count_skipped_on_the_prior_estimate_is_measured_once_a_worker_was():
@@ -300,3 +304,211 @@ def test_the_predicted_count_skipped_on_the_estimate_is_tried_once_one_worker_wa
     counts = [c.num_workers for c in asked]
     assert counts[:2] == [0, 1] and 8 in counts, counts
     assert result.num_workers == 8, [(t.config.num_workers, t.status) for t in result.trials]
+
+
+# ---------------------------------------------------------------- forked workers: measured, never guessed (issue 45)
+
+def test_first_batch_check():
+    check = budget.MemoryCheck(380 * MIB)
+    # 8 workers of 15 MiB + 18 batches of 6 MiB in /dev/shm: 228 MiB
+    assert budget.first_batch_check(config(8), check, uss_bytes=15 * MIB, batch_bytes=6 * MIB) is None
+    reason = budget.first_batch_check(config(16), check, uss_bytes=15 * MIB, batch_bytes=6 * MIB)
+    assert reason.startswith("memory: stopped at its first batch") and "16 workers of 15 MiB" in reason
+    assert "memory budget of 380 MiB" in reason and "memory_budget=" in reason and "max_workers=" in reason
+    # the growth an earlier window measured counts too
+    grown = budget.MemoryCheck(380 * MIB, growth_bytes=20 * MIB)
+    assert budget.first_batch_check(config(8), grown, uss_bytes=15 * MIB, batch_bytes=6 * MIB) is not None
+    assert check(config(16), 15 * MIB, 6 * MIB) == reason, "what a measuring window calls"
+    for cfg, chk, uss in ((config(0), check, GIB), (config(8), None, GIB), (config(8), check, None)):
+        assert budget.first_batch_check(cfg, chk, uss_bytes=uss, batch_bytes=MIB) is None
+
+
+def forked_waiting(candidate) -> TrialResult:
+    """A forked worker of 15 MiB, 250 samples/s each, 6 MiB batches: stopped at its first batch, as a measuring window
+    stops it (``Window._stopped``), when its candidate's ``memory`` check says so."""
+    config = candidate.config
+    n = config.num_workers
+    if n and candidate.memory is not None:
+        reason = candidate.memory(config, 15 * MIB, 6 * MIB)
+        if reason is not None:
+            return TrialResult(config=config, status="skipped", reason=reason, worker_uss_bytes=15 * MIB,
+                               batch_bytes=6 * MIB, startup_s=0.1)
+    rate = min(12000.0, max(1, n) * 250.0)
+    return dataclasses.replace(fake(n, rate, uss=15 * MIB, growth=MIB if n else 0, batch_bytes=6 * MIB, batch=16),
+                               config=config, consumer_s_per_batch=1e-5, startup_s=0.05 + 0.01 * n,
+                               worker_cpu_util=0.01 if n else None,
+                               fetch_s_per_batch=16 / rate if n == 0 else None,
+                               fetch_cpu_s_per_batch=16 / rate * 0.01 if n == 0 else None)
+
+
+def drive_candidates(search, model):
+    """``drive_search``, answering each ``Candidate`` (its memory check included) rather than its config."""
+    steps = search.steps()
+    asked, candidate = [], next(steps)
+    try:
+        while True:
+            asked.append(candidate)
+            candidate = steps.send(model(candidate))
+    except StopIteration as done:
+        return asked, done.value
+
+
+def test_forked_workers_are_never_refused_on_this_processs_rss():
+    """Issue 45: under 380 MiB, 8 and 4 forked workers were skipped as 2,227 and 1,120 MiB (this process's RSS each)
+    before any was measured; they take 15 MiB. Now the first worker candidate starts, checked at its first batch."""
+    request = Request.checked(LatencyBound(n=100_000, latency_s=0.004), 16, device="cpu", max_workers=64,
+                              memory_budget=380 * MIB)
+    search = Search(request, full_profile(), budget=30.0)
+    assert search.settings.forked and search.per_worker_estimate() is None
+    asked, result = drive_candidates(search, forked_waiting)
+    worker_candidates = [c for c in asked if c.config.num_workers]
+    assert worker_candidates and all(c.memory is not None and c.memory.budget_bytes == 380 * MIB
+                                     for c in worker_candidates)
+    table = [(t.config.num_workers, t.status, t.reason) for t in result.trials]
+    assert not any(t.status == "skipped" and t.config.num_workers <= 8 for t in result.trials), table
+    assert result.num_workers >= 8, table
+    # what the old estimate refused: this process's RSS per worker
+    old = budget.budget_guard(config(8), per_worker_bytes=psutil.Process().memory_info().rss, batch_bytes=6 * MIB,
+                              budget_bytes=380 * MIB, shm_free_bytes=None)
+    assert old is not None
+
+
+def test_a_candidate_over_the_budget_at_its_first_batch_is_skipped_and_guards_the_rest():
+    # 64 MiB per worker at the first batch: 8 workers (512 MiB) stop there; every later candidate is guarded by it
+    def heavy(candidate):
+        trial = forked_waiting(candidate)
+        n = candidate.config.num_workers
+        if n and candidate.memory is not None:
+            reason = candidate.memory(candidate.config, 64 * MIB, MIB)
+            if reason is not None:
+                return TrialResult(config=candidate.config, status="skipped", reason=reason,
+                                   worker_uss_bytes=64 * MIB, batch_bytes=MIB, startup_s=0.1)
+        return dataclasses.replace(trial, worker_uss_bytes=64 * MIB if n else None, batch_bytes=MIB)
+    request = Request.checked(LatencyBound(n=100_000, latency_s=0.004), 16, device="cpu", max_workers=64,
+                              memory_budget=300 * MIB)
+    asked, result = drive_candidates(Search(request, full_profile(), budget=30.0), heavy)
+    stopped = [t for t in result.trials if t.status == "skipped" and t.startup_s is not None]
+    assert stopped and all("stopped at its first batch" in t.reason for t in stopped)
+    first = result.trials.index(stopped[0])
+    later = [c.config.num_workers for c in asked[first + 1:]]
+    assert later and all(n * 64 * MIB + (2 * n + 2) * MIB <= 300 * MIB for n in later), later
+    assert result.bottleneck == "memory" and result.num_workers * 64 * MIB <= 300 * MIB
+
+
+def test_a_time_skip_is_no_memory_limit():
+    trial = TrialResult(config=config(8), status="skipped", reason="budget: 8 workers would take about 3.0 s")
+    assert not policy.skipped_for_memory(trial)
+    assert policy.skipped_for_memory(dataclasses.replace(trial, reason="memory: 8 workers need ..."))
+    assert policy.skipped_for_memory(dataclasses.replace(trial, reason="/dev/shm: 8 workers x prefetch 2 ..."))
+
+
+# ---------------------------------------------------------------- the copy-on-read forecast (NOTE [ Copy-on-read forecast ])
+
+def copying(n, rate=1000.0, *, uss=10 * MIB, per_sample=4096, span=181 * MIB, shared=260 * MIB, batches=None,
+            batch=64, other=0):
+    """A trial whose worker copied ``per_sample`` bytes per sample it made (the census), out of ``span``; its window
+    holds 3 waves of batches, as measure/window.py's."""
+    batches = batches or max(24, 3 * n)
+    made = (batches + config(n).burst_batches()) * batch / n
+    copied = int(per_sample * made)
+    trial = fake(n, rate, uss=uss, growth=copied + other, batch_bytes=4096, batches=batches, batch=batch)
+    return dataclasses.replace(trial, worker_copied_bytes=copied, worker_copy_span_bytes=span,
+                               worker_shared_bytes=shared)
+
+
+def test_copy_forecast_saturates_over_the_span():
+    kw = dict(per_sample=4096, reach_bytes=160 * MIB, epoch_samples=300_000)
+    linear = 4096 * 300_000
+    assert growth.copy_forecast(workers=1, **kw) == 160 * MIB, "one worker reads all: it copies all it can reach"
+    four = growth.copy_forecast(workers=4, **kw)
+    assert four == pytest.approx(160 * MIB * (1 - 0.75 ** (linear / (160 * MIB))))
+    assert 0.85 * 160 * MIB < four < 160 * MIB and four < linear / 4
+    # few samples over a big span: the linear share
+    assert growth.copy_forecast(per_sample=4096, reach_bytes=10 * GIB, workers=4, epoch_samples=1000) == \
+        pytest.approx(4096 * 250, rel=0.01)
+    assert growth.copy_forecast(per_sample=4096, reach_bytes=0, workers=4, epoch_samples=1000) == 0
+
+
+def test_the_census_forecast_admits_what_fits_and_not_more():
+    """The 300,000-object list of issue 45 under 700 MiB: 4 workers (605-633 MiB measured over an epoch) fit, 8
+    (about 1 GiB) do not; the old USS growth less its 4 MiB noise floor saw nothing and admitted 32 (1,343 MiB)."""
+    trials = [fake(0, 875.0), copying(4, 3500.0), copying(8, 7000.0), copying(32, 25000.0)]
+    forecasts = {t.config.num_workers: growth.forecast_bytes(t, epoch_samples=300_000) for t in trials[1:]}
+    assert forecasts[4] <= 700 * MIB < forecasts[8] < forecasts[32], {n: f // MIB for n, f in forecasts.items()}
+    chosen, warning = policy.select_within_budget(trials, budget_bytes=700 * MIB, epoch_samples=300_000)
+    assert chosen.config.num_workers == 4 and "copy-on-read" in warning
+    # without the census: the USS growth, which a short trial's noise floor hides
+    blind = dataclasses.replace(trials[-1], worker_copied_bytes=None, worker_copy_span_bytes=None,
+                                worker_shared_bytes=None)
+    assert growth.growth_per_sample(blind) == 0 and growth.forecast_bytes(blind, epoch_samples=300_000) < 700 * MIB
+
+
+def test_copies_under_the_noise_are_none_and_other_growth_still_counts():
+    quiet = copying(8, per_sample=300)  # 0.1 MiB copied in a trial: the allocator reusing inherited pages
+    assert growth.copied_per_sample(quiet) == 0
+    assert growth.epoch_growth_bytes(quiet, epoch_samples=300_000) == 0
+    hoarding = copying(8, per_sample=300, other=64 * MIB)  # a per-worker cache the census does not see as copies
+    assert growth.epoch_growth_bytes(hoarding, epoch_samples=300_000) > GIB
+    assert growth.copied_per_sample(fake(8, 100.0)) is None
+    many = copying(2, per_sample=200, batches=400)  # 1.6 MiB over 6,400 samples each: still the allocator
+    assert many.worker_copied_bytes > growth.COPY_NOISE_BYTES and growth.copied_per_sample(many) == 0
+
+
+def test_workers_that_would_copy_past_the_budget_in_time_are_not_kept_alive():
+    trial = copying(4)
+    lasting = growth.lasting_bytes(trial)
+    assert lasting == pytest.approx(4 * (10 * MIB + 181 * MIB) + 10 * 4096)
+    assert not policy.keep_workers_alive(4, per_worker_bytes=12 * MIB, budget_bytes=700 * MIB, lasting_bytes=lasting)
+    assert policy.keep_workers_alive(4, per_worker_bytes=12 * MIB, budget_bytes=GIB, lasting_bytes=lasting)
+    assert growth.lasting_bytes(copying(4, per_sample=100)) == 4 * 10 * MIB + 10 * 4096, "copies nothing"
+
+
+@settings(max_examples=60, deadline=None)
+@given(pages=st.integers(200, 4000), per_page=st.floats(1.0, 16.0), workers=st.integers(1, 32),
+       skew=st.floats(0.0, 3.0), seed=st.integers(0, 2**31))
+def test_the_copy_forecast_bounds_what_a_worker_copies(pages, per_page, workers, skew, seed):
+    """The invariant ``copy_forecast`` rests on: whatever the spread of N objects over the pages (uniform, or skewed:
+    some pages hold many), a worker reading a random 1/n of them touches (copies) no more pages than the forecast
+    made from what a trial measures: one page per sample, and the pages the objects lie on."""
+    rng = np.random.default_rng(seed)
+    n_objects = int(pages * per_page)
+    weights = rng.pareto(1.0 + skew, pages) + 1e-3 if skew else np.ones(pages)
+    page_of = rng.choice(pages, size=n_objects, p=weights / weights.sum())
+    held = len(np.unique(page_of))  # the pages the objects lie on: the span the census sees
+    share = rng.permutation(n_objects)[:n_objects // workers]
+    touched = len(np.unique(page_of[share]))
+    forecast = growth.copy_forecast(per_sample=1.0, reach_bytes=held, workers=workers, epoch_samples=n_objects)
+    assert touched <= forecast * 1.02 + 3 * np.sqrt(forecast) + 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 128), prefetch=st.integers(1, 8), pin=st.booleans(), threads=st.integers(1, 8),
+       batch=st.one_of(st.none(), st.integers(0, 256 * MIB)), limit=st.one_of(st.none(), st.integers(1, 64 * GIB)),
+       shm=st.one_of(st.none(), st.integers(0, 64 * GIB)), worker=st.integers(0, 8 * GIB),
+       growth=st.integers(0, GIB))
+def test_nothing_a_measurement_could_admit_is_refused_unmeasured(n, prefetch, pin, threads, batch, limit, shm,
+                                                                 worker, growth):
+    """Issue 45's invariant: before a worker is measured (forked workers: no estimate), a candidate is refused only for
+    what holds whatever its workers measure (the batches in /dev/shm, pinned, in threads' hands); and at its first
+    batch it stops exactly when the footprint measured there (plus the growth seen before) is over the budget."""
+    cfg = LoaderConfig(n, prefetch if n else None, pin, False, threads=threads)
+    kw = dict(batch_bytes=batch, budget_bytes=limit, shm_free_bytes=shm)
+    unmeasured = budget.budget_guard(cfg, per_worker_bytes=None, **kw)
+    if unmeasured is not None:
+        assert budget.budget_guard(cfg, per_worker_bytes=worker, **kw) is not None
+    if limit is not None:
+        stop = budget.first_batch_check(cfg, budget.MemoryCheck(limit, growth), uss_bytes=worker, batch_bytes=batch)
+        total = budget.footprint(cfg, per_worker_bytes=worker + growth, batch_bytes=batch).total_bytes
+        assert (stop is not None) == (n > 0 and total > limit)
+
+
+def test_a_lone_workers_size_does_not_size_the_others():
+    """A lone worker holds alone every page the main process writes meanwhile (measure/cow.py): 59 MiB online where 2
+    or more measured 15-20 MiB each. Once a candidate of two or more measured a worker, it sizes every count."""
+    lone = fake(1, 250.0, uss=59 * MIB, growth=4 * MIB)
+    two = fake(2, 500.0, uss=15 * MIB, growth=MIB)
+    assert policy.per_worker_bytes([fake(0, 100.0), lone]) == 63 * MIB, "the only measurement there is"
+    assert policy.per_worker_bytes([fake(0, 100.0), lone, two]) == 16 * MIB
+    assert policy.worker_growth_bytes([lone, two]) == MIB and policy.worker_growth_bytes([fake(0, 100.0)]) == 0
+    stopped = TrialResult(config=config(8), status="skipped", reason="memory: stopped ...", worker_uss_bytes=40 * MIB)
+    assert policy.per_worker_bytes([lone, two, stopped]) == 40 * MIB, "measured at its first batch, it counts"

@@ -303,7 +303,9 @@ def test_an_epoch_that_never_waits_for_data_tries_fewer_workers_once():
     search.after_epoch(9, decision.samples_per_s, 0.0)
     assert not source.searching, "one search down per decision"
     search.after_epoch(10, decision.samples_per_s / 2, 0.0)
-    assert source.searching and not search.current.down, "the regime changed: a search either way"
+    assert not source.searching, "half as fast while the loop hardly waited: the step slowed, no search"
+    search.after_epoch(11, decision.samples_per_s / 2, 0.3)
+    assert source.searching and not search.current.down, "the loop waits for data now: a search either way"
     del loader, source
 
 

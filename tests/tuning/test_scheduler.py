@@ -89,6 +89,18 @@ def test_ranks_whose_tails_differ_switch_without_one_and_the_batch_fetched_is_re
     assert served["got"] == list(range(2 * BATCHES)), "its in-flight batches went to the next candidate"
 
 
+def test_a_candidate_over_the_memory_budget_at_its_first_batch_stops_without_a_tail(monkeypatch):
+    """NOTE [ Memory budget ]: a candidate whose workers measured over the budget at their first batch is "skipped"
+    and stopped at once (a tail would keep its workers beside the next candidate's): its in-flight batches go on."""
+    plan = ScriptedPlan([Step(8, 900.0, measure_after=1, over_budget=True), Step(2, 300.0)], 2)
+    served = serve(plan, monkeypatch=monkeypatch)
+    assert served["moves"][0] == ("measuring", "plain-switch")
+    assert plan.told[0] == (8, "skipped")
+    big = served["runs"][0]
+    assert big.record.delivered == 1 and big.stopped == "orderly"
+    assert served["got"] == list(range(2 * BATCHES)), "every batch once, in order"
+
+
 def test_an_epoch_that_ends_before_the_window_opens_asks_the_search_to_carry_the_candidate(monkeypatch):
     plan = ScriptedPlan([Step(3, 100.0, measure_after=None)], 0)
     serve(plan, monkeypatch=monkeypatch)

@@ -1,0 +1,141 @@
+"""How much a candidate's workers grow: during its trial, by the end of an epoch, and kept across epochs; pure
+functions of what its window measured (tested on tables), in the footprint of NOTE [ Memory budget ] (budget.py).
+
+# NOTE [ Copy-on-read forecast ]
+# A trial sees a worker's first few hundred samples; an epoch is its 1/num_workers share of the dataset. The USS growth
+# between the two edges of a window cannot tell the one from the other: a worker reading a list of 300,000 objects
+# grew 1.5-2.5 MiB in a trial (4 KiB, one page, per sample), a worker reading tensors 0.1-1 MiB (allocator, batches),
+# and a noise floor above the second hid the first: 32 workers were chosen under a 700 MiB budget and their epoch
+# peaked at 1,343 MiB. So the window also reads which pages one worker shares with this process, at its first batch
+# and at its end (``measure.cow``, Linux pagemap; with two workers or more): a page shared then and its own now is a
+# copy, whatever else its USS does. ``copied_per_sample``: those copies over the samples it made (``samples_made``: its share of the window's
+# batches and the burst), 0 below ``COPY_NOISE_BYTES`` or ``COPY_NOISE_PER_SAMPLE`` (what any worker copies: its
+# allocator reusing inherited heap pages). A dataset that copies less than that per sample (small objects read in
+# order) goes unseen here, as with the USS before.
+# The copies saturate: a page is copied once, and the inherited objects are finite. ``worker_copy_span_bytes`` is
+# what the worker shared within the address span its copies fell in (trimmed of stray ones, widened to the range
+# uniform copies cover: the objects its reads copy from; 181 MiB measured for that list, whose 300,000 objects take
+# 160 MiB, in a heap of 244 MiB). Over an epoch of N samples read uniformly at random, each worker reading 1/n of them
+# and each sample copying ``per_sample`` bytes, the span's pages are touched T = N x per_sample / span times in all, so
+# one worker copies span x (1 - (1 - 1/n)^T) (``copy_forecast``; at most the linear per_sample x N/n). That is the
+# expectation for uniform reads (reads in order copy less: neighbours share pages) and, at a given T, the most any
+# spread of objects over pages gives (the bracket is concave in the objects per page); the span over-counts what is
+# not the dataset's, which only raises it. Measured on that list, 4 workers: 646 MiB forecast, 605-633 MiB peaked.
+# ``epoch_growth_bytes`` adds what else a worker's USS gained beyond ``growth_noise_bytes`` (a per-worker cache, say),
+# linearly; ``forecast_bytes`` puts it in the same ``footprint``. Where the census cannot be read (not Linux, a
+# sandbox), the USS growth beyond ``growth_noise_bytes`` is extended linearly, as before (measured on a dataset that
+# keeps 128 KiB per sample: 0.82-1.17 x that with 2 and 4 workers). Workers kept across epochs (persistent) copy the
+# whole span in time: ``lasting_bytes``, which ``policy.keep_workers_alive`` reads.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..results import TrialResult
+from .footprint import footprint
+
+__all__ = ["COPY_NOISE_BYTES", "COPY_NOISE_PER_SAMPLE", "GROWTH_NOISE_BYTES", "copied_per_sample", "copy_forecast",
+           "epoch_growth_bytes", "forecast_bytes", "growth_noise_bytes", "growth_per_sample", "lasting_bytes",
+           "samples_made"]
+
+GROWTH_NOISE_BYTES = 4 * 2**20
+"""A worker's USS grows this much once in any trial, whatever it reads: allocator warm-up, the collector's first pass
+over inherited objects, batches being built (measured 1-3 MiB in a pytest process)."""
+COPY_NOISE_BYTES = 2**20
+COPY_NOISE_PER_SAMPLE = 1024
+"""Pages a worker copies in any trial, whatever it reads, mostly its allocator reusing the free space of inherited
+heap pages: measured 0.2-0.8 MiB (0.1-3.1 KiB a sample: the most where samples are few) in workers of a pytest
+process reading tensors, numpy arrays or sleeping; a list of objects read at random copies a 4 KiB page per sample
+(1.5-2.1 MiB in 400-600 samples). Copies are copy-on-read only past both."""
+
+
+def growth_noise_bytes(trial: TrialResult) -> int:
+    """Growth any worker shows once during a trial: ``GROWTH_NOISE_BYTES``, or the batches a worker holds
+    (``LoaderConfig.worker_batches``) when more (a batch built in shared memory counts as the worker's own until the
+    main process maps it)."""
+    return max(GROWTH_NOISE_BYTES, trial.config.worker_batches() * (trial.batch_bytes or 0))
+
+
+def samples_made(trial: TrialResult) -> Optional[float]:
+    """Samples one worker made from its first batch to the window's end: its 1/num_workers share of the window's
+    batches and the start-up burst; None when not known."""
+    n = trial.config.num_workers
+    if n == 0 or trial.batches <= 0 or not trial.samples_per_s or not trial.window_s:
+        return None
+    batch_size = trial.samples_per_s * trial.window_s / trial.batches
+    return (trial.batches + trial.config.burst_batches()) * batch_size / n
+
+
+def copied_per_sample(trial: TrialResult) -> Optional[float]:
+    """Bytes one worker copied from this process per sample it made (the census, NOTE [ Copy-on-read forecast ]); 0
+    when it copied less than ``COPY_NOISE_BYTES`` in all or ``COPY_NOISE_PER_SAMPLE`` a sample; None when not
+    measured."""
+    made = samples_made(trial)
+    if trial.worker_copied_bytes is None or not made:
+        return None
+    per_sample = trial.worker_copied_bytes / made
+    return per_sample if trial.worker_copied_bytes >= COPY_NOISE_BYTES and per_sample >= COPY_NOISE_PER_SAMPLE \
+        else 0.0
+
+
+def growth_per_sample(trial: TrialResult) -> Optional[float]:
+    """Bytes one worker grew per sample it made during the trial beyond the noise (``growth_noise_bytes``): what it
+    copied (the census) plus what else its USS gained; without the census, its USS growth alone. None when not
+    measured (no workers, no growth figure, no batches); 0 for a worker that did not grow past the noise."""
+    made = samples_made(trial)
+    if trial.worker_uss_growth_bytes is None or not made:
+        return None
+    copied = copied_per_sample(trial)
+    other = max(0, trial.worker_uss_growth_bytes - (trial.worker_copied_bytes or 0) - growth_noise_bytes(trial))
+    return (copied or 0.0) + other / made
+
+
+def copy_forecast(*, per_sample: float, reach_bytes: int, workers: int, epoch_samples: int) -> float:
+    """What one of ``workers`` workers copies by the end of an epoch of ``epoch_samples`` samples, each sample copying
+    ``per_sample`` bytes of pages not copied yet out of ``reach_bytes`` shared ones (NOTE [ Copy-on-read forecast ]):
+    the smaller of the linear share and the saturating one. Pure."""
+    linear = per_sample * epoch_samples / workers
+    if reach_bytes <= 0:
+        return 0.0
+    touches = per_sample * epoch_samples / reach_bytes
+    return min(linear, reach_bytes * (1.0 - (1.0 - 1.0 / workers) ** touches))
+
+
+def epoch_growth_bytes(trial: TrialResult, *, epoch_samples: int) -> Optional[int]:
+    """How much one worker of ``trial`` grows by the end of an epoch of ``epoch_samples`` (this rank's; each worker
+    reads its 1/num_workers share): its copies by ``copy_forecast`` within the span they fell in, plus any other growth
+    at its measured rate; without the census, ``growth_per_sample`` x its share (linear). None when not measured."""
+    n = trial.config.num_workers
+    made = samples_made(trial)
+    copied = copied_per_sample(trial)
+    if copied is None or not made or trial.worker_uss_growth_bytes is None:
+        slope = growth_per_sample(trial)
+        return None if slope is None else int(slope * epoch_samples / n)
+    reach = min(trial.worker_copy_span_bytes or 0, trial.worker_shared_bytes or 0)
+    copies = copy_forecast(per_sample=copied, reach_bytes=reach, workers=n, epoch_samples=epoch_samples)
+    other = max(0, trial.worker_uss_growth_bytes - (trial.worker_copied_bytes or 0) - growth_noise_bytes(trial))
+    return int(copies + other / made * epoch_samples / n)
+
+
+def forecast_bytes(trial: TrialResult, *, epoch_samples: Optional[int]) -> Optional[int]:
+    """The footprint of ``trial``'s configuration at the end of an epoch of ``epoch_samples`` (this rank's share),
+    its workers grown by ``epoch_growth_bytes``; None when it cannot be told."""
+    if epoch_samples is None or trial.worker_uss_bytes is None:
+        return None
+    growth = epoch_growth_bytes(trial, epoch_samples=epoch_samples)
+    if growth is None:
+        return None
+    return footprint(trial.config, per_worker_bytes=trial.worker_uss_bytes + growth,
+                     batch_bytes=trial.batch_bytes).total_bytes
+
+
+def lasting_bytes(trial: TrialResult) -> Optional[int]:
+    """The footprint of ``trial``'s configuration once its workers, kept across epochs, copied all their reads can
+    reach (the span of their copies, NOTE [ Copy-on-read forecast ]); its measured footprint when they copy nothing,
+    None when not known."""
+    if trial.worker_uss_bytes is None:
+        return None
+    copied = copied_per_sample(trial)
+    reach = min(trial.worker_copy_span_bytes or 0, trial.worker_shared_bytes or 0) if copied else 0
+    return footprint(trial.config, per_worker_bytes=trial.worker_uss_bytes + reach,
+                     batch_bytes=trial.batch_bytes).total_bytes

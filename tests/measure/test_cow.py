@@ -1,0 +1,103 @@
+"""The copy-on-read census (autoloader.measure.cow): a forked child's pages shared with this process, read twice: what
+it copied in between, and the span its copies fell in. A real fork reading a list of objects, and tables."""
+import os
+import random
+import sys
+
+import numpy as np
+import pytest
+
+from autoloader.measure import cow
+
+MIB = 2**20
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc/<pid>/pagemap")
+
+
+def _forked_reader(items, reads):
+    """A child that, told to, reads ``reads`` of ``items`` at random (writing their reference counts), then waits to
+    be killed; returns (pid, go, done) pipe ends."""
+    go_r, go_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.read(go_r, 1)
+            picked = random.Random(0).sample(range(len(items)), reads)
+            total = 0
+            for i in picked:
+                total += len(items[i])
+            os.write(done_w, b"x")
+            os.read(go_r, 1)
+        finally:
+            os._exit(0)
+    return pid, go_w, done_r
+
+
+def test_a_child_reading_objects_copies_a_page_each_within_their_span():
+    items = [bytes([i % 251]) * 512 for i in range(100_000)]  # about 53 MiB, a 4 KiB page holds about 7
+    pid, go, done = _forked_reader(items, 2000)
+    try:
+        first = cow.take(pid)
+        if first is None:
+            pytest.skip("/proc/<pid>/pagemap is not readable here")
+        assert first.shared_bytes > 40 * MIB, "the child shares this process's heap, the list included"
+        os.write(go, b"x")
+        os.read(done, 1)
+        last = cow.take(pid)
+    finally:
+        os.write(go, b"x")
+        os.waitpid(pid, 0)
+    copies = cow.copied(first, last)
+    page = first.page
+    assert 0.8 * 2000 * page <= copies.copied_bytes <= 2000 * page + 2 * MIB, copies
+    data = 100_000 * 545
+    assert 0.9 * data <= copies.span_bytes <= first.shared_bytes, (copies.span_bytes / MIB, data / MIB)
+    assert copies.shared_bytes == first.shared_bytes
+
+
+def test_a_child_reading_nothing_copies_next_to_nothing():
+    items = [bytes([i % 251]) * 512 for i in range(20_000)]
+    pid, go, done = _forked_reader(items, 0)
+    try:
+        first = cow.take(pid)
+        if first is None:
+            pytest.skip("/proc/<pid>/pagemap is not readable here")
+        os.write(go, b"x")
+        os.read(done, 1)
+        last = cow.take(pid)
+    finally:
+        os.write(go, b"x")
+        os.waitpid(pid, 0)
+    # what this process writes meanwhile (the census's own arrays) leaves the only other holder of those pages, the
+    # child, holding them alone: about 1 MiB here, the noise growth.COPY_NOISE_BYTES allows for
+    assert cow.copied(first, last).copied_bytes < 2 * MIB
+
+
+def _census(*mappings):
+    """A Census of mappings given as (start page, shared flags, exclusive flags) strings of 0/1."""
+    page = 4096
+    return cow.Census({start * page: cow.Mapping(start * page, np.array([c == "1" for c in shared]),
+                                                 np.array([c == "1" for c in exclusive]))
+                       for start, shared, exclusive in mappings}, page)
+
+
+def test_copied_counts_pages_shared_then_exclusive_now():
+    first = _census((0, "1111", "0000"), (100, "11", "00"))
+    last = _census((0, "1001", "0110"), (100, "10", "00"))  # the second mapping's last page: gone, not a copy
+    copies = cow.copied(first, last)
+    assert copies.copied_bytes == 2 * 4096
+    assert copies.shared_bytes == 6 * 4096
+    assert copies.span_bytes == 4 * 4096, "few copies: the whole mapping counts"
+    assert cow.copied(first, _census((0, "1111", "0000"))).copied_bytes == 0, "a mapping gone holds nothing"
+
+
+def test_the_span_leaves_out_stray_copies_and_covers_the_dense_ones():
+    n = 10_000
+    shared = np.ones(n, dtype=bool)
+    rng = np.random.default_rng(0)
+    dense = rng.choice(np.arange(6000, 10_000), size=400, replace=False)  # the dataset: the top 4,000 pages
+    stray = np.array([10, 900, 2500])  # the interpreter's own objects, anywhere
+    flipped = np.sort(np.concatenate([dense, stray]))
+    span = cow._span_pages(shared, flipped)
+    assert 4000 <= span <= 4600, span
+    assert cow._span_pages(shared, np.array([5, 50])) == n, "too few copies to tell: the whole mapping"
