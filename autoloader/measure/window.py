@@ -175,9 +175,11 @@ class Window:
 
     def _open_early(self, t_ask: float, t_got: float) -> None:
         """An online candidate's window opens at the batch being marked, before the whole burst, when the loop waited
-        for it (the queue is drained) or when ``bound_s`` passed since the first wave came (a loop that never waits
-        is served at the step's pace): ``window_rule``."""
-        index, first_wave = len(self.marks), max(1, self.config.num_workers)
+        for it (the queue is drained) or when ``bound_s`` passed since the first batches in flight were handed out (a
+        loop that never waits is served at the step's pace): ``window_rule``. Not before those are handed out: forked
+        one after the other, the workers start apart, and a wait among their first batches says nothing of the
+        queue."""
+        index, first_wave = len(self.marks), max(1, self.config.in_flight())
         if index < first_wave or index + 1 >= self.skip:
             return
         waited = window_rule.drained([t_got - t_ask], first_wave=0) is not None

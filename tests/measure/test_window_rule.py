@@ -45,17 +45,17 @@ def test_a_candidate_window_opens_at_the_first_wait_and_closes_after_whole_waves
     monkeypatch.setattr("autoloader.measure.window.time.perf_counter", lambda: times["now"])
     burst = window.skip
     assert burst == 12
-    # the first wave (4 batches) comes at once after 0.3 s of start-up, then every batch waits 20 ms
+    # the first 8 batches (4 workers x prefetch 2) come at once after 0.3 s of start-up, then every batch waits 20 ms
     completed = None
     for i in range(40):
-        wait = 0.3 if i == 0 else (0.0 if i < 4 else 0.02)
+        wait = 0.3 if i == 0 else (0.0 if i < 8 else (0.02 if i > 8 else 0.0015))
         t_ask = times["now"]
         times["now"] += wait
         window.add(i, t_ask=t_ask, c_ask=(0.0, None), t_got=times["now"], c_got=(0.0, None), consumer=_Sync())
         times["now"] += 0.001
         if completed is None and window.complete(deadline=float("inf"), patient=True):
             completed = len(window.marks)
-    assert window.skip == 5, "opened at the first batch the loop waited for after the first wave (index 4)"
+    assert window.skip == 10, "opened at the first batch the loop waited for after those in flight (index 9)"
     assert completed is not None, "20 ms batches, exact: confident"
     assert (completed - window.skip) % 4 == 0, "the loop waits for 4 workers: whole waves of 4 batches"
 
