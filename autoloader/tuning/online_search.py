@@ -61,6 +61,8 @@ class OnlineSearch:
         self.tried_fewer = False
         """The search that made the decision in force tried fewer workers (or found none would do): an epoch that
         hardly waits does not start another one."""
+        self.reference: Optional[float] = None
+        """The steady rate of the first whole epoch the decision in force served (the re-tune rule's reference)."""
         if decision is None:
             self.start(None, why="no tuning for this dataset and machine yet")
 
@@ -151,10 +153,12 @@ class OnlineSearch:
         search when the re-tune rule says so."""
         rate, stall = self.coordinator.epoch(rate, stall)
         last = self.decisions[-1] if self.decisions else None
-        again = retune(decided_samples_per_s=self.decision.samples_per_s, num_workers=self.decision.config.num_workers,
+        again = retune(reference_samples_per_s=self.reference, num_workers=self.decision.config.num_workers,
                        decided_stall=last.stall_fraction if last else _stall_of(self.decision),
                        epoch_samples_per_s=rate, epoch_stall=stall, tried_fewer=self.tried_fewer,
                        spanned=self.spanned)
+        if self.reference is None:
+            self.reference = rate
         log.debug("epoch %d with %s: %s samples/s, stall %s; decided %s samples/s", epoch,
                   self.decision.config.label(), rate, stall, self.decision.samples_per_s)
         if again is not None:
@@ -182,7 +186,7 @@ class OnlineSearch:
         result = group.broadcast(result, point="online decision") if group is not None else result
         self.current = None
         self.spanned, self.tried_fewer = len(current.epochs) > 1, current.down or not current.threads
-        self.decision = result
+        self.decision, self.reference = result, None
         chosen = next((t for t in reversed(current.measured) if t.ok and t.config.same_candidate(result.config)),
                       None)
         self.decisions.append(Decision(epoch, result.config, result.samples_per_s,
