@@ -84,5 +84,5 @@ def test_a_decision_whose_search_spanned_epochs_tries_fewer_once(workers, stall,
         assert again is None
     else:
         assert again is not None and expected[0] in again.why and again.down is expected[1], again
-    assert retune(decided_samples_per_s=5643.0, decided_stall=0.21, num_workers=51, epoch_samples_per_s=4857.0,
+    assert retune(reference_samples_per_s=5643.0, decided_stall=0.21, num_workers=51, epoch_samples_per_s=4857.0,
                   epoch_stall=0.21, tried_fewer=False) is None, "the same epoch without spanning: kept"
