@@ -1,6 +1,7 @@
 """Datasets for tests/tuning/test_online.py (module level, so workers of any start method can load them)."""
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import time
@@ -21,6 +22,23 @@ class Indexed(Dataset):
     def __getitem__(self, i: int) -> torch.Tensor:
         if self.latency_s:
             time.sleep(self.latency_s)
+        return torch.tensor([i])
+
+
+class Regime(Indexed):
+    """Like ``Indexed``, its latency in shared memory: a change reaches workers already running (persistent ones), as
+    a warmer page cache does; set it with ``latency(seconds)``."""
+
+    def __init__(self, n: int, latency_s: float = 0.0) -> None:
+        super().__init__(n)
+        self._shared = multiprocessing.get_context("fork").RawValue("d", latency_s)
+
+    def latency(self, seconds: float) -> None:
+        self._shared.value = seconds
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self._shared.value:
+            time.sleep(self._shared.value)
         return torch.tensor([i])
 
 

@@ -7,8 +7,9 @@ candidate: fewer workers or a smaller queue may well work, so the tuner records 
 from __future__ import annotations
 
 import errno
-import re
 import logging
+import re
+import traceback
 from typing import Optional
 
 from ..config import LoaderConfig
@@ -113,3 +114,21 @@ def classify(error: BaseException, config: LoaderConfig, *, user: bool, threads_
         raise TuningError(f"candidate {config.label()} failed inside autoloader: {error!r}") from error
     log.info("candidate %s failed: %s", config.label(), reason)
     return TrialResult(config=config, status="failed", reason=reason, **measured)  # type: ignore[arg-type]
+
+
+def forget(error: BaseException) -> None:
+    """Drop the tracebacks of ``error`` and of every exception it was raised from or during: a candidate's failure
+    kept from the loop (classified, logged) would otherwise hold the frames it passed through, and through their
+    callers the epoch's runs and their workers, until a garbage collection (a worker killed while handing over a
+    batch: torch's error chains the socket error raised deep in ``multiprocessing``)."""
+    seen = set()
+    pending: list = [error]
+    while pending:
+        exc = pending.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        if exc.__traceback__ is not None:
+            traceback.clear_frames(exc.__traceback__)
+            exc.__traceback__ = None
+        pending += [exc.__cause__, exc.__context__]

@@ -148,6 +148,13 @@ class Serving:
         self.record.stop_s = time.perf_counter() - stopping
         self.record.elapsed = time.perf_counter() - self.started
 
+    def release(self) -> None:
+        """Let go of the iterator without stopping the workers: its DataLoader keeps them (persistent workers) for a
+        later epoch, which serves them on (the decision an online epoch ended with, NOTE [ Online switching ])."""
+        self.crew.stopped_at = time.perf_counter()
+        self._it = None
+        self.record.elapsed = time.perf_counter() - self.started
+
     @property
     def stopped(self) -> bool:
         return not math.isinf(self.crew.stopped_at)

@@ -8,10 +8,12 @@ Why search again (``retune``, after each epoch served by the decision, ``OnlineS
   ``RETUNE_STALL`` of it. The data got costlier (another job on the machine, a colder storage tier): the search
   starts from the configuration in force and goes either way. An epoch that ran slower while the loop hardly waited
   was slowed by its step (a busier GPU, another job on the CPUs): no loader makes it faster, and searching would only
-  cost the loop (no re-tune churn: NOTE [ Online convergence ] in online_policy.py). Rates are compared with a whole
-  epoch's, never with the decision's window (a few per cent of an epoch: on a busy machine 15-20 % off).
-- The epoch ran more than ``RETUNE_RATE_CHANGE`` faster: the data got cheaper (the page cache now serves files a
-  cold first epoch read from disk). The same rate needs no more workers than before, so the search only goes down.
+  cost the loop (no re-tune churn: NOTE [ Online convergence ] in online_policy.py). A slower rate is judged against
+  the first whole epoch the decision served, never its window (a few per cent of an epoch: on a busy machine 15-20 %
+  off).
+- The epoch ran more than ``RETUNE_RATE_CHANGE`` faster than the decision measured or its first epoch ran: the data
+  got cheaper (the page cache now serves files a cold first epoch read from disk). The same rate needs no more
+  workers than before, so the search only goes down.
 - Fewer may do: the loop hardly waited for data (at most ``IDLE_STALL`` of the epoch) with more than one worker,
   and no search has tried fewer since the decision. A decision taken cold keeps workers a warm epoch no longer
   needs; they cost memory and CPU, not speed, so the rate alone never shows them.
@@ -51,26 +53,32 @@ class Retune:
     down: bool
 
 
-def retune(*, reference_samples_per_s: Optional[float], decided_stall: Optional[float], num_workers: int,
-           epoch_samples_per_s: Optional[float], epoch_stall: Optional[float], tried_fewer: bool,
-           spanned: bool = False) -> Optional[Retune]:
+def retune(*, decided_samples_per_s: Optional[float], reference_samples_per_s: Optional[float],
+           decided_stall: Optional[float], num_workers: int, epoch_samples_per_s: Optional[float],
+           epoch_stall: Optional[float], tried_fewer: bool, spanned: bool = False) -> Optional[Retune]:
     """Whether the next epoch searches again, from the epoch just ended (steady state) and the decision in force
-    (``num_workers``; ``decided_stall``: what its window measured, None unknown; ``reference_samples_per_s``: the
-    steady rate of the first whole epoch it served, None for that epoch itself: a window lasts a few per cent of an
-    epoch, too short to compare an epoch's rate with; ``tried_fewer``: a search already went down from it;
-    ``spanned``: its search measured candidates in more than one epoch); None keeps the decision."""
+    (``num_workers``; ``decided_samples_per_s`` and ``decided_stall``: what its window measured, None unknown;
+    ``reference_samples_per_s``: the steady rate of the first whole epoch it served, None for that epoch itself;
+    ``tried_fewer``: a search already went down from it; ``spanned``: its search measured candidates in more than one
+    epoch); None keeps the decision. Slower is judged against the whole epoch only (a window lasts a few per cent of an
+    epoch: on a busy machine 15-20 % off, and re-tuning on it restarts workers for nothing); faster against either
+    (a cold first epoch's decision, then a warm one: the regime changed right after the window)."""
     if epoch_samples_per_s is None or epoch_stall is None:
         return None
     if decided_stall is not None and epoch_stall >= RETUNE_STALL and epoch_stall > decided_stall + RETUNE_STALL \
             and decided_stall < LOADING_BOUND_STALL:
         return Retune(f"the loop waited for data {epoch_stall:.0%} of the epoch (at the decision: "
                       f"{decided_stall:.0%})", down=False)
-    if reference_samples_per_s:
-        change = epoch_samples_per_s / reference_samples_per_s - 1.0
-        slower = change < -RETUNE_RATE_CHANGE and epoch_stall >= RETUNE_STALL
-        if slower or (change > RETUNE_RATE_CHANGE and num_workers > 0):
-            return Retune(f"the epoch ran at {epoch_samples_per_s:,.0f} samples/s, {change:+.0%} from the "
-                          f"{reference_samples_per_s:,.0f} of the first epoch the decision served", down=change > 0)
+    if reference_samples_per_s and epoch_stall >= RETUNE_STALL and \
+            epoch_samples_per_s < (1.0 - RETUNE_RATE_CHANGE) * reference_samples_per_s:
+        return Retune(f"the epoch ran at {epoch_samples_per_s:,.0f} samples/s, "
+                      f"{epoch_samples_per_s / reference_samples_per_s - 1.0:+.0%} from the "
+                      f"{reference_samples_per_s:,.0f} of the first epoch the decision served", down=False)
+    known = [r for r in (decided_samples_per_s, reference_samples_per_s) if r]
+    if known and num_workers > 0 and epoch_samples_per_s > (1.0 + RETUNE_RATE_CHANGE) * min(known):
+        return Retune(f"the epoch ran at {epoch_samples_per_s:,.0f} samples/s, "
+                      f"{epoch_samples_per_s / min(known) - 1.0:+.0%} from the {min(known):,.0f} measured for the "
+                      f"decision", down=True)
     if not tried_fewer and num_workers > 1 and epoch_stall <= IDLE_STALL:
         return Retune(f"the loop waited for data {epoch_stall:.1%} of the epoch with {num_workers} workers: trying "
                       f"fewer", down=True)

@@ -20,7 +20,7 @@ class DataLoaderFace:
 
     def __getattr__(self, name: str) -> Any:
         """The plain DataLoader's attributes (dataset, sampler, batch_sampler, batch_size, generator, ...)."""
-        if name.startswith("__") or name in ("plain", "_overrides"):
+        if name.startswith("__") or name in ("plain", "_overrides", "_steady_loader"):
             raise AttributeError(name)
         return getattr(self.plain, name)
 
@@ -35,9 +35,15 @@ class DataLoaderFace:
         self.plain.worker_init_fn = value
 
     @property
+    def serving_loader(self) -> DataLoader:
+        """The DataLoader whose persistent workers outlive an epoch (the source's own choice; ``plain`` here)."""
+        return self.plain
+
+    @property
     def _iterator(self) -> Any:
-        return self.plain._iterator
+        """The persistent-workers iterator of ``serving_loader`` (Lightning shuts its workers down through it)."""
+        return self.serving_loader._iterator
 
     @_iterator.setter
     def _iterator(self, value: Any) -> None:
-        self.plain._iterator = value
+        self.serving_loader._iterator = value

@@ -2,23 +2,30 @@
 which searches again when the regime changes. ``PrefetchLoader`` wraps it as it wraps a DataLoader.
 
 # NOTE [ Online switching ]
-# While a search runs (``search.Search``, the same model-guided search as the trials), an epoch is served by a
-# sequence of candidate DataLoaders, each over the next consecutive slice of that epoch's batch order
+# While a search runs (``search.online_plan``: where it starts, where it jumps, NOTE [ Online convergence ]), an epoch
+# is served by a sequence of candidate DataLoaders, each over the next consecutive slice of that epoch's batch order
 # (``loader.slices.EpochSlicer``, NOTE [ Exact epochs across candidates ]): the loop gets exactly the batches the plain
 # DataLoader would give for the epoch. Each candidate is one ``measure.run.Run`` (NOTE [ Trial timing ]) in
-# ``mode="candidate"``: timed from the loop's own requests, patient with a slow step, with the host paced to the GPU.
+# ``mode="candidate"``: timed from the loop's own requests, its window opened once its burst drained and closed in
+# time and confidence (measure/window_rule.py), with the host paced to the GPU.
 # - Decisions flow one way. The epoch scheduler (NOTE [ Online epoch scheduler ] in scheduler.py) reads each run's
-#   window between batches; once it is complete it tells the search (``OnlineSearch.tell``), which says outright
-#   whether it keeps this very configuration (it serves on, no restart) or moves on. The search's ``TuneResult``
-#   becomes the decision: the plain DataLoader is rebuilt with it (the old one's persistent workers shut down), it
-#   goes to ``decisions`` and to the cache slot (``source="online"``).
+#   window between batches; once it is complete it tells the search (``OnlineSearch.tell``, with the epoch's number),
+#   which says outright whether it keeps this very configuration (it serves on, no restart) or moves on. The search's
+#   ``TuneResult`` becomes the decision, which ``OnlineSearch`` alone holds: it goes to ``decisions`` and to the cache
+#   slot (``source="online"``); the plain DataLoader, what frameworks read, is rebuilt with it.
 # - Switching. The next candidate starts while the measured one serves the batches it holds in flight (NOTE [ Hidden
 #   switch ] in handover.py); then the measured one is stopped in a helper thread (``serving.Serving.stop``; a failed
 #   candidate is stopped at once, NOTE [ Process cleanup ]). A failed candidate's batches the loop did not get, and a
 #   measured one's when the ranks cannot hide the switch, are re-issued to the next one. What the loop waited for while
 #   candidates started and stopped is ``Decision.switch_s``. When the search ends, the rest of the epoch runs with the
-#   choice; later epochs use the plain DataLoader with it (``mode="serve"``). A candidate the epoch's end cuts short
-#   counts with what its window measured; one whose window had not opened yet goes on next epoch (``MAX_ATTEMPTS``).
+#   choice. A candidate the epoch's end cuts short counts with what its window measured; one whose window had not
+#   opened yet goes on next epoch (``MAX_ATTEMPTS``).
+# - The decision's workers. Stages are built with persistent workers (unless the user fixed them off), so the stage
+#   that serves the decision to the epoch's end is not stopped: its DataLoader, over a slice the next epochs rebind
+#   (``EpochSource.take(reuse=...)``), serves them on with the same workers (``mode="serve"``; the epoch's index order
+#   is still the slicer's, so checkpoints count its pulls there). Without such a stage, a steady epoch makes one. A
+#   decision without persistent workers, a failure or a new decision shuts them down; a ``break`` does not (as a plain
+#   DataLoader's persistent workers). Nothing else holds them: once the loader goes, they go.
 # - Failures. Signals are guarded as in trials (NOTE [ Asynchronous exceptions ]), with worker deaths held until our
 #   own code checks, so they never land in the user's step. A candidate whose workers die is recorded as failed
 #   (``failures.classify``); its undelivered batches are re-issued, so no sample is lost or repeated. The user's own
@@ -27,10 +34,9 @@ which searches again when the regime changes. ``PrefetchLoader`` wraps it as it 
 #   complete, or a candidate failed anywhere) before handing the batch out, so all ranks switch at the same batch
 #   index; the search agrees on every figure (NOTE [ One decision across ranks ]).
 # - Re-tuning (search/retune.py). After an epoch with the decision in force, ``retune`` compares its steady rate and
-#   stall (``window.Tally``) with the decision's: when loading became the bottleneck or the epoch ran slower, the
-#   next epoch searches again from the configuration in force either way (``Search(start=...)``); when it ran
-#   faster, or hardly waited for data with more than one worker (once per decision), it tries only fewer workers
-#   (``Search(start=..., descend=True)``): a decision taken cold keeps workers a warm epoch does not need.
+#   stall (``window.Tally``) with the first epoch the decision served and with its window's stall: when loading
+#   became the bottleneck, the next epoch searches again from the configuration in force either way; when it ran
+#   faster, or hardly waited for data with more than one worker (once per decision), it tries only fewer workers.
 """
 from __future__ import annotations
 
@@ -42,7 +48,7 @@ from torch.utils.data import DataLoader
 
 from ..config import LoaderConfig
 from ..coordination import Coordinator
-from ..loader.slices import EpochSlicer, EpochSource
+from ..loader.slices import BatchSlice, EpochSlicer, EpochSource
 from ..loader.source import Source
 from ..measure.consumer import Consumer
 from ..measure.run import Run, served
@@ -94,6 +100,13 @@ class OnlineLoader(DataLoaderFace, Source):
         self.slicer = EpochSlicer(self.plain)
         self._scheduler: Optional[EpochScheduler] = None
         self._next_epoch = 0
+        self._steady_loader: Optional[Tuple[DataLoader, BatchSlice, LoaderConfig]] = None
+        """The decision's DataLoader with persistent workers, over a slice rebound to each epoch (NOTE [ Online
+        switching ], the decision's workers): kept from the stage that served the decision at the end of an epoch,
+        or made at a steady epoch's start."""
+        self._steady_source: Optional[EpochSource] = None
+        self._last_run: Optional[Run] = None
+        """The run that served last (the next epoch's first window waits for its workers to be reaped)."""
 
     @property
     def frame(self) -> "OnlineLoader":
@@ -119,15 +132,25 @@ class OnlineLoader(DataLoaderFace, Source):
 
     @property
     def in_force(self) -> DataLoader:
-        """The DataLoader serving the loop's current batch: a candidate's while one serves, else the plain one."""
+        """The DataLoader serving the loop's current batch: a candidate's while one serves, the decision's during a
+        steady epoch, else (between epochs) the plain one."""
         scheduler = self._scheduler
-        return scheduler.in_force if scheduler is not None and scheduler.in_force is not None else self.plain
+        if scheduler is not None and scheduler.in_force is not None:
+            return scheduler.in_force
+        serving = self._steady_source is not None and self._steady_loader is not None
+        return self._steady_loader[0] if serving and self._steady_loader is not None else self.plain
 
     @property
     def epoch_source(self) -> Optional[EpochSource]:
-        """The redrawn epoch serving this epoch's slices; None while the plain DataLoader serves it (a checkpoint
-        then counts its pulls from its configuration: NOTE [ Exact resume ] in loader/state.py)."""
-        return self._scheduler.source if self._scheduler is not None else None
+        """The redrawn epoch serving this epoch's slices (NOTE [ Exact resume ] in loader/state.py: a checkpoint counts
+        its sampler's pulls there); None between epochs."""
+        return self._scheduler.source if self._scheduler is not None else self._steady_source
+
+    @property
+    def serving_loader(self) -> DataLoader:
+        """The DataLoader whose persistent workers outlive an epoch (the decision's), else the plain one: what a
+        framework shuts down through ``_iterator`` (``DataLoaderFace``)."""
+        return self._steady_loader[0] if self._steady_loader is not None else self.plain
 
     def set_epoch(self, epoch: int) -> None:
         """Number the next epoch (its decisions and trace say it)."""
@@ -155,12 +178,16 @@ class OnlineLoader(DataLoaderFace, Source):
         trace = EpochTrace(epoch, time.perf_counter())
         if self.searching:
             self._traces.append(trace)
-        after = self._scheduler.last if self._scheduler is not None else None
-        self._scheduler = EpochScheduler(source, plan=self.search, build=self._stage, coordinator=self.coordinator,
-                                         trace=trace, after=after)
+        scheduler = self._scheduler = EpochScheduler(source, plan=self.search, build=self._stage,
+                                                     coordinator=self.coordinator, trace=trace, after=self._last_run)
         try:
-            yield from self._scheduler.batches()
+            yield from scheduler.batches()
+            if scheduler.kept is not None:  # the stage that served the decision to the end serves on
+                self._drop_steady()
+                (run, part), scheduler.kept = scheduler.kept, None
+                self._steady_loader = (run.serving.loader, part, run.config)
         finally:
+            self._last_run, self._scheduler = scheduler.last, None  # no cycle keeps the workers past the loader
             self._rebuild()
 
     def _stage(self, source: EpochSource, after: Optional[Run], bound_s: float) -> Stage:
@@ -173,7 +200,7 @@ class OnlineLoader(DataLoaderFace, Source):
         part.expect(config.in_flight())
         try:
             loader = self._build(config, sampling=part.sampling(), generator=part.private_generator(), in_order=True,
-                                 persistent_workers=False, measured=candidate is not None)
+                                 persistent_workers=self._persistent(config), measured=candidate is not None)
         except BaseException:
             part.delivered(0)
             raise
@@ -185,14 +212,52 @@ class OnlineLoader(DataLoaderFace, Source):
         run.window.memory_check = candidate.memory if candidate is not None else None  # NOTE [ Memory budget ]
         return Stage(part, run, candidate, pools=loader.worker_init_fn)
 
+    def _persistent(self, config: LoaderConfig) -> bool:
+        """Whether a stage's DataLoader keeps its workers past its epoch: with workers, unless the user said no, so
+        that the stage serving the decision at the epoch's end serves the next epochs too (NOTE [ Online
+        switching ]); a candidate switched away from is stopped all the same."""
+        return bool(config.num_workers) and self.request.fixed.get("persistent_workers", True) is not False
+
     def _steady(self, epoch: int) -> Iterator[Any]:
-        """An epoch with the decision in force, served by the plain DataLoader, then maybe a re-tune."""
+        """An epoch with the decision in force, served by its DataLoader with persistent workers over a slice of the
+        whole epoch (kept from the stage that served the decision last, else made now), then maybe a re-tune."""
         self._scheduler = None
-        run = Run(self.plain, self.search.decision.config, mode="serve", consumer=self.consumer,
-                  batch_size=self.request.batch_size, owned=False)
-        yield from served(run, until_complete=False)
+        config = self.search.decision.config
+        source = self._steady_source = self.slicer.epoch()
+        kept = self._steady_loader
+        part = source.take(None, reuse=kept[1] if kept is not None else None)
+        part.expect(config.in_flight())
+        if kept is None:
+            try:
+                loader = self._build(config, sampling=part.sampling(), generator=part.private_generator(),
+                                     in_order=True, persistent_workers=config.persistent_workers)
+            except BaseException:
+                part.delivered(0)
+                raise
+            kept = self._steady_loader = (loader, part, config)
+        run = Run(kept[0], config, mode="serve", consumer=self.consumer, batch_size=self.request.batch_size,
+                  owned=False)
+        failed = True
+        try:
+            yield from served(run, until_complete=False)
+            failed = False
+        except GeneratorExit:  # a break: the workers wait for the next epoch, as a plain DataLoader's do
+            failed = False
+            raise
+        finally:
+            part.delivered(run.record.delivered)
+            self._steady_source = None
+            if failed or not config.persistent_workers:
+                self._drop_steady()  # a failure, or no persistent workers: the next epoch starts afresh
+        source.finish()
         if self.retune:
             self.search.after_epoch(epoch, *run.rate_and_stall)
+
+    def _drop_steady(self) -> None:
+        """The decision's persistent workers shut down (their DataLoader's iterator dropped)."""
+        kept, self._steady_loader = self._steady_loader, None
+        if kept is not None and getattr(kept[0], "_iterator", None) is not None:
+            kept[0]._iterator = None
 
     # -- the decision's DataLoader ------------------------------------------------------------------------------
     def _build(self, config: LoaderConfig, **forced: Any) -> DataLoader:
@@ -205,6 +270,9 @@ class OnlineLoader(DataLoaderFace, Source):
         previous, self._built = self.plain, self.search.decision
         if getattr(previous, "_iterator", None) is not None:
             previous._iterator = None  # persistent workers of the old configuration: shut down
+        kept = self._steady_loader
+        if kept is not None and not self._built.config.same_candidate(kept[2]):
+            self._drop_steady()
         self.plain = self._build(self._built.config)
         self.slicer = EpochSlicer(self.plain)
 

@@ -153,7 +153,8 @@ class OnlineSearch:
         search when the re-tune rule says so."""
         rate, stall = self.coordinator.epoch(rate, stall)
         last = self.decisions[-1] if self.decisions else None
-        again = retune(reference_samples_per_s=self.reference, num_workers=self.decision.config.num_workers,
+        again = retune(decided_samples_per_s=self.decision.samples_per_s, reference_samples_per_s=self.reference,
+                       num_workers=self.decision.config.num_workers,
                        decided_stall=last.stall_fraction if last else _stall_of(self.decision),
                        epoch_samples_per_s=rate, epoch_stall=stall, tried_fewer=self.tried_fewer,
                        spanned=self.spanned)

@@ -50,8 +50,8 @@ from typing import Any, Callable, Dict, Generator, Optional, Protocol, Tuple
 
 from ..coordination import Coordinator
 from ..errors import TuningError
-from ..loader.slices import EpochSource
-from ..measure.failures import classify, failure_reason
+from ..loader.slices import BatchSlice, EpochSource
+from ..measure.failures import classify, failure_reason, forget
 from ..measure.run import END, Run
 from ..measure.sample_clock import BatchEstimate, SampleClock, times_samples
 from ..measure.signals import SignalGuard
@@ -130,6 +130,9 @@ class EpochScheduler:
         self.started: Optional[Stage] = None
         """The stage a switch started (its workers run while this one serves its tail), until it serves."""
         self.guard = SignalGuard(hold_worker_errors=True)
+        self.kept: Optional[Tuple[Run, BatchSlice]] = None
+        """The run (and its closed slice) that served the decision to the epoch's end with persistent workers, left
+        running for the next epochs (NOTE [ Online switching ])."""
         self._pace: Optional[float] = None
         """Seconds per batch expected before the loop got two (a probe's estimate over the prior's workers)."""
 
@@ -222,7 +225,12 @@ class EpochScheduler:
                     self.trace.batches.append((time.perf_counter() - self.trace.start,
                                                samples_in(batch, run.window.batch_size)))
                     yield batch
-                run.stop()  # orderly, once the loop got its batches; under the guard (a worker's death held)
+                if phase == "done" and self.plan.keeps(stage.config) and \
+                        getattr(run.serving.loader, "persistent_workers", False):
+                    run.serving.release()  # the decision's workers serve the next epochs
+                    self.kept = (run, part)
+                else:
+                    run.stop()  # orderly, once the loop got its batches; under the guard (a worker's death held)
         except BaseException as exc:  # noqa: B036 - classified below; GeneratorExit and Ctrl-C re-raised there
             error = exc
         finally:
@@ -233,6 +241,8 @@ class EpochScheduler:
             part.delivered(run.record.delivered)
             self.plan.spent(run, time.perf_counter() - began)
         outcome = self._after(stage, error, phase=phase, unopened=unopened)
+        if error is not None:  # classified and kept from the loop (a raise above would have left)
+            forget(error)
         rate = outcome if outcome is not None else run.result
         self.trace.span(span_start, stage.config, rate.samples_per_s if rate is not None and rate.ok else None)
         return "next" if error is not None else phase

@@ -27,7 +27,7 @@ from autoloader.tuning.online import OnlineLoader
 from autoloader.tuning.online_search import OnlineSearch
 from autoloader.loader.slices import BatchSlice
 from fault_data import Stream
-from online_data import Corrupt, Indexed, KilledFromWorkers, NeedsWorkerInit, RaisesAt, mark_initialised
+from online_data import Corrupt, Indexed, KilledFromWorkers, NeedsWorkerInit, RaisesAt, Regime, mark_initialised
 
 pytestmark = pytest.mark.filterwarnings("ignore::autoloader.AutoloaderWarning")
 
@@ -145,11 +145,11 @@ def test_break_mid_epoch_then_a_new_epoch_behaves_as_a_plain_loader():
 def test_the_loader_retunes_when_the_regime_changes_and_retune_false_freezes():
     histories = {}
     for retune in (True, False):
-        data = Indexed(2400, latency_s=0.003)  # cold: every read waits
+        data = Regime(2400, latency_s=0.003)  # cold: every read waits
         loader = make_loader(data, 16, shuffle=True, cache=False, tuning="online", retune=retune, max_workers=8)
         _until_decided(loader)
         first = loader.tuning.config
-        data.latency_s = 0.0  # warm: the page cache serves it
+        data.latency(0.0)  # warm: the page cache serves it (in every process: the decision's workers persist)
         _epochs(loader, 1)  # the epoch that shows the change
         if retune:
             _until_decided(loader, decisions=2)
@@ -221,7 +221,8 @@ def test_online_loader_answers_what_a_dataloader_answers():
 
 def test_a_prefetch_loader_wraps_it_as_it_wraps_a_dataloader():
     """Wrapped by hand: each epoch is the plain DataLoader's, ``loader.loader`` is the candidate in force while the
-    search runs and the plain DataLoader (rebuilt with the decision, the user's worker_init_fn kept) after it."""
+    search runs and the decision's DataLoader after it (one for a whole epoch, the user's worker_init_fn kept); the
+    plain DataLoader, rebuilt with the decision, is what frameworks read."""
     data = NeedsWorkerInit(1200, latency_s=0.0005)
     online = _online_loader(data, 10, shuffle=True, generator=torch.Generator().manual_seed(3))
     loader = PrefetchLoader(online)
@@ -242,18 +243,21 @@ def test_a_prefetch_loader_wraps_it_as_it_wraps_a_dataloader():
     candidates = {id(dl): dl for seen in in_force for dl in seen}.values()
     assert len(candidates) >= 2 and all(isinstance(dl.batch_sampler, BatchSlice) for dl in in_force[0])
     assert all(dl is not online.plain and users_init(dl.worker_init_fn) is mark_initialised for dl in candidates)
-    assert loader.loader is online.plain and type(online.plain.batch_sampler) is BatchSampler
+    assert type(online.plain.batch_sampler) is BatchSampler, "frameworks read the plain DataLoader's samplers"
     assert online.plain.num_workers == decision.config.num_workers == loader.tuning.num_workers
     assert loader.worker_init_fn is mark_initialised and users_init(online.plain.worker_init_fn) is mark_initialised
     batches, served = [], set()
     for batch in loader:
         batches.append(batch.view(-1).tolist())
-        served.add(id(loader.loader))
+        served.add(loader.loader)
     epochs.append(batches)
-    assert served == {id(online.plain)}, "the decision serves: one DataLoader for the whole epoch"
+    [decided] = served
+    assert decided.num_workers == decision.config.num_workers and users_init(decided.worker_init_fn) is \
+        mark_initialised, "the decision serves: one DataLoader for the whole epoch"
+    assert decided.persistent_workers == decision.config.persistent_workers
     plain = DataLoader(Indexed(1200), 10, shuffle=True, generator=torch.Generator().manual_seed(3))
     assert epochs == _epochs(plain, len(epochs))
-    del loader, online, candidates, in_force
+    del loader, online, candidates, in_force, served, decided
 
 
 def test_a_decision_reaches_the_cache_once_as_autotune_show_lists_it(cache_dir, monkeypatch):
