@@ -327,14 +327,15 @@ def oversubscribed(serial: TrialResult, with_workers: Sequence[TrialResult], *, 
     """Workers lost to serial loading because their native pools oversubscribed the CPUs: the serial loading ran
     native threads (``native_policy.native_in_use``: its CPU time above its wall time), and a configuration with
     workers was not seen held to a limit that fits (its pools unknown, as without threadpoolctl, or a limit not held),
-    or its workers' pools kept more threads in all than the usable CPUs."""
+    or its workers' pools kept several threads each, more in all than the usable CPUs (single-threaded workers
+    beyond the CPUs are not the pools' doing)."""
     if not native_policy.native_in_use(serial):
         return False
     for trial in with_workers:
         if trial.native_pools is None or trial.native_limit_held is False:
             return True
         kept = max((p.kept for p in trial.native_pools), default=1)
-        if trial.config.num_workers * kept > usable_cpus:
+        if kept > 1 and trial.config.num_workers * kept > usable_cpus:
             return True
     return False
 

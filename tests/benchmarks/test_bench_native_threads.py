@@ -181,7 +181,7 @@ def blas_table() -> str:
            f"{BLAS_ROWS[0]['samples']:,} samples. Samples/s; in brackets the ratio to the best plain DataLoader of the "
            f"same run (target >= {BLAS_TARGET} from online epoch 2 and for trials' epoch 1).", "",
            "| install | plain 0 / 1 / 2 workers | online e1 / e2 / e3 | online in force after e3 | trials: choice, "
-           "pre-pass s, e1 | target | online's bottleneck, native pools | load |", "|---|---|---|---|---|---|---|---|"]
+           "pre-pass s, e1 | target | bottleneck (online's); native pools (the first report that shows them) | load |", "|---|---|---|---|---|---|---|---|"]
     for r in BLAS_ROWS:
         plain = " / ".join(f"{r['plain'][str(w)]:,.0f}" for w in (0, 1, 2))
         online = " / ".join(f"{x:,.0f} ({q:.2f})" for x, q in zip(r["online"], r["online/plain"]))

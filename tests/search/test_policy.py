@@ -170,6 +170,7 @@ def test_worth_more_prefetch():
     (trial(0, 200, fetch=0.05, cpu=0.09), [trial(2, 120)], None, False, "oversubscription"),  # their pools unknown
     (trial(0, 200, fetch=0.05, cpu=0.09), [pooled(2, 120, found=2)], None, False, "oversubscription"),  # 2 x 2 > 2
     (trial(0, 200, fetch=0.05, cpu=0.09), [pooled(2, 120, found=2, limit=1)], None, False, "cpu"),  # held to 1
+    (trial(0, 200, fetch=0.05, cpu=0.09), [pooled(4, 120, found=2, limit=1)], None, False, "cpu"),  # 4 x 1 thread
     (trial(0, 200, fetch=0.05, cpu=0.09), [pooled(2, 120, found=8, kept=4, limit=1)], None, False,
      "oversubscription"),                                                                        # a pool kept 4
     (trial(0, 200, fetch=0.05, cpu=0.05), [trial(2, 120)], None, False, "ipc"),  # one thread: the transfer lost
