@@ -209,7 +209,7 @@ def serve(plan: ScriptedPlan, *, coordinator: Optional[Coordinator] = None, monk
           guarded: bool = False, repays: bool = True) -> Dict[str, Any]:
     """One epoch of ``BATCHES`` batches of 2 indices served by the scheduler: what the loop got, the stages, the moves.
     ``guarded``: each run has a real signal guard, worker deaths held (else none); ``repays``: whether every switch
-    repays itself before the epoch ends (``online_policy.repays``: the fake epoch lasts microseconds)."""
+    repays itself before the epoch ends (``switching.repays``: the fake epoch lasts microseconds)."""
     moves: List[Tuple[str, str]] = []
 
     def recording(phase: str, event: str) -> str:

@@ -65,7 +65,7 @@ from .cpuclock import cpu_and_delay
 from .failures import HARD_LIMIT_GRACE_S
 from .serving import END, Serving
 from .signals import SignalGuard
-from .window import Clocks, Rule, Tally, Window
+from .window import Clocks, Tally, Window, WindowSpec
 
 __all__ = ["END", "Mode", "Run", "served"]
 
@@ -77,14 +77,14 @@ class Run:
     """``loader``'s batches for ``config``, observed as ``mode`` says (see NOTE [ Trial timing ]).
 
     ``limit_s``: the soft limit of a trial or candidate (a trial's hard limit follows it by ``HARD_LIMIT_GRACE_S``);
+    ``window``: how its window opens and closes (None: as its ``mode`` says, ``WindowSpec``);
     ``owned``: the run stops the loader's workers when it ends (else it only drops its iterator). ``follows(run)``:
     the window waits for the previous run's workers to be reaped (NOTE [ Trial timing ], 5.). ``serving.record``:
     batches handed out, whether the loader ran out, whose code failed, start-up and what the loop waited for.
     """
 
     def __init__(self, loader: Any, config: LoaderConfig, *, mode: Mode, consumer: Consumer, batch_size: int,
-                 limit_s: float = math.inf, owned: bool = True, probe: bool = False,
-                 bound_s: float = math.inf) -> None:
+                 limit_s: float = math.inf, owned: bool = True, window: Optional[WindowSpec] = None) -> None:
         self.config, self.mode, self.consumer, self.batch_size = config, mode, consumer, batch_size
         hard = limit_s + HARD_LIMIT_GRACE_S if mode == "trial" else None
         guard = SignalGuard(limit_s=hard, make_timeout=lambda: TrialTimeout(_cut_message(limit_s)),
@@ -92,8 +92,8 @@ class Run:
         self.serving = Serving(loader, guard=guard, owned=owned, retire=mode != "trial",
                                before_stop=lambda: _synchronize_quietly(consumer))
         self.deadline = self.serving.started + limit_s
-        rule: Rule = "trial" if mode == "trial" else "probe" if probe else "candidate"
-        self.window = Window(config, started=self.serving.started, batch_size=batch_size, rule=rule, bound_s=bound_s)
+        spec = window or WindowSpec("trial" if mode == "trial" else "candidate")
+        self.window = Window(config, started=self.serving.started, batch_size=batch_size, spec=spec)
         self.tally = Tally(config, batch_size)
         stream = isinstance(getattr(loader, "dataset", None), IterableDataset)
         self.repeats = _advice.RepeatCheck(self.window.skip) \
@@ -152,8 +152,8 @@ class Run:
         """Measure on, from the next batch, in a new candidate window (the search named this very configuration
         again: the serial one after its probe); the run serves on without a restart."""
         previous = self.window
-        self.window = Window(self.config, started=time.perf_counter(), batch_size=self.batch_size, rule="candidate",
-                             bound_s=bound_s)
+        self.window = Window(self.config, started=time.perf_counter(), batch_size=self.batch_size,
+                             spec=WindowSpec("candidate", bound_s))
         self.window.settled = previous.settled
         self.window.startup_s, self.window.batch_bytes = previous.startup_s, previous.batch_bytes
         self.measuring, self.result, self._previous = True, None, None

@@ -46,6 +46,16 @@ PROBE_MARKS = 2
 
 
 @dataclass(frozen=True)
+class WindowSpec:
+    """How a window opens and closes: its ``rule`` (``Rule``), and for a candidate's the ``bound_s`` seconds it closes
+    at, unless its rate is known within half the ``tolerance`` sooner (``window_rule``)."""
+
+    rule: Rule = "trial"
+    bound_s: float = math.inf
+    tolerance: float = 0.05
+
+
+@dataclass(frozen=True)
 class BatchMark:
     """One consumed batch: when the consumer finished it, its samples, and where its time went."""
 
@@ -116,18 +126,17 @@ class Window:
 
     def __init__(self, config: LoaderConfig, *, started: float, batch_size: int, min_window_s: float = MIN_WINDOW_S,
                  min_rounds: int = MIN_ROUNDS, min_batches: int = MIN_BATCHES,
-                 settled: Optional[Callable[[], bool]] = None, rule: Rule = "trial", bound_s: float = math.inf,
-                 tolerance: float = 0.05) -> None:
+                 settled: Optional[Callable[[], bool]] = None, spec: Optional["WindowSpec"] = None) -> None:
         """``settled``: the window opens only once it says True (the previous run's workers are reaped, NOTE
-        [ Trial timing ], 5. in run.py); the burst is extended a batch at a time until then. ``rule``: how it opens and
-        closes (``Rule``); a candidate's window closes at ``bound_s`` seconds, or once its rate is known within half
-        the ``tolerance`` (``window_rule``)."""
+        [ Trial timing ], 5. in run.py); the burst is extended a batch at a time until then. ``spec``: how it opens
+        and closes (``WindowSpec``; None: a trial's)."""
         n = config.num_workers
+        spec = spec or WindowSpec()
         self.settled = settled
         self.config, self.started, self.batch_size, self.min_window_s = config, started, batch_size, min_window_s
-        self.rule, self.bound_s, self.tolerance = rule, bound_s, tolerance
+        self.rule, self.bound_s, self.tolerance = spec.rule, spec.bound_s, spec.tolerance
         self.skip = config.burst_batches()
-        self.need = max(min_batches, min_rounds * n) if rule == "trial" else MIN_OPENED
+        self.need = max(min_batches, min_rounds * n) if spec.rule == "trial" else MIN_OPENED
         self.marks: List[BatchMark] = []
         self.startup_s: Optional[float] = None
         self.batch_bytes: Optional[int] = None

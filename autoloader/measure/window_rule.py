@@ -11,7 +11,7 @@ measures a slow configuration is lost (NOTE [ Online convergence ] in search/onl
   flight were handed out.
 - Closing. The rate is known within half the tolerance from the batches' own jitter (``relative_error``: the spread
   of the time chunks of consecutive batches took, a wave of the workers each when the loop waits for them), or the
-  window reached its bound (a few per cent of the epoch: ``online_policy.window_bound_s``).
+  window reached its bound (a few per cent of the epoch: ``switching.window_bound_s``).
 """
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ class Candidate:
     memory check its workers face at their first batch (a ``budget.MemoryCheck``; None: nothing to check). Online
     only: ``probe``, the first batches' costs are all it needs (NOTE [ Online convergence ] in online_policy.py);
     ``gain``, the share by which it is predicted to beat the best measured so far (whether switching to it repays
-    itself: ``online_policy.repays``)."""
+    itself: ``switching.repays``)."""
 
     config: LoaderConfig
     limit_s: float

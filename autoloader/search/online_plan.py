@@ -7,17 +7,55 @@ online epoch scheduler measures each candidate it yields."""
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Any, List, Optional, Protocol
 
+from ..config import LoaderConfig
 from ..results import TrialResult, TuneResult
 from . import online_policy, policy
 from .candidates import Steps
 from .native_search import compare_native
-from .search import Search
 
 __all__ = ["online_steps"]
 
 log = logging.getLogger("autoloader.tuner")
+
+
+class Search(Protocol):
+    """What the online order reads and calls of the ``search.Search`` it drives (made by tuning/online_search.py):
+    its settings and findings, one candidate's measurement, the selection and the result."""
+
+    settings: Any
+    found: Any
+    coordinator: Any
+
+    def run(self, config: LoaderConfig, *, first: bool = False, again: bool = False, force: bool = False,
+            probe: bool = False, gain: float = 0.0) -> Steps[Optional[TrialResult]]:
+        ...
+
+    def config(self, n: int, prefetch: Optional[int] = None, pin: Optional[bool] = None,
+               threads: Optional[int] = None, limited: Optional[bool] = None) -> LoaderConfig:
+        ...
+
+    def climb_cap(self) -> int:
+        ...
+
+    def consumer(self, consumer_s: float) -> Optional[float]:
+        ...
+
+    def guard(self, config: LoaderConfig, per_worker_bytes: Optional[int]) -> Optional[str]:
+        ...
+
+    def per_worker_estimate(self) -> Optional[int]:
+        ...
+
+    def choose(self) -> Optional[TrialResult]:
+        ...
+
+    def candidates(self) -> List[TrialResult]:
+        ...
+
+    def result(self, chosen: Optional[TrialResult], consumer_rate: Optional[float]) -> TuneResult:
+        ...
 
 
 def online_steps(search: Search, *, serial: Optional[TrialResult] = None) -> Steps[TuneResult]:
@@ -68,14 +106,10 @@ def _jumps(search: Search, serial: Optional[TrialResult]) -> Steps[None]:
     """Jump where ``online_policy.jump`` points, at most ``MAX_JUMPS`` times; a search told to go down takes only the
     jumps to fewer workers."""
     settings = search.settings
-    config0 = search.config(0)
     for _ in range(online_policy.MAX_JUMPS):
         trials = [t for t in search.found.trials if t.config.same_candidate(search.config(t.config.num_workers))]
         last = next((t for t in reversed(trials) if t.ok), None)
-        facts = serial if serial is not None and serial.fetch_s_per_batch is not None else TrialResult(config=config0)
-        move = online_policy.jump(trials, fetch_s=facts.fetch_s_per_batch or 0.0,
-                                  fetch_cpu_s=facts.fetch_cpu_s_per_batch or 0.0,
-                                  fetch_delay_s=facts.fetch_delay_s_per_batch,
+        move = online_policy.jump(trials, serial=serial,
                                   consumer_s=last.consumer_s_per_batch if last is not None else None,
                                   batch_size=settings.batch_size, usable_cpus=settings.usable, cap=search.climb_cap(),
                                   tolerance=settings.tolerance)

@@ -1,8 +1,7 @@
 """The online search's decisions, as pure functions of what the first batches and the candidates measured: where an
-epoch starts (``prior_workers``, ``starts_early``), where the search jumps next (``jump``), whether a switch repays
-itself before the epoch ends (``repays``), and how long a candidate's window may last (``window_bound_s``). Nothing
-here measures or reads a clock; ``online_plan.py`` and the epoch scheduler feed them. Tested on tables
-(tests/search/test_online_policy.py).
+epoch starts (``prior_workers``, ``starts_early``) and where the search jumps next (``jump``); whether a switch repays
+itself before the epoch ends and how long a candidate's window may last are ``switching.py``'s. Nothing here measures
+or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/test_online_policy.py).
 
 # NOTE [ Online convergence ]
 # The first epoch is the trial, so every second a slow configuration serves is a second of training lost. The rules:
@@ -17,12 +16,13 @@ here measures or reads a clock; ``online_plan.py`` and the epoch scheduler feed 
 #    over costs the main process ``HANDOVER_S``.
 # 2. Measure in time and confidence. A candidate's window opens once the batches its workers prefetched are drained
 #    (the loop waited for one: the queue is empty) and closes when its rate is known within half the tolerance from
-#    its own batches' jitter, or at a bound (``window_bound_s``) of a few per cent of the epoch (measure/window.py).
+#    its own batches' jitter, or at a bound (``switching.window_bound_s``) of a few per cent of the epoch
+#    (measure/window.py).
 # 3. Jump, don't step (``jump``). A candidate the loop waited for (loading-bound) with CPUs to spare is scaled to
 #    what meets the step or fills the CPUs, in one move; one that keeps up is cut to the fewest Little's law says
 #    still keep up. A jump that measures below the best so far beyond the tolerance is rolled back at once (the
 #    selection keeps the best). At most ``MAX_JUMPS`` jumps per search.
-# 4. A switch must repay itself (``repays``): when the rest of the epoch is too short for the predicted gain to
+# 4. A switch must repay itself (``switching.repays``): when the rest of the epoch is too short for the predicted gain to
 #    cover what the switch costs the loop (forking the workers on the loop's thread, a window at a risk of being
 #    slower), the candidate waits for the next epoch, where starting it costs what starting any configuration does.
 """
@@ -34,19 +34,15 @@ from typing import Mapping, Optional, Sequence
 
 from ..measure.window_rule import DRAIN_WAIT_S
 from ..results import TrialResult
-from .policy import DEFAULT_TOLERANCE, HEADROOM, cpu_saturated
+from .capacity import DEFAULT_TOLERANCE, FORK_S, HEADROOM, cpu_saturated
 from .threads_policy import rate
 
-__all__ = ["EARLY_BATCHES", "FORK_S", "HANDOVER_S", "Jump", "KEEPS_UP_STALL", "MAX_JUMPS", "SERIAL_MARGIN",
-           "WINDOW_SHARE", "cpu_share", "jump", "prior_gain", "prior_workers", "repays", "serial_competitive", "starts_early",
-           "window_bound_s"]
+__all__ = ["EARLY_BATCHES", "HANDOVER_S", "Jump", "KEEPS_UP_STALL", "MAX_JUMPS", "SERIAL_MARGIN", "cpu_share", "jump",
+           "keeps_up", "prior_gain", "prior_workers", "serial_competitive", "starts_early"]
 
 HANDOVER_S = 0.5e-3
 """What the main process pays to receive one batch from a worker (unpickling, mapping its shared memory), before any
 worker was measured: 0.4-0.6 ms for 64 images of 3x32x32 on this project's 2-core VM."""
-FORK_S = 0.02
-"""What starting one worker costs the loop's thread (the fork), before any worker was measured: 15-20 ms with torch
-imported on the 2-core VM, more for a process holding gigabytes."""
 SERIAL_MARGIN = 2 * DEFAULT_TOLERANCE
 """Serial serving stays while workers could not make the loop more than this much faster."""
 EARLY_BATCHES = 8
@@ -55,12 +51,6 @@ KEEPS_UP_STALL = 0.05
 """A candidate whose loop waited for data at most this share of its window keeps up with the step."""
 MAX_JUMPS = 3
 """Jumps a search makes after the prior before it decides."""
-WINDOW_SHARE = 0.03
-"""A candidate's window lasts at most this share of the epoch ..."""
-MIN_WINDOW_BOUND_S = 0.25
-"""... but at least this long (a few batches of any rate) ..."""
-MAX_WINDOW_BOUND_S = 4.0
-"""... and at most this long."""
 
 
 def serial_competitive(*, fetch_s: float, consumer_s: float, handover_s: float = HANDOVER_S,
@@ -133,17 +123,17 @@ def keeps_up(trial: TrialResult) -> bool:
     return trial.fetch_s_per_batch is not None and trial.fetch_s_per_batch <= DRAIN_WAIT_S
 
 
-def jump(trials: Sequence[TrialResult], *, fetch_s: float, fetch_cpu_s: float, consumer_s: Optional[float],
-         batch_size: int, usable_cpus: int, cap: int, tolerance: float = DEFAULT_TOLERANCE,
-         fetch_delay_s: Optional[float] = None) -> Optional[Jump]:
-    """Where the search goes after the worker counts ``trials`` measured (oldest first; the serial facts are the
-    first batches' ``fetch_s``/``fetch_cpu_s``), or None to decide now (NOTE [ Online convergence ], 3.):
+def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consumer_s: Optional[float],
+         batch_size: int, usable_cpus: int, cap: int, tolerance: float = DEFAULT_TOLERANCE) -> Optional[Jump]:
+    """Where the search goes after the worker counts ``trials`` measured (oldest first; ``serial``: the first
+    batches' costs in the main process, its probe; None when none was timed), or None to decide now (NOTE [ Online
+    convergence ], 3.):
     - the last measured below the best beyond ``tolerance``: None (a roll-back: the selection keeps the best);
     - the loop waited for it and the CPUs are not saturated: the count that meets the step with ``HEADROOM`` or
       fills the CPUs at the measured use per worker, when that is more than ``tolerance`` above it (and a jump up
       that gained less than half the ``tolerance`` over fewer workers stops the climb);
     - it kept up: the fewest that still keep up by Little's law (half as many when no batch was timed in the main
-      process: ``fetch_s`` 0), when that is more than ``tolerance`` below it.
+      process), when that is more than ``tolerance`` below it.
     A count already measured (or failed: a ceiling) is never proposed again. Pure."""
     measured: Mapping[int, Optional[float]] = {t.config.num_workers: (rate(t) if t.ok else None) for t in trials}
     ok = [t for t in trials if t.ok]
@@ -172,7 +162,9 @@ def jump(trials: Sequence[TrialResult], *, fetch_s: float, fetch_cpu_s: float, c
         return None
     if not consumer_s:
         return None
-    if fetch_s > 0:
+    fetch_s = (serial.fetch_s_per_batch or 0.0) if serial is not None else 0.0
+    if fetch_s > 0 and serial is not None:
+        fetch_cpu_s, fetch_delay_s = serial.fetch_cpu_s_per_batch or 0.0, serial.fetch_delay_s_per_batch
         share = cpu_share(fetch_s=fetch_s, fetch_cpu_s=fetch_cpu_s, fetch_delay_s=fetch_delay_s)
         fewest = max(1, min(n, math.ceil(min(HEADROOM * (fetch_s - (fetch_delay_s or 0.0)) / consumer_s,
                                              usable_cpus / share) - 1e-9)))
@@ -181,23 +173,3 @@ def jump(trials: Sequence[TrialResult], *, fetch_s: float, fetch_cpu_s: float, c
     if fewest < (1.0 - tolerance) * n and fewest not in measured:
         return Jump(fewest, f"{n} workers kept up with the step: {fewest} predicted to keep up too")
     return None
-
-
-def repays(*, remaining_s: Optional[float], gain: float, workers: int, window_s: float,
-           tolerance: float = DEFAULT_TOLERANCE, fork_s: float = FORK_S) -> bool:
-    """Whether switching to an unmeasured candidate now repays itself before the epoch ends (NOTE [ Online
-    convergence ], 4.): its predicted ``gain`` (a share; a count that only saves workers is worth ``tolerance``) over
-    the ``remaining_s`` seconds covers forking its ``workers`` on the loop's thread and a window of ``window_s`` at the
-    risk of being ``tolerance`` slower. Unknown ``remaining_s`` (a sampler without a length): True. Pure."""
-    if remaining_s is None:
-        return True
-    worth = max(gain, tolerance) * max(0.0, remaining_s - window_s)
-    return worth >= workers * fork_s + tolerance * window_s
-
-
-def window_bound_s(epoch_s: Optional[float]) -> float:
-    """The longest a candidate's window lasts: ``WINDOW_SHARE`` of an epoch of ``epoch_s`` seconds (predicted), within
-    ``MIN_WINDOW_BOUND_S`` and ``MAX_WINDOW_BOUND_S``; the upper bound when the epoch's length is unknown. Pure."""
-    if epoch_s is None or not math.isfinite(epoch_s):
-        return MAX_WINDOW_BOUND_S
-    return min(MAX_WINDOW_BOUND_S, max(MIN_WINDOW_BOUND_S, WINDOW_SHARE * epoch_s))

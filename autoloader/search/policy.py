@@ -10,6 +10,7 @@ import math
 from typing import Mapping, Optional, Sequence, Tuple
 
 from . import native_policy
+from .capacity import DEFAULT_TOLERANCE, HEADROOM, cpu_saturated
 from .budget import SHM_MARGIN, budget_guard, shm_need_bytes, trial_footprint
 from .growth import forecast_bytes, growth_per_sample
 from .threads_policy import fewest_near, least_memory, rate
@@ -23,9 +24,6 @@ __all__ = [
     "predict_from_serial", "predict_from_workers", "rate_ceiling", "select", "select_within_budget", "shm_need_bytes",
     "sized", "skipped_for_memory", "worker_growth_bytes", "workers_needed", "worth_more_prefetch"]
 
-DEFAULT_TOLERANCE = 0.05
-HEADROOM = 1.2
-"""Aim for this much more loading capacity than the consumer eats, so jitter does not stall it."""
 FIRST_STEP_WORKERS = 8
 """The first worker trial starts at most at max(this, 2 x usable CPUs): it measures per-worker cost before a big
 jump."""
@@ -97,12 +95,6 @@ def predict_from_workers(trial: TrialResult, *, batch_size: int, consumer_s: flo
     if math.isinf(estimate):
         return None
     return _clamp(round(estimate) if estimate == by_cpu else math.ceil(estimate - 1e-9), cap)
-
-
-def cpu_saturated(trial: TrialResult, *, usable_cpus: int, level: float = 0.85) -> bool:
-    """True when the workers and the main process together keep ``level`` of the usable CPUs busy."""
-    used = (trial.worker_cpu_util or 0.0) * trial.config.num_workers + (trial.main_cpu_util or 0.0)
-    return used >= level * usable_cpus
 
 
 def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int,

@@ -52,6 +52,7 @@ from ..loader.slices import BatchSlice, EpochSlicer, EpochSource
 from ..loader.source import Source
 from ..measure.consumer import Consumer
 from ..measure.run import Run, served
+from ..measure.window import WindowSpec
 from ..request import Request
 from ..results import Decision, EpochTrace, TuneResult
 from .face import DataLoaderFace
@@ -204,9 +205,9 @@ class OnlineLoader(DataLoaderFace, Source):
         except BaseException:
             part.delivered(0)
             raise
+        spec = WindowSpec("probe" if candidate is not None and candidate.probe else "candidate", bound_s)
         run = Run(loader, config, mode="candidate" if candidate is not None else "serve", consumer=self.consumer,
-                  batch_size=self.request.batch_size, probe=candidate is not None and candidate.probe,
-                  bound_s=bound_s)
+                  batch_size=self.request.batch_size, window=spec)
         if after is not None:
             run.follows(after)
         run.window.memory_check = candidate.memory if candidate is not None else None  # NOTE [ Memory budget ]

@@ -16,7 +16,7 @@ measurement is complete, and what happens then (``EpochScheduler``; the search b
 #   measuring  early-switch  tail       the probe's first samples said the prior's workers should start now: they
 #                                       started inside the first batch's fetch; it serves that batch as its tail
 #   measuring  defer         serving    the next candidate would not repay its switch before the epoch ends
-#                                       (``online_policy.repays``): this one serves on, the candidate goes first next
+#                                       (``switching.repays``): this one serves on, the candidate goes first next
 #                                       epoch
 #   measuring  plain-switch  next       the ranks' tails differ: stop now, its in-flight batches re-issued
 #   measuring  ended         done       the epoch ended first: the search is told what the window holds, or the
@@ -33,7 +33,7 @@ measurement is complete, and what happens then (``EpochScheduler``; the search b
 #   serving    failed        (raised)   the configuration in force fails as a DataLoader does
 # "next" builds the next stage over the next slice: the one a switch started, else the search's candidate, else the
 # decision. A candidate is measured in ``measuring`` only; the search is told once per window. A window's bound is a
-# share of the epoch, predicted from the batches served so far (``online_policy.window_bound_s``). Ranks: after every
+# share of the epoch, predicted from the batches served so far (``switching.window_bound_s``). Ranks: after every
 # batch of a ``measuring`` stage they agree (``Coordinator.batch``) whether to stop (every window complete, or a
 # failure anywhere), whether their tails match and whether the window opened, so every rank makes the same move at
 # the same batch; a probe's early switch and a deferred switch are a single process's only (each rank's clock would
@@ -58,7 +58,7 @@ from ..measure.signals import SignalGuard
 from ..measure.window import samples_in
 from ..results import EpochTrace, TrialResult
 from ..search.candidates import Candidate
-from ..search.online_policy import repays, window_bound_s
+from ..search.switching import repays, window_bound_s
 from .handover import Stage, tail_extra
 
 log = logging.getLogger("autoloader.online")
@@ -201,15 +201,8 @@ class EpochScheduler:
                     if phase == "measuring" and stage.early:
                         phase = transition(phase, "early-switch")
                     if phase == "measuring":
-                        verdict = self.coordinator.batch(
-                            complete=run.result is not None, failed=failure is not None,
-                            opened=run.window.opened(),
-                            in_flight=part.pulled - run.record.delivered, last=_ends_in_tail(self.source, stage))
-                        unopened = verdict.unopened
-                        if verdict.failed_elsewhere and failure is None:
-                            failure = TuningError("a candidate failed on another rank")
-                        if verdict.stop and failure is None and batch is not END:
-                            event = self._decide(stage, same_tail=verdict.same_tail)
+                        event, failure, unopened = self._measured(stage, batch, failure)
+                        if event is not None:
                             phase = transition(phase, event)
                             if phase == "serving":
                                 span_start = self._span(span_start, stage)
@@ -225,12 +218,7 @@ class EpochScheduler:
                     self.trace.batches.append((time.perf_counter() - self.trace.start,
                                                samples_in(batch, run.window.batch_size)))
                     yield batch
-                if phase == "done" and self.plan.keeps(stage.config) and \
-                        getattr(run.serving.loader, "persistent_workers", False):
-                    run.serving.release()  # the decision's workers serve the next epochs
-                    self.kept = (run, part)
-                else:
-                    run.stop()  # orderly, once the loop got its batches; under the guard (a worker's death held)
+                self._end(stage, phase)
         except BaseException as exc:  # noqa: B036 - classified below; GeneratorExit and Ctrl-C re-raised there
             error = exc
         finally:
@@ -246,6 +234,33 @@ class EpochScheduler:
         rate = outcome if outcome is not None else run.result
         self.trace.span(span_start, stage.config, rate.samples_per_s if rate is not None and rate.ok else None)
         return "next" if error is not None else phase
+
+    def _measured(self, stage: Stage, batch: Any, failure: Optional[BaseException]
+                  ) -> Tuple[Optional[str], Optional[BaseException], bool]:
+        """After a measuring stage's batch: the ranks agree (``Coordinator.batch``) whether its window is complete
+        everywhere or a candidate failed anywhere; returns the event that follows (None: measure on), the failure to
+        raise, and whether the window had not opened on some rank."""
+        run, part = stage.run, stage.part
+        verdict = self.coordinator.batch(complete=run.result is not None, failed=failure is not None,
+                                         opened=run.window.opened(), in_flight=part.pulled - run.record.delivered,
+                                         last=_ends_in_tail(self.source, stage))
+        if verdict.failed_elsewhere and failure is None:
+            failure = TuningError("a candidate failed on another rank")
+        event = None
+        if verdict.stop and failure is None and batch is not END:
+            event = self._decide(stage, same_tail=verdict.same_tail)
+        return event, failure, verdict.unopened
+
+    def _end(self, stage: Stage, phase: str) -> None:
+        """A stage that handed out its batches: stopped (orderly; under the guard: a worker's death held), unless it
+        served the decision to the epoch's end with persistent workers, which serve the next epochs (``kept``)."""
+        run = stage.run
+        if phase == "done" and self.plan.keeps(stage.config) and \
+                getattr(run.serving.loader, "persistent_workers", False):
+            run.serving.release()
+            self.kept = (run, stage.part)
+        else:
+            run.stop()
 
     def _abort_started(self, error: BaseException, *, also: Optional[Run] = None) -> None:
         """A failure or Ctrl-C: the stage a switch started stops, then ``also`` (each DataLoader's workers told to stop,

@@ -4,7 +4,7 @@ import pytest
 
 from autoloader.config import LoaderConfig
 from autoloader.measure import window_rule as rule
-from autoloader.measure.window import PROBE_MARKS, Window
+from autoloader.measure.window import PROBE_MARKS, Window, WindowSpec
 
 
 class _Sync:
@@ -40,7 +40,7 @@ def test_too_few_batches_or_seconds_are_never_confident():
 
 
 def test_a_candidate_window_opens_at_the_first_wait_and_closes_after_whole_waves(monkeypatch):
-    window = Window(LoaderConfig(4, 2), started=0.0, batch_size=8, rule="candidate", bound_s=0.5)
+    window = Window(LoaderConfig(4, 2), started=0.0, batch_size=8, spec=WindowSpec("candidate", 0.5))
     times = {"now": 0.0}
     monkeypatch.setattr("autoloader.measure.window.time.perf_counter", lambda: times["now"])
     burst = window.skip
@@ -63,7 +63,7 @@ def test_a_candidate_window_opens_at_the_first_wait_and_closes_after_whole_waves
 def test_a_probe_window_is_complete_after_two_batches_and_reports_costs_not_a_steady_rate(monkeypatch):
     times = {"now": 0.0}
     monkeypatch.setattr("autoloader.measure.window.time.perf_counter", lambda: times["now"])
-    window = Window(LoaderConfig(0), started=0.0, batch_size=8, rule="probe")
+    window = Window(LoaderConfig(0), started=0.0, batch_size=8, spec=WindowSpec("probe"))
     for i, (wait, step) in enumerate([(0.05, 0.01), (0.03, 0.01)]):
         assert not window.complete(deadline=float("inf"))
         t_ask = times["now"]

@@ -8,6 +8,7 @@ import pytest
 from autoloader.config import LoaderConfig
 from autoloader.results import TrialResult
 from autoloader.search import online_policy as op
+from autoloader.search import switching
 
 
 @pytest.mark.parametrize("fetch_s, cpu_s, delay_s, step_s, cpus, cap, expected, why", [
@@ -50,8 +51,9 @@ def trial(workers, rate, *, stall, util=None, main=None, step=0.01, batch=16, ok
 
 
 def jump(trials, *, fetch_s=0.064, cpu_s=0.064, step=0.01, cpus=16, cap=128):
-    move = op.jump(trials, fetch_s=fetch_s, fetch_cpu_s=cpu_s, consumer_s=step, batch_size=16, usable_cpus=cpus,
-                   cap=cap)
+    serial = TrialResult(config=LoaderConfig(0), fetch_s_per_batch=fetch_s, fetch_cpu_s_per_batch=cpu_s) \
+        if fetch_s else None
+    move = op.jump(trials, serial=serial, consumer_s=step, batch_size=16, usable_cpus=cpus, cap=cap)
     return None if move is None else move.workers
 
 
@@ -105,13 +107,13 @@ def test_nothing_to_jump_from():
     (None, 0.0, 64, 4.0, True),     # an epoch of unknown length
 ])
 def test_a_switch_repays_itself_before_the_epoch_ends(remaining_s, gain, workers, window_s, expected):
-    assert op.repays(remaining_s=remaining_s, gain=gain, workers=workers, window_s=window_s) is expected
+    assert switching.repays(remaining_s=remaining_s, gain=gain, workers=workers, window_s=window_s) is expected
 
 
-@pytest.mark.parametrize("epoch_s, bound", [(None, op.MAX_WINDOW_BOUND_S), (math.inf, op.MAX_WINDOW_BOUND_S),
-                                            (3.0, op.MIN_WINDOW_BOUND_S), (60.0, 1.8), (600.0, op.MAX_WINDOW_BOUND_S)])
+@pytest.mark.parametrize("epoch_s, bound", [(None, switching.MAX_WINDOW_BOUND_S), (math.inf, switching.MAX_WINDOW_BOUND_S),
+                                            (3.0, switching.MIN_WINDOW_BOUND_S), (60.0, 1.8), (600.0, switching.MAX_WINDOW_BOUND_S)])
 def test_a_window_lasts_a_few_percent_of_the_epoch(epoch_s, bound):
-    assert op.window_bound_s(epoch_s) == pytest.approx(bound)
+    assert switching.window_bound_s(epoch_s) == pytest.approx(bound)
 
 
 @pytest.mark.parametrize("fetch_s, cpu_s, delay_s, share", [

@@ -1,0 +1,22 @@
+"""What both searches' policies read of a candidate's capacity: the tolerance within which rates are alike, the
+headroom loading should keep over the step, what starting a worker costs before one was measured, and whether a candidate's processes keep the usable CPUs busy. Pure.
+"""
+from __future__ import annotations
+
+from ..results import TrialResult
+
+__all__ = ["DEFAULT_TOLERANCE", "FORK_S", "HEADROOM", "cpu_saturated"]
+
+DEFAULT_TOLERANCE = 0.05
+"""Rates within this share of each other are alike: the fewest workers among them are chosen."""
+HEADROOM = 1.2
+"""Aim for this much more loading capacity than the consumer eats, so jitter does not stall it."""
+FORK_S = 0.02
+"""What starting one worker costs the loop's thread (the fork), before any worker was measured: 15-20 ms with torch
+imported on the 2-core VM, more for a process holding gigabytes."""
+
+
+def cpu_saturated(trial: TrialResult, *, usable_cpus: int, level: float = 0.85) -> bool:
+    """True when the workers and the main process together keep ``level`` of the usable CPUs busy."""
+    used = (trial.worker_cpu_util or 0.0) * trial.config.num_workers + (trial.main_cpu_util or 0.0)
+    return used >= level * usable_cpus

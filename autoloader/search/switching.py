@@ -1,0 +1,39 @@
+"""Whether switching an online epoch to another candidate repays itself before the epoch ends (``repays``), and how
+long a candidate's window may last (``window_bound_s``): the epoch scheduler's two rules of time (NOTE [ Online
+convergence ], 2. and 4., in online_policy.py). Pure functions, tested on tables (tests/search/test_online_policy.py).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from .capacity import DEFAULT_TOLERANCE, FORK_S
+
+__all__ = ["MAX_WINDOW_BOUND_S", "MIN_WINDOW_BOUND_S", "WINDOW_SHARE", "repays", "window_bound_s"]
+
+WINDOW_SHARE = 0.03
+"""A candidate's window lasts at most this share of the epoch ..."""
+MIN_WINDOW_BOUND_S = 0.25
+"""... but at least this long (a few batches of any rate) ..."""
+MAX_WINDOW_BOUND_S = 4.0
+"""... and at most this long."""
+
+
+def repays(*, remaining_s: Optional[float], gain: float, workers: int, window_s: float,
+           tolerance: float = DEFAULT_TOLERANCE, fork_s: float = FORK_S) -> bool:
+    """Whether switching to an unmeasured candidate now repays itself before the epoch ends (NOTE [ Online
+    convergence ], 4.): its predicted ``gain`` (a share; a count that only saves workers is worth ``tolerance``) over
+    the ``remaining_s`` seconds covers forking its ``workers`` on the loop's thread and a window of ``window_s`` at the
+    risk of being ``tolerance`` slower. Unknown ``remaining_s`` (a sampler without a length): True. Pure."""
+    if remaining_s is None:
+        return True
+    worth = max(gain, tolerance) * max(0.0, remaining_s - window_s)
+    return worth >= workers * fork_s + tolerance * window_s
+
+
+def window_bound_s(epoch_s: Optional[float]) -> float:
+    """The longest a candidate's window lasts: ``WINDOW_SHARE`` of an epoch of ``epoch_s`` seconds (predicted), within
+    ``MIN_WINDOW_BOUND_S`` and ``MAX_WINDOW_BOUND_S``; the upper bound when the epoch's length is unknown. Pure."""
+    if epoch_s is None or not math.isfinite(epoch_s):
+        return MAX_WINDOW_BOUND_S
+    return min(MAX_WINDOW_BOUND_S, max(MIN_WINDOW_BOUND_S, WINDOW_SHARE * epoch_s))
