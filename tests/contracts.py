@@ -226,9 +226,9 @@ def run(loader: PrefetchLoader, epochs: int, record: Optional[Record] = None,
 def closed(*loaders: Any) -> None:
     """Drop the loaders (their workers with them) and collect, so that no worker outlives an example."""
     for loader in loaders:
-        inner = getattr(loader, "loader", None)
-        if getattr(inner, "_iterator", None) is not None:
-            inner._iterator = None
+        for holder in (loader, getattr(loader, "loader", None)):  # as Lightning does, then the DataLoader in force
+            if getattr(holder, "_iterator", None) is not None:
+                holder._iterator = None
     del loaders
     gc.collect()
 
