@@ -15,8 +15,8 @@ It also answers what training frameworks read from a DataLoader (``sampler``, ``
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
+from functools import partial
 from typing import Any, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -28,16 +28,13 @@ from ..results import TuneResult
 from .batch import iter_tensors, map_tensors
 from .device import resolve_device, side_stream
 from .epochs import EpochClock, EpochStats, advance_epochs, samplers
+from .epoch_iter import END, Epoch, EpochIter, Failed
 from .checkpoint import Checkpoints, ends_epoch
 from .native import rewrap, users_init
 from .resume import stream_rule
-from .source import as_source
+from .source import BatchError, as_source, consumed
 from .state import FORMAT, epochs_of
 from .transform import InputTransform
-
-logger = logging.getLogger("autoloader.prefetch")
-
-_END = object()
 
 
 class PrefetchLoader:
@@ -305,7 +302,9 @@ class PrefetchLoader:
                 f"Trainer.fit), or pass distributed=False if every rank should read everything")
 
     def __iter__(self) -> Iterator[Any]:
-        return self._epoch()
+        """An epoch: an iterator whose ``next()`` raises a batch's exception and goes on with the following batch at
+        the next call, as a DataLoader's does (NOTE [ A batch that raises ] in ``autoloader/loader/source.py``)."""
+        return EpochIter(self._open_epoch)
 
     # NOTE [ Stream synchronisation ]
     # Batch i+1 is copied (and converted) on one side stream while the consumer's stream runs its step on batch i.
@@ -328,7 +327,10 @@ class PrefetchLoader:
         workers = getattr(self.loader, "num_workers", None)
         return bool(self.tuning is not None and workers and workers == getattr(self.tuning, "num_workers", None))
 
-    def _epoch(self) -> Iterator[Any]:
+    def _open_epoch(self) -> Epoch:
+        """The epoch the loop's first ``next()`` starts: the source prepared (``make_loader`` tunes there), the
+        samplers' epoch advanced, a loaded state applied, the source's iterator begun."""
+        self._source.prepare()
         self._check_single_process()
         pending = self._checkpoints.pending
         if pending is not None and pending.in_epoch and not ends_epoch(pending):
@@ -340,7 +342,6 @@ class PrefetchLoader:
         clock = EpochClock(self._next_epoch, time.perf_counter())
         self._next_epoch += 1
         self._clocks.append(clock)
-        entered = clock.start
         dataset = stream_rule(self._frame)[0]
         with quiet_worker_count_warning(self._tuned_workers()):
             it = self._checkpoints.begin(self._source, stream_dataset=dataset)
@@ -349,50 +350,52 @@ class PrefetchLoader:
         def fetch() -> Any:
             return self._fetch(it, stream, dataset, ahead)
 
-        batch = self._checkpoints.fetched(fetch)  # a resumed epoch's first batch may be loaded as its saver did
-        while batch is not _END:
-            if stream is not None:
-                consumer = torch.cuda.current_stream(self.device)
-                consumer.wait_stream(stream)
-                for tensor in iter_tensors(batch):
-                    if tensor.is_cuda:
-                        tensor.record_stream(consumer)
-            following = fetch() if ahead else None
-            self._held = ahead and following is not _END
-            now = time.perf_counter()
-            clock.batches += 1
-            clock.wait += now - entered
-            clock.end = now
-            yield batch
-            entered = time.perf_counter()
-            batch = following if ahead else fetch()
-        self._held = False
-        clock.end = time.perf_counter()
-        clock.wait += clock.end - entered
-        clock.done = True
-        logger.debug("epoch %d: %d batches in %.3f s, stall %.1f%%", clock.epoch, clock.batches,
-                     clock.end - clock.start, 100.0 * clock.snapshot().stall_fraction)
+        return Epoch(clock, fetch=fetch, first=self._checkpoints.fetched, handed=partial(_handed, stream, self.device),
+                     ahead=ahead, hold=self._hold)
+
+    def _hold(self, held: bool) -> None:
+        self._held = held
 
     def _fetch(self, it: Iterator[Any], stream: Optional[torch.cuda.Stream], dataset: Any, ahead: bool) -> Any:
-        """The next batch, copied (see NOTE [ Stream synchronisation ]) and transformed; ``_END`` when exhausted.
-        ``ahead``: it will be held while the loop works on the previous one (see ``Checkpoints.before_fetch``)."""
+        """The next batch, copied (see NOTE [ Stream synchronisation ]) and transformed; ``END`` when exhausted,
+        ``Failed`` when its loading, copy or transform raised (NOTE [ A batch that raises ] in source.py). ``ahead``:
+        it will be held while the loop works on the previous one (see ``Checkpoints.before_fetch``)."""
         if ahead:
             self._checkpoints.before_fetch(self._source, dataset)
         try:
             batch = next(it)
         except StopIteration:
-            return _END
+            return END
+        except Exception as exc:  # noqa: B036 - raised at the loop's next(); the epoch goes on if the source does
+            return Failed(exc, consumed(exc))
+        if isinstance(batch, BatchError):
+            return Failed(batch.exception, True)
         if stream is None and not self._transform.active:
             return batch
         consumer = torch.cuda.current_stream(self.device) if stream is not None else None
         context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-        with context:
-            if stream is not None and consumer is not None:  # both or neither
-                stream.wait_stream(consumer)
-                batch = map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
-            if self._transform.active:
-                batch = self._transform(batch)
+        try:
+            with context:
+                if stream is not None and consumer is not None:  # both or neither
+                    stream.wait_stream(consumer)
+                    batch = map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
+                if self._transform.active:
+                    batch = self._transform(batch)
+        except Exception as exc:  # noqa: B036 - this batch's failure (e.g. normalize on a malformed batch)
+            return Failed(exc, True)
         return batch
+
+
+def _handed(stream: Optional["torch.cuda.Stream"], device: torch.device, batch: Any) -> None:
+    """Before batch i is handed out: the consumer's stream waits for its copy, and its tensors are recorded on the
+    consumer's stream (NOTE [ Stream synchronisation ], rules 2 and 3)."""
+    if stream is None:
+        return
+    consumer = torch.cuda.current_stream(device)
+    consumer.wait_stream(stream)
+    for tensor in iter_tensors(batch):
+        if tensor.is_cuda:
+            tensor.record_stream(consumer)
 
 
 def reads_ahead(stream: Optional["torch.cuda.Stream"]) -> bool:
