@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -11,9 +12,13 @@ import torch
 from torch.utils.data import IterableDataset
 
 from .cache import resolve_cache
+from .cache.fingerprint import dataset_length
 from .cache.slot import Slot
+from .config import LoaderConfig, default_pin, make_config
 from .errors import TuningError, warn_user
+from .loader.lazy import LazySource, Resolved
 from .loader.prefetch import PrefetchLoader
+from .loader.source import PlainSource, Source
 from .measure.consumer import Step
 from .probe import MachineProfile, probe_machine, remembered_gpus, with_saved_disk
 from .request import Request
@@ -36,7 +41,7 @@ def make_loader(
     dataset: Any,
     batch_size: int = 1,
     *,
-    shuffle: bool = False,
+    shuffle: Optional[bool] = None,
     step: Step = None,
     device: Union[str, torch.device, None] = None,
     normalize: Optional[Tuple[Sequence[float], Sequence[float]]] = None,
@@ -215,7 +220,6 @@ def make_loader(
                 train_step(images, labels)
         print(loader.tuning)                    # what was chosen, why, and what each candidate measured
     """
-    started = time.perf_counter()
     for name, value in (("refresh", refresh), ("retune", retune)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be True or False, got {value!r}")
@@ -226,48 +230,78 @@ def make_loader(
                               dtype=dtype, input_key=input_key, cache=cache, budget=budget, max_workers=max_workers,
                               key=key, distributed=distributed, threads=threads, memory_budget=memory_budget,
                               native_threads=native_threads, dataloader_kwargs=dataloader_kwargs)
-    profile = with_saved_disk(dataclasses.replace(probe_machine(disk=False, gpus=False), gpus=remembered_gpus()))
-    if request.group is not None:
-        profile = request.group.share_profile(profile)
     online_why = _not_online(request)
     if tuning == "online" and online_why:
         raise ValueError(f"tuning='online' cannot serve this loader: {online_why}; use tuning='trials'")
+    source = LazySource(request.data_loader(_stand_in(request)),
+                        functools.partial(_resolve, request, tuning=tuning, retune=retune, refresh=refresh,
+                                          cache=cache))
+    if tuning == "trials":
+        source.prepare()  # as documented: the trials run here, and their errors are raised here
+    return PrefetchLoader(source, device=request.device, single_process=request.unsharded, **request.transform)
+
+
+def _stand_in(request: Request) -> LoaderConfig:
+    """What the DataLoader answering before the first ``iter()`` is built with: the knobs the user fixed, else
+    defaults (NOTE [ Nothing before iter() ] in loader/lazy.py)."""
+    return make_config(int(request.fixed.get("num_workers", 0)), fixed=request.fixed,
+                       pin_memory=default_pin(request.fixed, request.device.type), threads=request.fixed_threads)
+
+
+def _resolve(request: Request, *, tuning: Tuning, retune: bool, refresh: bool, cache: CacheArg) -> Resolved:
+    """The loader's source, at its first ``iter()`` (``tuning="trials"``: in ``make_loader``): look up the cache,
+    tune on a miss (trials; online, the source searches as it serves), store the result."""
+    started = time.perf_counter()
+    profile = with_saved_disk(dataclasses.replace(probe_machine(disk=False, gpus=False), gpus=remembered_gpus()))
+    if request.group is not None:
+        profile = request.group.share_profile(profile)
+    if dataset_length(request.dataset) == 0:
+        empty = fallback_result(request.fixed, device=request.device, reason="the dataset is empty: nothing to tune",
+                                threads=request.fixed_threads)
+        return Resolved(PlainSource(request.data_loader(empty.config)), empty)
+    online_why = _not_online(request)
     slot = Slot.find(request, profile, resolve_cache(cache))
-    result = slot.fallback or (None if refresh else slot.look_up())
+    result = None if refresh else slot.look_up()
     in_cache = result is not None and result.source == "cache"
     search_online = result is None and not online_why and (tuning == "online" or request.step is None and
                                                            tuning == "auto")
     if result is None and not search_online:
-        result = _tune(request, profile)
+        result = _tune(request, profile, lazy=tuning != "trials")
         in_cache = slot.store(result)
-    if not online_why and slot.fallback is None and (search_online or (retune and tuning != "trials")):
+    if not online_why and (search_online or (retune and tuning != "trials")):
         search = OnlineSearch.create(request, profile, slot=slot, decision=result)
-        source: Any = OnlineLoader(request, search, retune=retune)
-        result, cache_key = None, slot.key
+        source: Source = OnlineLoader(request, search, retune=retune)
+        resolved = Resolved(source, None, slot.key, first_batch=slot.observe)
     else:
         assert result is not None  # a miss was tuned above unless it is searched online (the branch before)
-        source, cache_key = request.data_loader(result.config), slot.key if in_cache else None
-    loader = PrefetchLoader(source, device=request.device, tuning=result, cache_key=cache_key,
-                            single_process=request.unsharded, **request.transform)
-    result = loader.tuning
-    assert result is not None  # a result, or the online source's decision in force
+        resolved = Resolved(PlainSource(request.data_loader(result.config)), result, slot.key if in_cache else None,
+                            first_batch=slot.observe)
+    _log(request, resolved.source.tuning if result is None else result, started)
+    return resolved
+
+
+def _log(request: Request, result: TuneResult, started: float) -> None:
     node = request.group.node if request.group is not None else None
     log.info("autoloader%s: %s, %s samples/s, bottleneck %s, from %s, %.2f s",
              f" ({node.label})" if node is not None and node.count > 1 else "", result.config.label(),
              "unknown" if result.samples_per_s is None else f"{result.samples_per_s:,.0f}",
              result.bottleneck or "unknown", result.source, time.perf_counter() - started)
-    return loader
 
 
-def _tune(request: Request, profile: MachineProfile) -> TuneResult:
-    """Run the trials (on every rank of the node together); a failure of autoloader's own falls back with a warning."""
+def _tune(request: Request, profile: MachineProfile, *, lazy: bool) -> TuneResult:
+    """Run the trials (on every rank of the node together); a failure of autoloader's own falls back with a warning,
+    and so does, at the first ``iter()`` (``lazy``), the user's own error: the epoch then raises it where it reaches
+    that sample, as a DataLoader would (NOTE [ Nothing before iter() ] in loader/lazy.py)."""
     group = request.group
     try:
         result = tune_with(request, profile)
-    except TuningError as err:
-        warn_user(f"autoloader could not tune ({err}); using a safe default configuration")
-        result = fallback_result(request.fixed, device=request.device, reason=str(err),
-                                 threads=request.fixed_threads,
+    except Exception as err:  # noqa: B036 - autoloader's own (TuningError), or the user's when tuning lazily
+        if not (lazy or isinstance(err, TuningError)):
+            raise
+        why = str(err) if isinstance(err, TuningError) else \
+            f"the dataset raised {type(err).__name__} during a trial; the epoch raises it where it reaches that sample"
+        warn_user(f"autoloader could not tune ({why}); using a safe default configuration, not cached")
+        result = fallback_result(request.fixed, device=request.device, reason=why, threads=request.fixed_threads,
                                  native_threads=fallback_limit(request, usable_cpus=usable_cpus(profile)))
     return result if group is None else group.broadcast(result, point="tuned decision")
 

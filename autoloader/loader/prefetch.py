@@ -92,8 +92,7 @@ class PrefetchLoader:
         self._transform = InputTransform(normalize=normalize, dtype=dtype, input_key=input_key)
         self.device = resolve_device(device)
         self._tuning = tuning
-        self.cache_key = cache_key
-        """The cache entry holding ``tuning`` (``autotune show`` lists it); None when it is not cached."""
+        self._cache_key = cache_key
         self._single_process = single_process
         self._next_epoch = 0
         self._epoch_set = False
@@ -101,6 +100,12 @@ class PrefetchLoader:
         self._clocks: List[EpochClock] = []
         self._checkpoints = Checkpoints()
         self._held = False  # a batch fetched ahead, not yet yielded (with a side stream)
+
+    @property
+    def cache_key(self) -> Optional[str]:
+        """The cache entry holding ``tuning`` (``autotune show`` lists it); None when it is not cached (and, for
+        ``make_loader``'s, before the first ``iter()``, which looks it up)."""
+        return self._cache_key if self._cache_key is not None else getattr(self._source, "cache_key", None)
 
     @property
     def loader(self) -> Any:

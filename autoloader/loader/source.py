@@ -109,6 +109,7 @@ class Source(Protocol):
     def prepare(self) -> None:
         """Called by the prefetcher when an epoch starts, before it reads anything of the source: a source that
         defers its work until then (``lazy.LazySource``) does it now. Nothing by default."""
+        return None
 
     def set_epoch(self, epoch: int) -> None:
         """Number the next epoch (its samplers are told by the prefetcher)."""

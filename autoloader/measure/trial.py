@@ -78,7 +78,7 @@ def trial_loader(request: Request, config: LoaderConfig, *, limit_s: float) -> D
         if sampler is None:
             sampler = RandomSampler(request.dataset, generator=generator) if request.shuffle else \
                 SequentialSampler(request.dataset)
-        sampling = {"batch_size": request.batch_size, "sampler": _Cycle(sampler),
+        sampling = {"batch_size": request.loader_batch_size, "sampler": _Cycle(sampler),
                     "drop_last": kwargs.get("drop_last", False)}
     with quiet_worker_count_warning(True):
         return request.data_loader(config, sampling=sampling, measured=True, **forced)
