@@ -299,11 +299,19 @@ def _tune(request: Request, profile: MachineProfile, *, lazy: bool) -> TuneResul
         if not (lazy or isinstance(err, TuningError)):
             raise
         why = str(err) if isinstance(err, TuningError) else \
-            f"the dataset raised {type(err).__name__} during a trial; the epoch raises it where it reaches that sample"
+            f"a trial raised {_said(err)} (your dataset, collate_fn or step); the epoch " \
+            f"raises the dataset's errors where it reaches them, as a DataLoader"
         warn_user(f"autoloader could not tune ({why}); using a safe default configuration, not cached")
         result = fallback_result(request.fixed, device=request.device, reason=why, threads=request.fixed_threads,
                                  native_threads=fallback_limit(request, usable_cpus=usable_cpus(profile)))
     return result if group is None else group.broadcast(result, point="tuned decision")
+
+
+def _said(error: BaseException) -> str:
+    """``Type: message``; a worker's error re-raised by a DataLoader ends with that line."""
+    message = str(error).strip()
+    lines = message.splitlines()
+    return lines[-1] if message.startswith("Caught ") and lines else f"{type(error).__name__}: {message}"
 
 
 def _not_online(request: Request) -> str:

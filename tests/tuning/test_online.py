@@ -7,6 +7,7 @@ candidates serve it; failures of a candidate lose nothing; the user's errors sur
 """
 from __future__ import annotations
 
+import gc
 import itertools
 import time
 
@@ -83,6 +84,8 @@ def _until_decided(loader, decisions=1, max_epochs=10):
 def test_returns_at_once_and_decides_during_the_first_epochs(cache_dir):
     data = Indexed(3000, latency_s=0.002)
     loader = make_loader(data, 16, shuffle=True, tuning="online", max_workers=8)
+    assert loader.tuning is None and not loader.decisions, "nothing is looked up before iter()"
+    next(iter(loader))
     assert loader.tuning.source == "online" and loader.tuning.samples_per_s is None and not loader.decisions
     _until_decided(loader)
     [decision] = loader.decisions
@@ -91,9 +94,11 @@ def test_returns_at_once_and_decides_during_the_first_epochs(cache_dir):
     assert 0 < decision.switch_s <= decision.search_s
     assert "online" in str(loader.tuning) and str(decision.epoch) in repr(decision)
     again = make_loader(data, 16, shuffle=True, tuning="online", max_workers=8)
+    next(iter(again))
     assert again.tuning.source == "cache" and again.tuning.config == loader.tuning.config
     assert not again.decisions, "the cached decision: nothing searched"
     del loader, again
+    gc.collect()  # an online loader's persistent workers wait for a collection (a reference cycle)
 
 
 @pytest.mark.slow
@@ -154,9 +159,13 @@ def test_the_loader_retunes_when_the_regime_changes_and_retune_false_freezes():
 
 def test_auto_mode_and_argument_errors():
     data = Indexed(200)
-    assert make_loader(data, 8, cache=False).tuning.source == "online", "map-style, no step: online"
-    assert make_loader(data, 8, cache=False, step=0.001, budget=2).tuning.source == "tuned", "a step: trials"
-    assert make_loader(Stream(64), 8, cache=False, budget=2).tuning.source == "tuned", "a stream: trials"
+    def started(loader):
+        next(iter(loader))  # the cache and any trials are made at the first iter()
+        return loader.tuning.source
+
+    assert started(make_loader(data, 8, cache=False)) == "online", "map-style, no step: online"
+    assert started(make_loader(data, 8, cache=False, step=0.001, budget=2)) == "tuned", "a step: trials"
+    assert started(make_loader(Stream(64), 8, cache=False, budget=2)) == "tuned", "a stream: trials"
     with pytest.raises(ValueError, match="IterableDataset"):
         make_loader(Stream(64), 8, cache=False, tuning="online")
     with pytest.raises(ValueError, match="num_workers=2 is fixed"):
