@@ -197,6 +197,10 @@ class Record:
         rows = batch.view(-1, 2).tolist()
         self.indices[-1].append([r[0] for r in rows])
         self.values[-1].append([r[1] for r in rows])
+        self.add_draws()
+
+    def add_draws(self) -> None:
+        """The loop's own draws after a batch (or after an error it logged)."""
         self.draws[-1].append((float(torch.rand(())), random.random(), float(np.random.rand())))
 
     def flat(self) -> "Record":

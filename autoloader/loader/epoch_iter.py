@@ -4,10 +4,11 @@ opens the epoch at the first ``next()`` (``Epoch``: what to fetch, how to hand a
 fetching, handing out, raising and timing."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from .epochs import EpochClock
 
@@ -26,6 +27,42 @@ class Failed:
 
     def __init__(self, exception: Exception, consumed: bool) -> None:
         self.exception, self.consumed = exception, consumed
+        release_reraise(exception)
+
+
+def release_reraise(exception: BaseException) -> None:
+    """Break the reference cycle torch makes when it re-raises a worker's exception: ``ExceptionWrapper.reraise``
+    (torch/_utils.py, torch 2.13) holds the exception in a local, so exception -> traceback -> that frame ->
+    exception, and the frame below it holds the DataLoader iterator. Until the next garbage collection the iterator
+    and its workers stay alive, and then shut down with a 5 s join timeout per worker (their queues already
+    finalised). Clearing that one frame's locals (the traceback still prints) lets them go with the exception."""
+    tb = exception.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "reraise" and frame.f_globals.get("__name__") == "torch._utils":
+            with contextlib.suppress(RuntimeError):  # a frame still executing cannot be cleared: left as it is
+                frame.clear()
+        tb = tb.tb_next
+
+
+class Fetcher:
+    """``fetch()``: the next of ``make()``'s items, a generator remade when a ``KeyboardInterrupt`` or ``SystemExit``
+    ended it (they propagate at once). A generator because a failed batch's exception, caught in a frame it runs and
+    held ahead, has a traceback that must not reach the loop's frames: a finished frame keeps its caller's frame
+    (``f_back``), so an exception caught in a call made from ``EpochIter.__next__`` and then held by the iterator would
+    make a cycle through the loop's frame, and keep the DataLoader iterator and its workers until a garbage collection
+    (``release_reraise``); a suspended generator's frame links to no caller."""
+
+    def __init__(self, make: Callable[[], Iterator[Any]]) -> None:
+        self._make = make
+        self._items = make()
+
+    def __call__(self) -> Any:
+        try:
+            return next(self._items)
+        except BaseException:  # the generator ended with it: the next fetch starts a new one
+            self._items = self._make()
+            raise
 
 
 @dataclass(frozen=True)
@@ -80,7 +117,11 @@ class EpochIter:
         if isinstance(item, Failed):
             epoch.hold(False)
             self._tick(epoch.clock, entered, failed=int(item.consumed))
-            raise item.exception
+            error = item.exception
+            try:
+                raise error
+            finally:  # no local keeps it: this frame in its traceback would hold it in a cycle (release_reraise)
+                del error, item
         epoch.handed(item)
         if epoch.ahead:
             self._held = item  # a Ctrl-C while the next one loads: the next call hands this one out

@@ -28,7 +28,7 @@ from ..results import TuneResult
 from .batch import iter_tensors, map_tensors
 from .device import resolve_device, side_stream
 from .epochs import EpochClock, EpochStats, advance_epochs, samplers
-from .epoch_iter import END, Epoch, EpochIter, Failed
+from .epoch_iter import END, Epoch, EpochIter, Failed, Fetcher
 from .checkpoint import Checkpoints, ends_epoch
 from .native import rewrap, users_init
 from .resume import stream_rule
@@ -351,22 +351,25 @@ class PrefetchLoader:
         with quiet_worker_count_warning(self._tuned_workers()):
             it = self._checkpoints.begin(self._source, stream_dataset=dataset)
         self._held = False
-
-        def fetch() -> Any:
-            return self._fetch(it, stream, dataset, ahead)
-
+        fetch = Fetcher(partial(self._items, it, stream, dataset, ahead))
         return Epoch(clock, fetch=fetch, first=self._checkpoints.fetched, handed=partial(_handed, stream, self.device),
                      ahead=ahead, hold=self._hold)
 
     def _hold(self, held: bool) -> None:
         self._held = held
 
-    def _fetch(self, it: Iterator[Any], stream: Optional[torch.cuda.Stream], dataset: Any, ahead: bool) -> Any:
+    def _items(self, it: Iterator[Any], stream: Optional[torch.cuda.Stream], dataset: Any,
+               ahead: bool) -> Iterator[Any]:
+        """The epoch's items, one per fetch (``Fetcher``: a generator, so a failed batch's traceback makes no cycle).
+        ``ahead``: each will be held while the loop works on the previous one (see ``Checkpoints.before_fetch``)."""
+        while True:
+            if ahead:
+                self._checkpoints.before_fetch(self._source, dataset)
+            yield self._load(it, stream)
+
+    def _load(self, it: Iterator[Any], stream: Optional[torch.cuda.Stream]) -> Any:
         """The next batch, copied (see NOTE [ Stream synchronisation ]) and transformed; ``END`` when exhausted,
-        ``Failed`` when its loading, copy or transform raised (NOTE [ A batch that raises ] in source.py). ``ahead``:
-        it will be held while the loop works on the previous one (see ``Checkpoints.before_fetch``)."""
-        if ahead:
-            self._checkpoints.before_fetch(self._source, dataset)
+        ``Failed`` when its loading, copy or transform raised (NOTE [ A batch that raises ] in source.py)."""
         try:
             batch = next(it)
         except StopIteration:
