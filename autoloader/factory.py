@@ -6,6 +6,7 @@ import functools
 import logging
 import os
 import time
+import traceback
 from typing import Any, Literal, Optional, Sequence, Tuple, Union
 
 import torch
@@ -302,6 +303,7 @@ def _tune(request: Request, profile: MachineProfile, *, lazy: bool) -> TuneResul
             f"a trial raised {_said(err)} (your dataset, collate_fn or step); the epoch " \
             f"raises the dataset's errors where it reaches them, as a DataLoader"
         warn_user(f"autoloader could not tune ({why}); using a safe default configuration, not cached")
+        traceback.clear_frames(err.__traceback__)  # not raised: its frames would hold the trial's workers in a cycle
         result = fallback_result(request.fixed, device=request.device, reason=why, threads=request.fixed_threads,
                                  native_threads=fallback_limit(request, usable_cpus=usable_cpus(profile)))
     return result if group is None else group.broadcast(result, point="tuned decision")

@@ -147,7 +147,7 @@ class LazySource(Source):
         """Build the real source (the first epoch's start, or ``make_loader`` with ``tuning="trials"``)."""
         if self._resolved is not None:
             return
-        resolved = self._resolve()
+        resolved = next(_isolated(self._resolve))
         source = resolved.source
         if self._epoch is not None:
             source.set_epoch(self._epoch)
@@ -183,6 +183,13 @@ class LazySource(Source):
             first(batch)
         except Exception as exc:  # noqa: B036 - a check of the cache entry must not break the user's epoch
             log.warning("autoloader: checking the first batch against the cache entry failed: %r", exc)
+
+
+def _isolated(call: Callable[[], Resolved]) -> Iterator[Resolved]:
+    """``call()`` made in a generator's frame: the frames below it (the trials) then link to no caller once it is
+    suspended, so a reference cycle among them (an exception a failed trial left in a frame) cannot hold the loop's
+    frames, and through them its iterator and workers, until a garbage collection."""
+    yield call()
 
 
 class _FirstBatch:
