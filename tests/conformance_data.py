@@ -52,8 +52,13 @@ class Ready(Dataset):
         return np.full((4, 2), i, dtype=np.float32), i
 
 
+INITIALISED = -1
+"""Set by ``mark_worker`` (a ``worker_init_fn``) in each worker: ``100 + its id``."""
+
+
 class WhoLoads(Dataset):
-    """Sample ``i`` says who loaded it: ``[i, worker id (-1 in the main process), the process's torch seed]``."""
+    """Sample ``i`` says who loaded it: ``[i, worker id (-1 in the main process), workers, the process's torch seed,
+    what its worker_init_fn set, a draw from numpy's RNG]``."""
 
     def __init__(self, n: int = 16) -> None:
         self.n = n
@@ -63,7 +68,22 @@ class WhoLoads(Dataset):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         info = get_worker_info()
-        return torch.tensor([i, -1 if info is None else info.id, torch.initial_seed() % 2 ** 62])
+        worker, workers = (-1, 0) if info is None else (info.id, info.num_workers)
+        return torch.tensor([i, worker, workers, torch.initial_seed() % 2 ** 62, INITIALISED,
+                             int(np.random.randint(1 << 30))])
+
+
+def mark_worker(worker_id: int) -> None:
+    """A ``worker_init_fn``: records that it ran (``INITIALISED``) and seeds numpy from the worker's seed."""
+    global INITIALISED
+    INITIALISED = 100 + worker_id
+    np.random.seed(torch.initial_seed() % 2 ** 32)
+
+
+def failing_init(worker_id: int) -> None:
+    """A ``worker_init_fn`` that fails in worker 1."""
+    if worker_id == 1:
+        raise ValueError("worker 1 cannot start")
 
 
 class Pids(Dataset):
@@ -173,6 +193,17 @@ def bad_collate(samples: list) -> torch.Tensor:
     return torch.stack(samples)
 
 
-def record_worker(worker_id: int) -> None:
-    """A ``worker_init_fn`` seeding numpy from the worker's torch seed, as users do."""
-    np.random.seed(torch.initial_seed() % 2 ** 32)
+class Record:
+    """A custom batch type a ``collate_fn`` returns."""
+
+    def __init__(self, samples: list) -> None:
+        self.samples = samples
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Record) and [s.tolist() for s in self.samples] == [s.tolist() for s in other.samples]
+
+
+def as_record(samples: list) -> Record:
+    return Record(samples)
+
+

@@ -411,3 +411,22 @@ def reads_ahead(stream: Optional["torch.cuda.Stream"]) -> bool:
     so that its copy overlaps the consumer's step (NOTE [ Stream synchronisation ]); on the CPU nothing would overlap,
     and reading ahead would load (and draw for) a batch before the loop's own draws, unlike a plain DataLoader."""
     return stream is not None
+
+
+SETTINGS = ("num_workers", "collate_fn", "drop_last", "pin_memory", "timeout", "prefetch_factor", "persistent_workers",
+            "generator", "multiprocessing_context", "in_order", "pin_memory_device")
+"""The DataLoader's other public attributes, read-only on a ``PrefetchLoader`` as the wrapped DataLoader's (tuned:
+the configuration in force, the stand-in's before ``make_loader``'s first ``iter()``); None for an iterable without
+them."""
+
+
+def _setting(name: str) -> property:
+    def read(self: PrefetchLoader) -> Any:
+        return getattr(self._frame, name, None)
+
+    read.__doc__ = f"The wrapped DataLoader's ``{name}`` (read-only; None for an iterable without one)."
+    return property(read)
+
+
+for _name in SETTINGS:
+    setattr(PrefetchLoader, _name, _setting(_name))
