@@ -63,10 +63,11 @@ def make_loader(
 ) -> PrefetchLoader:
     """Build a DataLoader tuned for this machine, dataset and training step, wrapped in a ``PrefetchLoader``.
 
-    On a cache hit no trial runs and no worker starts. On a miss (or with ``refresh=True``) the configuration
-    (``num_workers``, ``prefetch_factor``, ``pin_memory``, ``persistent_workers``, threads, native thread pools) is
-    found by measuring candidates, each a real DataLoader with your arguments: online, in your own loop during the
-    first epoch, or by short trials before this returns (``tuning``). The choice is the fewest workers (then threads,
+    Like a DataLoader's constructor it reads nothing of the dataset and starts no process: the cache lookup and any
+    tuning happen at the first ``iter()`` (with ``tuning="trials"``, here). On a miss (or ``refresh=True``) the
+    configuration (``num_workers``, ``prefetch_factor``, ``pin_memory``, ``persistent_workers``, threads, native
+    thread pools) is found by measuring candidates, each a real DataLoader with your arguments: online, in your own
+    loop during the first epoch, or by short trials (``tuning``). The choice is the fewest workers (then threads,
     worker memory, ``prefetch_factor``) within 5 % of the best measured rate, within the memory budget, and it is
     cached per dataset and machine. Tuning leaves your RNG states (torch's, Python's and numpy's global ones, your
     ``generator``) exactly as they were: the batches equal a plain ``DataLoader``'s with the same arguments and seed.
@@ -78,30 +79,29 @@ def make_loader(
     the rate the step or the usable CPUs bound every worker count to, no larger one starts. ``prefetch_factor`` is
     tried only when the step waits on a loader that keeps up on average (jitter), ``pin_memory`` only for CUDA;
     ``persistent_workers`` is on unless the workers would hold more than half the memory budget. Only a candidate's
-    steady state is timed: its start-up and the burst of batches its workers prefetched are skipped (NOTE [ Trial
-    timing ] in ``autoloader/measure/run.py``). No candidate starts whose predicted memory exceeds the budget or
-    whose batches in flight overflow ``/dev/shm`` (its row says why it was skipped). The bottleneck is named from the
-    same measurements (``TuneResult.bottleneck``). Online, switching candidates is hidden behind the batches in
-    flight (NOTE [ Hidden switch ] in ``autoloader/tuning/handover.py``). Under ``torch.distributed`` the ranks of a
-    node tune together and agree on one configuration; each node decides for itself (NOTE [ One decision across
-    ranks ] in ``autoloader/distributed.py``).
+    steady state is timed (NOTE [ Trial timing ] in ``autoloader/measure/run.py``). No candidate starts whose
+    predicted memory exceeds the budget or whose batches in flight overflow ``/dev/shm``. The bottleneck is named
+    from the same measurements (``TuneResult.bottleneck``). Online, switching candidates is hidden behind the batches
+    in flight (NOTE [ Hidden switch ] in ``autoloader/tuning/handover.py``). Under ``torch.distributed`` the ranks of
+    a node tune together and agree on one configuration (NOTE [ One decision across ranks ] in distributed.py).
 
     A candidate that fails (a worker killed by the out-of-memory killer, a bus error from a full ``/dev/shm``, a
     trial past its time limit, too many open files) is recorded in ``loader.tuning.trials`` with ``status="failed"``
     and the reason, and the search goes on; if none works you get ``num_workers=0`` and an ``AutoloaderWarning``.
-    Exceptions of your own dataset, ``collate_fn`` or ``step``, and Ctrl-C, reach you unchanged, after the
-    candidate's workers are reaped; nothing is cached then.
+    Your dataset's and ``collate_fn``'s exceptions reach you unchanged from ``next()``, and the next ``next()`` goes on
+    with the following batch, as a DataLoader's; trials that meet one fall back (not cached) with a warning, except
+    ``tuning="trials"``, which raises it here, as it does your ``step``'s and Ctrl-C.
 
     Args:
-        dataset: What to load: a map-style ``torch.utils.data.Dataset`` (``__getitem__`` and ``__len__``, not empty;
-            tuned online or with trials) or an ``IterableDataset`` (tuned with trials, never re-tuned, never
+        dataset: What to load: a map-style ``torch.utils.data.Dataset`` (``__getitem__`` and ``__len__``; tuned
+            online or with trials, not when empty) or an ``IterableDataset`` (tuned with trials, never re-tuned, never
             sharded by autoloader: split its stream by ``torch.utils.data.get_worker_info()`` in ``__iter__``; one
             that says how many shards it reads, such as WebDataset or a streaming ``datasets`` dataset, is never
             given more workers than shards).
-        batch_size (int): Samples per batch, an int >= 1 (default 1), as ``DataLoader``'s. Leave it 1 with
-            ``batch_sampler=``.
-        shuffle (bool): Reshuffle the samples every epoch (default False), as ``DataLoader``'s. Not with ``sampler=``
-            nor with an ``IterableDataset``.
+        batch_size (int): Samples per batch, an int >= 1 (default 1), or None when the dataset yields ready batches,
+            as ``DataLoader``'s. Leave it 1 with ``batch_sampler=``.
+        shuffle (bool): Reshuffle the samples every epoch (default None: no), as ``DataLoader``'s: not with
+            ``sampler=`` nor an ``IterableDataset``; an ``IterDataPipe``'s shufflers follow it.
         step: What trials are timed against (online tuning needs none: your own loop is the step). None (default):
             the copy to the device only. A number of seconds >= 0: a simulated step of that long per batch (a
             GPU-side sleep on CUDA, ``time.sleep`` on the CPU: both leave the host CPU free, as a real GPU step
@@ -119,13 +119,12 @@ def make_loader(
         input_key: For mapping (dict) batches, the key of the input tensor that ``normalize`` and ``dtype`` apply
             to, required with them (e.g. ``"pixel_values"``). Otherwise the input is the batch itself when it is a
             tensor, else its first element. Every other tensor is moved to the device unchanged.
-        tuning (str): How a configuration is found when the cache holds none: ``"online"``: this returns at once and
-            the first epoch is served by a sequence of candidate DataLoaders, each measured on your own loop, and
-            yields exactly the batches a plain ``DataLoader`` would (same samples, order and batch boundaries, your
-            RNG untouched); map-style datasets only, not with ``num_workers`` fixed or ``max_workers=0``.
-            ``"trials"``: a pre-pass of short trials, timed against ``step`` (typically 3-12 s, within ``budget``),
-            before this returns. ``"auto"`` (default): ``"online"`` for a map-style dataset when ``step`` is None,
-            else ``"trials"``. A cached result is used as it is in every mode.
+        tuning (str): How a configuration is found when the cache holds none: ``"online"``: the first epoch is
+            served by a sequence of candidate DataLoaders, each measured on your own loop, yielding exactly the
+            batches a plain ``DataLoader`` would (same samples, order and boundaries, your RNG untouched); map-style
+            datasets only, not with ``num_workers`` fixed or ``max_workers=0``. ``"trials"``: short trials timed
+            against ``step`` (typically 3-12 s, within ``budget``) before this returns. ``"auto"`` (default):
+            ``"online"`` for a map-style dataset without ``step``, else trials at the first ``iter()``.
         retune (bool): True (default): after an epoch run with the decision whose rate or stall moved away from the
             decision's (the loop waited for data 10 % of the epoch or more, or the epoch ran more than 15 % slower
             or faster), or that hardly waited for data with more than one worker, the next epoch searches again,
@@ -138,9 +137,9 @@ def make_loader(
             ``collate_fn``/``sampler``/``batch_sampler`` classes, ``drop_last``, the step, the device type, the knobs
             you fixed, the transform, and the machine, not its hostname), written atomically, validated on every
             read, no pickle: a corrupt entry is a miss with an ``AutoloaderWarning``, an unwritable directory costs
-            only the caching. A hit costs one sample read and a probe. Each online decision replaces the entry; a
-            tuning in which every worker count failed is not cached; a cached configuration whose workers no longer
-            fit today's memory or ``/dev/shm`` is tuned again.
+            only the caching. A hit costs a probe; a hit whose first batch looks unlike the entry's (another
+            structure, twice the bytes) is tuned again next run. Each online decision replaces the entry; a tuning in
+            which every worker count failed is not cached, nor is one that no longer fits today's memory or shm.
         refresh (bool): True tunes again and replaces the cached result. Default False.
         budget (float): Seconds the trials may take, > 0. Default None: 30 s (typically 3-12 s are used). When it
             runs out the best found so far is chosen, at most one trial's time limit later. Each trial has a
@@ -149,9 +148,9 @@ def make_loader(
             cannot be cut). Online tuning has no limit of its own: a dataset that blocks, blocks your loop.
         max_workers (int): The most worker processes ever tried, an int >= 0 (0: load in the main process only).
             Default None: as many as the usable CPUs and the open-files limit (``ulimit -n // 32``) allow.
-        key (str): A name for the dataset in the cache key, instead of its fingerprint (its class, ``len()``, the
-            types, shapes and dtypes of one sample, its ``root``). Give two datasets that fingerprint alike (e.g.
-            two Arrow datasets of the same length and shapes) their own names. Default None.
+        key (str): A name for the dataset in the cache key, instead of its fingerprint (its class, ``len()``, its
+            ``root``). Give two datasets that fingerprint alike (e.g. two Arrow datasets of the same length) their
+            own names. Default None.
         distributed (bool): None (default) follows ``torch.distributed.is_initialized()``; True requires an
             initialised process group; False never shards. When distributed, a ``DistributedSampler`` shards the
             data across every rank (unless you pass a ``sampler``, ``batch_sampler`` or an ``IterableDataset``),
@@ -189,19 +188,19 @@ def make_loader(
 
     Returns:
         PrefetchLoader: The loader. Iterate it as a DataLoader: batches come already on ``device``, converted and
-        normalised. ``loader.tuning`` is the ``TuneResult`` in force (``print`` it for what was chosen, why, and
-        each candidate's measurements); ``loader.decisions`` every online decision; ``loader.stats`` and
-        ``loader.history`` how long the loop waited for data; ``loader.loader`` the DataLoader in force;
-        ``loader.cache_key`` the cache entry; ``state_dict()`` and ``load_state_dict()`` checkpoint and resume it
-        exactly. ``help(autoloader.PrefetchLoader)`` describes each.
+        normalised. ``loader.tuning`` is the ``TuneResult`` in force from the first ``iter()`` on (None before;
+        ``print`` it for what was chosen, why, each candidate's measurements); ``loader.decisions`` every online
+        decision; ``loader.stats`` and ``loader.history`` how long the loop waited for data; ``loader.loader`` the
+        DataLoader in force; ``loader.cache_key`` the cache entry; ``state_dict()`` and ``load_state_dict()``
+        checkpoint and resume it exactly. ``help(autoloader.PrefetchLoader)`` describes each.
 
     Raises:
-        TypeError: An argument of the wrong type, before any work: e.g. ``batch_size=8.0``, ``step="fast"``,
-            ``threads="8"``, ``cache=1``, a ``dataset`` without ``__getitem__`` and ``__len__``, or a keyword that is
+        TypeError: An argument of the wrong type, before any work: e.g. ``step="fast"``, ``threads="8"``,
+            ``cache=1``, ``timeout="5"``, a ``dataset`` without ``__getitem__`` and ``__len__``, or a keyword that is
             neither make_loader's nor a DataLoader argument (``num_worker=``). The message names the argument, its
-            value and the fix.
-        ValueError: A bad value, before any work: ``batch_size=0``, ``budget<=0``, ``max_workers<0``, a negative
-            ``step``, an empty dataset, ``shuffle=True`` with a ``sampler``, a ``batch_sampler`` with
+            value and the fix. DataLoader's own rules raise the type DataLoader raises.
+        ValueError: A bad value, before any work: ``batch_size=0`` or ``8.0``, ``budget<=0``, ``max_workers<0``, a
+            negative ``step`` or ``timeout``, ``shuffle=True`` with a ``sampler``, a ``batch_sampler`` with
             ``batch_size``/``shuffle``/``sampler``/``drop_last``, a ``tuning`` not in ``("auto", "online",
             "trials")``, ``tuning="online"`` for a loader that cannot be tuned online, ``memory_budget`` or
             ``native_threads`` out of range, ``threads`` with an ``IterableDataset``; with ``spawn``/``forkserver``

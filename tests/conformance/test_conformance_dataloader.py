@@ -23,7 +23,7 @@ from autoloader import make_loader
 from conformance_data import (Numbers, Pair, Pids, RaggedBatches, Ready, Record, Records, Sharded, Slow, Unsized,
                               WhoLoads, as_record, bad_collate, failing_init, keep_as_list, mark_worker)
 from contracts import seed_all
-from helpers import REPO, TESTS, drain, plain, raised
+from helpers import REPO, TESTS, drain, raised
 
 pytestmark = pytest.mark.filterwarnings("ignore::autoloader.AutoloaderWarning", "ignore::UserWarning")
 
@@ -161,8 +161,9 @@ def test_an_iterable_dataset_split_by_worker_info():
 
 # -- errors and their types -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("case", ["ValueError", "KeyError", "collate_fn", "every sample"])
+@pytest.mark.parametrize("case, workers", [("ValueError", 0), ("ValueError", 2), ("KeyError", 0), ("collate_fn", 0),
+                                           ("every sample", 0)] + [pytest.param(case, 2, marks=pytest.mark.slow)
+                                                                   for case in ("KeyError", "collate_fn", "every sample")])
 def test_errors_keep_their_type_and_the_epoch_goes_on(case, workers):
     dataset = {"ValueError": lambda: Numbers(12, bad=(5,)), "KeyError": lambda: Numbers(12, bad=(5,), key=True),
                "collate_fn": lambda: Numbers(12), "every sample": lambda: Numbers(12, bad=tuple(range(12)))}[case]
@@ -233,6 +234,7 @@ def test_persistent_workers_are_kept_across_epochs():
         assert len(pids[0]) == 2 and pids[0] == pids[1] == pids[2]
 
 
+@pytest.mark.slow
 def test_persistent_workers_and_a_shared_generator_draw_one_base_seed_every_epoch():
     """The one known difference (README "Use it"): with persistent workers, a DataLoader draws its workers' base seed
     from the generator at the first epoch only, so a generator shared with the sampler gives later epochs another

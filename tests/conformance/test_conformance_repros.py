@@ -45,6 +45,7 @@ def test_repro1_an_error_in_one_batch_does_not_end_the_epoch(kwargs):
     assert loader.tuning.source == "fallback", "the trials met the error: not tuned, not cached"
 
 
+@pytest.mark.slow
 def test_repro1_a_wrapped_dataloader_and_a_trials_tuned_loader():
     assert _rows(drain(PrefetchLoader(DataLoader(Numbers(10, bad=(3,)), batch_size=2, num_workers=2)))) == \
         AFTER_THE_ERROR
@@ -66,7 +67,8 @@ def test_repro1_online_an_error_in_one_batch_does_not_end_the_epoch(kwargs):
 
 # -- 2: nothing is read before iter() ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs", [dict(), dict(num_workers=2), dict(step=0.001), dict(max_workers=0)],
+@pytest.mark.parametrize("kwargs", [dict(), pytest.param(dict(num_workers=2), marks=pytest.mark.slow),
+                                    pytest.param(dict(step=0.001), marks=pytest.mark.slow), dict(max_workers=0)],
                          ids=["online", "workers=2", "step", "max_workers=0"])
 def test_repro2_make_loader_reads_nothing_and_starts_nothing(kwargs, tmp_path):
     data = Counting(8)
@@ -106,6 +108,7 @@ _SEGFAULT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_repro2_a_dataset_that_crashes_its_workers_is_reported_as_by_a_dataloader():
     """With workers, a sample that kills its process is a RuntimeError from ``next()``, never a crash of the caller
     inside make_loader (a subprocess: a regression would kill it, not the test run)."""
@@ -115,7 +118,7 @@ def test_repro2_a_dataset_that_crashes_its_workers_is_reported_as_by_a_dataloade
     assert out.stdout.split("\n")[:3] == ["built", "DataLoader RuntimeError True", "make_loader RuntimeError True"]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [pytest.param(0, marks=pytest.mark.slow), 2])
 def test_repro2_an_iterable_dataset_that_raises_and_one_read_by_workers(workers):
     kwargs = dict(num_workers=workers) if workers else {}
     loader = make_loader(BrokenIter(), batch_size=2, cache=False, budget=1, **kwargs)  # nothing raised here
@@ -135,8 +138,10 @@ def test_repro2_an_iterable_dataset_with_fixed_workers_is_read_by_them():
 
 # -- 3: batch_size=None --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs", [dict(max_workers=2), dict(num_workers=2), dict(shuffle=True, max_workers=2),
-                                    dict(tuning="trials", max_workers=2, budget=1)],
+@pytest.mark.parametrize("kwargs", [dict(max_workers=2), pytest.param(dict(num_workers=2), marks=pytest.mark.slow),
+                                    dict(shuffle=True, max_workers=2),
+                                    pytest.param(dict(tuning="trials", max_workers=2, budget=1),
+                                                 marks=pytest.mark.slow)],
                          ids=["online", "workers=2", "shuffle", "trials"])
 def test_repro3_batch_size_none_serves_the_datasets_own_batches(kwargs):
     shuffle = kwargs.get("shuffle", False)
