@@ -335,8 +335,8 @@ class PrefetchLoader:
     def _open_epoch(self) -> Epoch:
         """The epoch the loop's first ``next()`` starts: the source prepared (``make_loader`` tunes there), the
         samplers' epoch advanced, a loaded state applied, the source's iterator begun."""
-        self._source.prepare()
         self._check_single_process()
+        self._source.prepare()
         pending = self._checkpoints.pending
         if pending is not None and pending.in_epoch and not ends_epoch(pending):
             self._sampler_epochs, self._epoch_set = epochs_of(samplers(self._frame)), False
