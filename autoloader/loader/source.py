@@ -18,7 +18,13 @@ in state.py). A batch whose loading raised is ``BatchError`` (NOTE [ A batch tha
 # batch as passed, and the source's generator goes on with the next batch. ``KeyboardInterrupt`` and ``SystemExit``
 # are never wrapped: they propagate at once. A checkpoint counts a failed batch as passed (``consumed``): its indices
 # were used, so a resume starts after it, as the saver's next ``next()`` would have; torch's own errors about its
-# iterator (a timeout, a worker that died) used no batch, and are not counted."""
+# iterator (a timeout, a worker that died) used no batch, and are not counted.
+# References: the exception's traceback holds the frames it passed, and a finished frame its caller's. A generator
+# that makes the marker inside ``except ... as error:`` and yields it there keeps ``error`` in its suspended frame:
+# a cycle (error -> traceback -> frame -> error) that keeps the generator, its DataLoader and the workers alive until
+# a garbage collection. Make it in a function the generator calls (``yield loaded_or_marker(it)``), as
+# ``PrefetchLoader._items`` does; torch's own re-raise of a worker's error has such a cycle, which the prefetcher
+# clears (``epoch_iter.release_reraise``)."""
 from __future__ import annotations
 
 import re
