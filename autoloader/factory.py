@@ -188,7 +188,7 @@ def make_loader(
 
     Returns:
         PrefetchLoader: The loader. Iterate it as a DataLoader: batches come already on ``device``, converted and
-        normalised. ``loader.tuning`` is the ``TuneResult`` in force from the first ``iter()`` on (None before;
+        normalised. ``loader.tuning`` is the ``TuneResult`` in force (``source="pending"`` before the first ``iter()``;
         ``print`` it for what was chosen, why, each candidate's measurements); ``loader.decisions`` every online
         decision; ``loader.stats`` and ``loader.history`` how long the loop waited for data; ``loader.loader`` the
         DataLoader in force; ``loader.cache_key`` the cache entry; ``state_dict()`` and ``load_state_dict()``
@@ -233,9 +233,11 @@ def make_loader(
     online_why = _not_online(request)
     if tuning == "online" and online_why:
         raise ValueError(f"tuning='online' cannot serve this loader: {online_why}; use tuning='trials'")
-    source = LazySource(request.data_loader(_stand_in(request)),
-                        functools.partial(_resolve, request, tuning=tuning, retune=retune, refresh=refresh,
-                                          cache=cache))
+    config = _stand_in(request)
+    pending = TuneResult(config, None, None, "pending", reason="make_loader reads nothing before the first iter(), "
+                                                              "which looks up the cache and tunes")
+    source = LazySource(request.data_loader(config), functools.partial(
+        _resolve, request, tuning=tuning, retune=retune, refresh=refresh, cache=cache), pending=pending)
     if tuning == "trials":
         source.prepare()  # as documented: the trials run here, and their errors are raised here
     return PrefetchLoader(source, device=request.device, single_process=request.unsharded, **request.transform)

@@ -32,8 +32,8 @@ __all__ = ["LazySource", "Resolved"]
 log = logging.getLogger("autoloader")
 
 _UNSET = object()
-_OWN = frozenset({"_stand_in", "_resolve", "_resolved", "_epoch", "_init", "_first", "_slicer", "current",
-                  "resolved"})
+_OWN = frozenset({"_stand_in", "_resolve", "_pending", "_resolved", "_epoch", "_init", "_first", "_slicer",
+                  "current", "resolved"})
 
 
 @dataclass(frozen=True)
@@ -50,12 +50,12 @@ class Resolved:
 
 class LazySource(Source):
     """``stand_in`` (a DataLoader with the user's arguments, never iterated) answers as the DataLoader until the first
-    epoch starts; then ``resolve()`` builds the real source, which serves every epoch and answers every question
-    (NOTE [ Nothing before iter() ]). An exception from ``resolve()`` leaves it unresolved: the next epoch tries
-    again."""
+    epoch starts, and ``pending`` as its tuning; then ``resolve()`` builds the real source, which serves every epoch
+    and answers every question (NOTE [ Nothing before iter() ]). An exception from ``resolve()`` leaves it
+    unresolved: the next epoch tries again."""
 
-    def __init__(self, stand_in: DataLoader, resolve: Callable[[], Resolved]) -> None:
-        self._stand_in, self._resolve = stand_in, resolve
+    def __init__(self, stand_in: DataLoader, resolve: Callable[[], Resolved], *, pending: Any = None) -> None:
+        self._stand_in, self._resolve, self._pending = stand_in, resolve, pending
         self._resolved: Optional[Resolved] = None
         self._epoch: Optional[int] = None
         self._init: Any = _UNSET  # a worker_init_fn set before the real source exists
@@ -113,9 +113,10 @@ class LazySource(Source):
 
     @property
     def tuning(self) -> Any:
-        """The real source's decision in force, else the result it was built with; None before the first epoch."""
+        """The real source's decision in force, else the result it was built with; ``pending`` (the stand-in's
+        configuration, ``source="pending"``) before the first epoch."""
         if self._resolved is None:
-            return None
+            return self._pending
         own = self._resolved.source.tuning
         return own if own is not None else self._resolved.tuning
 

@@ -124,7 +124,8 @@ class PrefetchLoader:
     def tuning(self) -> Optional[TuneResult]:
         """What ``make_loader`` chose and why, a ``TuneResult`` (``print`` it for the candidates' table): tuned
         online, the decision in force (before the first decision, a placeholder saying so, ``source="online"``);
-        None for a loader you wrapped yourself, and for ``make_loader``'s before its first ``iter()``."""
+        ``source="pending"`` for ``make_loader``'s before its first ``iter()``; None for a loader you wrapped
+        yourself."""
         return self._tuning if self._tuning is not None else self._source.tuning
 
     @property

@@ -74,12 +74,13 @@ def test_repro2_make_loader_reads_nothing_and_starts_nothing(kwargs, tmp_path):
     data = Counting(8)
     loader = make_loader(data, batch_size=2, cache=tmp_path, budget=1, **kwargs)
     assert data.reads == 0 and psutil.Process().children() == [] and not list(tmp_path.iterdir())
-    assert len(loader) == 4 and loader.dataset is data and loader.batch_size == 2 and loader.tuning is None
+    assert len(loader) == 4 and loader.dataset is data and loader.batch_size == 2
+    assert loader.tuning.source == "pending" and "first iter()" in str(loader.tuning)
     assert loader.sampler is not None and loader.batch_sampler is not None
     loader.set_epoch(0)
     assert loader.state_dict()["epoch"] == 0
     data.scale = 3  # an attribute set after the loader is built, before iter()
-    assert drain(loader) == drain(DataLoader(data, batch_size=2)) and loader.tuning is not None
+    assert drain(loader) == drain(DataLoader(data, batch_size=2)) and loader.tuning.source != "pending"
 
 
 def test_repro2_a_dataset_that_raises_raises_from_next_not_from_make_loader():

@@ -84,7 +84,7 @@ def _until_decided(loader, decisions=1, max_epochs=10):
 def test_returns_at_once_and_decides_during_the_first_epochs(cache_dir):
     data = Indexed(3000, latency_s=0.002)
     loader = make_loader(data, 16, shuffle=True, tuning="online", max_workers=8)
-    assert loader.tuning is None and not loader.decisions, "nothing is looked up before iter()"
+    assert loader.tuning.source == "pending" and not loader.decisions, "nothing is looked up before iter()"
     next(iter(loader))
     assert loader.tuning.source == "online" and loader.tuning.samples_per_s is None and not loader.decisions
     _until_decided(loader)
