@@ -109,6 +109,14 @@ def test_len():
             len(made)
 
 
+def test_an_empty_dataset():
+    """DataLoader loads an empty map-style dataset as empty epochs: so does make_loader, with nothing to tune."""
+    empty = Numbers(0)
+    assert len(make_loader(empty, batch_size=2, **ONLINE)) == len(DataLoader(empty, batch_size=2)) == 0
+    loader = make_loader(empty, batch_size=2, **ONLINE)
+    assert epochs(loader) == [[], []] and loader.tuning.source == "fallback"
+
+
 # -- batches of any structure --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs", [dict(batch_size=4), dict(batch_size=4, collate_fn=keep_as_list),
