@@ -138,8 +138,9 @@ def make_loader(
             you fixed, the transform, and the machine, not its hostname), written atomically, validated on every
             read, no pickle: a corrupt entry is a miss with an ``AutoloaderWarning``, an unwritable directory costs
             only the caching. A hit costs a probe; a hit whose first batch looks unlike the entry's (another
-            structure, twice the bytes) is tuned again next run. Each online decision replaces the entry; a tuning in
-            which every worker count failed is not cached, nor is one that no longer fits today's memory or shm.
+            structure, twice the bytes) is tuned again next run, as is one whose workers no longer fit today's
+            memory or ``/dev/shm``. Each online decision replaces the entry; one where every worker count failed is
+            not cached.
         refresh (bool): True tunes again and replaces the cached result. Default False.
         budget (float): Seconds the trials may take, > 0. Default None: 30 s (typically 3-12 s are used). When it
             runs out the best found so far is chosen, at most one trial's time limit later. Each trial has a
