@@ -7,6 +7,7 @@ import pytest
 
 from contracts import Data, Mode
 from helpers import wait_no_children
+from test_errors_contract import check_errors
 from test_resume_contract import check_resume
 from test_tuning_contract import check_tuned
 
@@ -60,4 +61,12 @@ def test_an_epoch_without_a_batch_draws_what_the_plain_loaders_draws(mode):
     permutation and was asked past its end; the online epoch drew nothing (found by the large profile)."""
     data = Data(n=2, batch_size=3, drop_last=True, sampler="shuffle", rng="generator", augment=False, seed=0)
     check_tuned(data, mode, 2)
+    assert wait_no_children() == []
+
+
+def test_a_distributed_sampler_with_a_bad_sample_reshuffles_every_epoch_as_set_epoch_would():
+    """The plain DataLoader's loop must call ``set_epoch`` as the PrefetchLoader's advances the sampler's epoch itself
+    when nobody did (README "Distributed"): without it the reference repeated epoch 0's order."""
+    data = Data(n=2, batch_size=1, drop_last=False, sampler="distributed", rng="generator", augment=True, bad=(0,))
+    check_errors(data, Mode("lazy", None))
     assert wait_no_children() == []

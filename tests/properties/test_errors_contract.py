@@ -24,15 +24,18 @@ from helpers import round_trip, wait_no_children
 pytestmark = pytest.mark.filterwarnings("ignore::autoloader.AutoloaderWarning", "ignore::UserWarning")
 
 
-def run_raising(loader: Any, epochs: int, *, record: Optional[Record] = None,
-                stop: Optional[Tuple[int, int]] = None) -> Tuple[Record, Optional[dict]]:
+def run_raising(loader: Any, epochs: int, *, record: Optional[Record] = None, stop: Optional[Tuple[int, int]] = None,
+                set_epoch: bool = False) -> Tuple[Record, Optional[dict]]:
     """``epochs`` epochs of a loop that logs a ``BadSample`` and goes on: a failed batch is recorded as the sample it
     names, negated (``[-1 - i]``), then the loop draws as after a batch. ``stop=(e, k)``: return ``state_dict()`` after
-    the ``k``-th item (batch or error) of epoch ``e``."""
+    the ``k``-th item (batch or error) of epoch ``e``. ``set_epoch``: call it on the sampler first, as a loop over a
+    plain DataLoader should (a PrefetchLoader advances a sampler's epoch itself when nobody did)."""
     record = record if record is not None else Record()
     for e in range(epochs):
         if stop == (e, 0):
             return record, loader.state_dict()
+        if set_epoch and callable(getattr(loader.sampler, "set_epoch", None)):
+            loader.sampler.set_epoch(e)
         record.epoch()
         it = iter(loader)
         while True:
@@ -91,7 +94,7 @@ def check_errors(data: Data, mode: Mode, *, resumer: Optional[Mode] = None, epoc
     errors included."""
     seed_all(data.seed)
     reference = build(data, Mode("plain", 0)).loader  # the plain DataLoader itself, not wrapped
-    want, _ = run_raising(reference, 2)
+    want, _ = run_raising(reference, 2, set_epoch=True)
     closed(reference)
     parts = agree(data, mode, Mode("plain", 0))
     seed_all(data.seed)
