@@ -57,6 +57,7 @@ def test_a_hit_whose_batches_look_otherwise_serves_this_run_and_is_tuned_again(t
     assert entry(tmp_path)["meta"]["batch"]["bytes"] == 4 * 3 * 32 * 32 * 4
 
 
+@pytest.mark.slow
 def test_a_named_dataset_keeps_its_key_and_an_entry_without_a_signature_gets_one(tmp_path):
     made(8, tmp_path, key="images")
     data = entry(tmp_path)

@@ -154,12 +154,14 @@ def test_worker_init_fn_worker_info_and_seeds():
     assert len({r[3] for r in rows}) == 2 and theirs[0] != theirs[1], "a seed per worker, new each epoch"
 
 
+@pytest.mark.slow
 def test_main_process_loading_has_no_worker_info():
     theirs, ours = side_by_side(lambda: WhoLoads(6), ours=FIXED,
                                 batch_size=3, num_workers=0)
     assert ours == theirs and all(row[1] == -1 for batch in ours[0] for row in batch[2])
 
 
+@pytest.mark.slow
 def test_an_iterable_dataset_split_by_worker_info():
     for sharded in (True, False):  # not split: every worker yields it all, as DataLoader does
         theirs, ours = side_by_side(lambda: Sharded(12, shard=sharded), ours=FIXED, batch_size=4, num_workers=2)
@@ -181,6 +183,7 @@ def test_errors_keep_their_type_and_the_epoch_goes_on(case, workers):
     assert any(item[0] == "raised" for item in ours[0]), "it raised"
 
 
+@pytest.mark.slow
 def test_a_failing_worker_init_fn():
     theirs, ours = side_by_side(lambda: Numbers(12), ours=FIXED, batch_size=2,
                                 num_workers=2, worker_init_fn=failing_init)
@@ -196,6 +199,7 @@ def test_a_timeout(workers):
         assert raised(made) == ("RuntimeError", "DataLoader timed out after 0.5 seconds")
 
 
+@pytest.mark.slow
 def test_a_timeout_without_workers():
     """A known difference: DataLoader accepts ``timeout`` with ``num_workers=0`` and then fails at ``iter()`` (an
     assertion in its single-process iterator); autoloader, which may choose no workers, loads without the timeout."""

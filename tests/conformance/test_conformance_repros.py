@@ -33,8 +33,9 @@ def _rows(items):
 
 # -- 1: an exception in one batch does not end the epoch -----------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs", [dict(num_workers=0), dict(num_workers=2), dict(max_workers=0),
-                                    dict(num_workers=1, threads=2)],
+@pytest.mark.parametrize("kwargs", [dict(num_workers=0), dict(num_workers=2),
+                                    pytest.param(dict(max_workers=0), marks=pytest.mark.slow),
+                                    pytest.param(dict(num_workers=1, threads=2), marks=pytest.mark.slow)],
                          ids=["workers=0", "workers=2", "max_workers=0", "threads"])
 def test_repro1_an_error_in_one_batch_does_not_end_the_epoch(kwargs):
     for workers in (0, 2):

@@ -53,6 +53,7 @@ def test_a_failed_start_is_tried_again_at_the_next_iter(monkeypatch):
     assert [b.view(-1).tolist() for b in loader] == [[0, 1], [2, 3]] and len(calls) == 2
 
 
+@pytest.mark.slow
 def test_set_epoch_and_a_state_loaded_before_the_first_iter():
     def make():
         return make_loader(Counting(12), batch_size=2, shuffle=True, num_workers=0, cache=False, budget=0.5,
