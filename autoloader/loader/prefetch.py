@@ -45,7 +45,8 @@ class PrefetchLoader:
     device ] in ``autoloader/loader/device.py``). Batches of any nesting (tuples, lists, namedtuples, dicts) are
     moved; other objects pass through. On the CPU it reads nothing ahead: the loop gets the DataLoader's own objects
     in the DataLoader's order and RNG draws. It answers what training frameworks read of a DataLoader (``len()``,
-    ``dataset``, ``batch_size``, ``sampler``, ``batch_sampler``, ``worker_init_fn``), and when nothing called
+    ``dataset``, ``batch_size``, ``sampler``, ``batch_sampler``, ``worker_init_fn``; the other DataLoader attributes,
+    ``num_workers``, ``drop_last``, ..., read-only: ``SETTINGS``), and when nothing called
     ``set_epoch`` between two epochs it advances its samplers' epoch itself, so a ``DistributedSampler``
     reshuffles every epoch in Accelerate-style loops too (NOTE [ What frameworks read ] below). A ``break``
     mid-epoch and a new epoch after it are fine.
