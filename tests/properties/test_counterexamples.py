@@ -70,3 +70,11 @@ def test_a_distributed_sampler_with_a_bad_sample_reshuffles_every_epoch_as_set_e
     data = Data(n=2, batch_size=1, drop_last=False, sampler="distributed", rng="generator", augment=True, bad=(0,))
     check_errors(data, Mode("lazy", None))
     assert wait_no_children() == []
+
+
+def test_threads_in_the_main_process_finish_a_failed_batchs_other_samples():
+    """Sample 0 raised while sample 1 ran in another thread and drew from the global RNGs to augment: the loop's draws
+    after the error differ from a plain DataLoader's, which stopped at sample 0 (``errors_agree``)."""
+    data = Data(n=2, batch_size=2, drop_last=False, sampler="sequential", rng="generator", augment=True, bad=(0,))
+    check_errors(data, Mode("plain", 0, threads=2))
+    assert wait_no_children() == []
