@@ -3,7 +3,11 @@ configuration where the property's first statement of the README's contract was 
 and ``contracts.agree`` now say what holds there, and these keep it so."""
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
+
+import autoloader.loader.prefetch as _prefetch
 
 from contracts import Data, Mode
 from helpers import wait_no_children
@@ -77,4 +81,14 @@ def test_threads_in_the_main_process_finish_a_failed_batchs_other_samples():
     after the error differ from a plain DataLoader's, which stopped at sample 0 (``errors_agree``)."""
     data = Data(n=2, batch_size=2, drop_last=False, sampler="sequential", rng="generator", augment=True, bad=(0,))
     check_errors(data, Mode("plain", 0, threads=2))
+    assert wait_no_children() == []
+
+
+def test_reading_ahead_loads_the_next_batch_before_the_loops_draws():
+    """With a side stream (forced here on the CPU) batch i + 1 is loaded, and augmented from the global RNGs in the
+    main process, before the loop's draws after batch i: those draws and values are not a plain DataLoader's (NOTE
+    [ Stream synchronisation ]); the batches and errors are."""
+    data = Data(n=3, batch_size=1, drop_last=False, sampler="sequential", rng="generator", augment=True, bad=(0,))
+    with mock.patch.object(_prefetch, "reads_ahead", lambda stream: True):
+        check_errors(data, PLAIN, ahead=True)
     assert wait_no_children() == []

@@ -66,13 +66,17 @@ def make(data: Data, mode: Mode) -> Any:
     return loader
 
 
-def errors_agree(data: Data, mode: Mode, other: Mode) -> dict:
-    """``contracts.agree``, less the loop's draws when a batch's samples are fetched by threads in the main process
-    and augment: the samples of a failed batch that were running when the first one raised finish (NOTE [ Threads
-    inside workers ]) and draw from the global RNGs, where a plain DataLoader stops at the failing sample."""
+def errors_agree(data: Data, mode: Mode, other: Mode, *, ahead: bool = False) -> dict:
+    """``contracts.agree``, less what augmentation in the main process moves: the loop's draws when a batch's samples
+    are fetched by threads there (the samples of a failed batch that were running when the first one raised finish,
+    NOTE [ Threads inside workers ], and draw from the global RNGs, where a plain DataLoader stops at the failing
+    sample); the draws and the augmentation's values when the prefetcher reads ahead (as with a CUDA side stream,
+    batch i + 1 is loaded before the loop's draws after batch i: NOTE [ Stream synchronisation ])."""
     parts = agree(data, mode, other)
-    threaded = any(m.threads > 1 and m.main_draws != "never" for m in (mode, other))
-    return {**parts, "draws": parts["draws"] and not (data.augment and threaded)}
+    main = [m for m in (mode, other) if m.main_draws != "never"]
+    threaded = any(m.threads > 1 for m in main)
+    moved = data.augment and bool(main) and (threaded or ahead)
+    return {**parts, "draws": parts["draws"] and not moved, "values": parts["values"] and not (moved and ahead)}
 
 
 @st.composite
@@ -98,14 +102,14 @@ def error_modes(draw: Any, *, data: Data) -> Mode:
 
 
 def check_errors(data: Data, mode: Mode, *, resumer: Optional[Mode] = None, epoch: int = 0, k: int = 0,
-                 how: str = "json") -> None:
+                 how: str = "json", ahead: bool = False) -> None:
     """``mode``'s epochs (``resumer``: saved after item ``k`` of ``epoch``, resumed by it) equal the plain DataLoader's,
     errors included."""
     seed_all(data.seed)
     reference = build(data, Mode("plain", 0)).loader  # the plain DataLoader itself, not wrapped
     want, _ = run_raising(reference, 2, set_epoch=True)
     closed(reference)
-    parts = errors_agree(data, mode, Mode("plain", 0))
+    parts = errors_agree(data, mode, Mode("plain", 0), ahead=ahead)
     seed_all(data.seed)
     loader = make(data, mode)
     try:
@@ -128,7 +132,7 @@ def check_errors(data: Data, mode: Mode, *, resumer: Optional[Mode] = None, epoc
     finally:
         closed(resumed)
     after = want.since(epoch, k) if k < len(want.indices[epoch]) else want.since(epoch + 1, 0)
-    both = errors_agree(data, mode, resumer)  # the resumer continues the saver's run, the plain DataLoader's
+    both = errors_agree(data, mode, resumer, ahead=ahead)  # the resumer continues the saver's run, the plain one's
     both = {name: both[name] and parts[name] for name in both}
     compare(rest, after, both, f"{data} saved by {mode} after item {k} of epoch {epoch}, resumed by {resumer}")
 
@@ -142,9 +146,9 @@ def test_a_batch_that_raises_is_raised_and_the_epoch_goes_on(draw):
         if draw.draw(st.booleans(), label="resume"):
             check_errors(data, mode, resumer=draw.draw(error_modes(data=data), label="resumer"),
                          epoch=draw.draw(st.integers(0, 1), label="epoch"), k=draw.draw(st.integers(0, 12), label="k"),
-                         how=draw.draw(st.sampled_from(["json", "torch"]), label="how"))
+                         how=draw.draw(st.sampled_from(["json", "torch"]), label="how"), ahead=ahead)
         else:
-            check_errors(data, mode)
+            check_errors(data, mode, ahead=ahead)
     assert wait_no_children() == []
 
 
