@@ -6,7 +6,7 @@ import numbers
 import os
 from typing import Any, Mapping, Optional, Union
 
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, IterDataPipe
 
 from .measure.consumer import check_step
 from .config import BY_NAME, check_knobs
@@ -22,10 +22,13 @@ def _is_int(value: Any) -> bool:
 
 
 def check_batch_size(batch_size: Any) -> None:
-    if not _is_int(batch_size):
-        raise TypeError(f"batch_size must be a positive int such as batch_size=32, got {batch_size!r}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be >= 1 (e.g. batch_size=32)")
+    """An int >= 1, or None (no automatic batching: the dataset yields ready batches); a ``ValueError`` otherwise, as
+    DataLoader's ``BatchSampler`` raises."""
+    if batch_size is None:
+        return
+    if not _is_int(batch_size) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} must be a positive int such as batch_size=32, or None when the "
+                         f"dataset yields ready batches")
 
 
 def check_budget(budget: Any) -> None:
@@ -70,46 +73,62 @@ def check_memory_budget(memory_budget: Any) -> Union[None, int, float]:
     return value
 
 
-def check_dataset(dataset: Any) -> Optional[int]:
-    """The dataset's length (None for an IterableDataset without one); raises for what no DataLoader can load."""
-    iterable = isinstance(dataset, IterableDataset)
-    if not iterable and not hasattr(dataset, "__getitem__"):
+def check_dataset(dataset: Any) -> None:
+    """What no DataLoader can load, reading nothing of ``dataset`` (not even ``len()``: NOTE [ Nothing before
+    iter() ] in loader/lazy.py)."""
+    if isinstance(dataset, IterableDataset):
+        return
+    if not hasattr(dataset, "__getitem__"):
         raise TypeError(f"dataset must be a torch.utils.data.Dataset (with __getitem__ and __len__) or an "
                         f"IterableDataset, got {type(dataset).__name__}")
-    try:
-        length = len(dataset)
-    except TypeError:
-        if not iterable:
-            raise TypeError(f"dataset {type(dataset).__name__} has no __len__; map-style datasets need one "
-                            f"(or make it an IterableDataset)") from None
-        return None
-    if length == 0:
-        raise ValueError(f"dataset {type(dataset).__name__} is empty (len 0): there is nothing to load or tune")
-    return length
+    if not hasattr(dataset, "__len__"):
+        raise TypeError(f"dataset {type(dataset).__name__} has no __len__; map-style datasets need one "
+                        f"(or make it an IterableDataset)")
 
 
-def check_loader_kwargs(dataset: Any, *, batch_size: int, shuffle: Any, kwargs: Mapping[str, Any]) -> None:
-    """The DataLoader's own rules, checked before any trial so the message names our argument."""
+def check_loader_kwargs(dataset: Any, *, batch_size: Optional[int], shuffle: Any,
+                        kwargs: Mapping[str, Any]) -> Optional[bool]:
+    """The DataLoader's own rules, checked before any trial so the message names our argument, with the exception
+    type DataLoader raises. Returns ``shuffle`` as DataLoader reads it: a bool, or, for an ``IterDataPipe``, None
+    when unset (its shufflers are then left as they are; True or False turns them on or off)."""
     unknown = sorted(set(kwargs) - _DATALOADER_ARGS - _OURS)
     if unknown:
         raise TypeError(f"make_loader got unexpected keyword argument(s) {unknown}: every keyword other than "
                         f"make_loader's own must be a torch.utils.data.DataLoader argument")
-    if not isinstance(shuffle, bool):
-        raise TypeError(f"shuffle must be True or False, got {shuffle!r}")
-    if shuffle and kwargs.get("sampler") is not None:
+    sampler, batch_sampler, drop_last = kwargs.get("sampler"), kwargs.get("batch_sampler"), kwargs.get("drop_last")
+    if isinstance(dataset, IterableDataset):
+        shuffle = _iterable_shuffle(dataset, shuffle)
+        if sampler is not None or batch_sampler is not None:
+            raise ValueError("an IterableDataset decides its own order: pass no sampler/batch_sampler (shuffle or "
+                             "batch inside the dataset's __iter__ instead)")
+    else:
+        shuffle = bool(shuffle)
+    if shuffle and sampler is not None:
         raise ValueError("shuffle=True cannot be combined with sampler=...: the sampler decides the order. "
                          "Use shuffle=False, or a shuffling sampler such as RandomSampler")
-    if kwargs.get("batch_sampler") is not None:
-        if batch_size != 1 or shuffle or kwargs.get("sampler") is not None or kwargs.get("drop_last"):
+    if batch_sampler is not None:
+        if batch_size != 1 or shuffle or sampler is not None or drop_last:
             raise ValueError("batch_sampler=... decides batches itself: leave batch_size=1, shuffle=False, "
                              "sampler=None and drop_last=False")
-    if isinstance(dataset, IterableDataset) and (shuffle or kwargs.get("sampler") is not None
-                                                 or kwargs.get("batch_sampler") is not None):
-        raise ValueError("an IterableDataset decides its own order: use shuffle=False and no sampler/batch_sampler "
-                         "(shuffle inside the dataset's __iter__ instead)")
+    elif batch_size is None and drop_last:
+        raise ValueError("batch_size=None loads no batches of its own (the dataset yields ready ones), so there is no "
+                         "last batch to drop: leave drop_last=False, or pass a batch_size")
+    elif batch_size is not None and "drop_last" in kwargs and not isinstance(drop_last, bool):
+        raise ValueError(f"drop_last must be True or False, got {drop_last!r}")
     check_knobs({k: v for k, v in kwargs.items() if k in BY_NAME}, hint="; leave it out to let autoloader tune it")
-    if "drop_last" in kwargs and not isinstance(kwargs["drop_last"], bool):
-        raise TypeError(f"drop_last must be True or False, got {kwargs['drop_last']!r}")
+    return shuffle
+
+
+def _iterable_shuffle(dataset: Any, shuffle: Any) -> Optional[bool]:
+    """An IterableDataset's ``shuffle``: an ``IterDataPipe``'s as given (DataLoader turns its shufflers on or off),
+    else unset (None or False), a ValueError otherwise."""
+    if isinstance(dataset, IterDataPipe):
+        return None if shuffle is None else bool(shuffle)
+    if shuffle is not None and shuffle is not False and shuffle != 0:
+        raise ValueError(f"shuffle={shuffle!r}: an IterableDataset decides its own order; leave shuffle unset and "
+                         f"shuffle inside the dataset's __iter__ (e.g. a shuffle buffer), or use a DataPipe with a "
+                         f"shuffler")
+    return False
 
 
 def check_tuning_arguments(*, batch_size: Any, step: Any, budget: Any, max_workers: Any) -> None:

@@ -12,6 +12,8 @@ batches in /dev/shm and what one worker's memory holds in batches are derived fr
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
@@ -44,9 +46,23 @@ def _boolean(value: Any) -> Optional[str]:
 
 
 def _start_method(value: Any) -> Optional[str]:
-    if value is None or isinstance(value, str) or callable(getattr(value, "get_start_method", None)):
+    if value is None or callable(getattr(value, "get_start_method", None)) or (
+            isinstance(value, str) and value in multiprocessing.get_all_start_methods()):
         return None
-    return "a start method name ('fork', 'spawn', 'forkserver') or a multiprocessing context"
+    return f"a start method name ({', '.join(map(repr, multiprocessing.get_all_start_methods()))}) or a " \
+           f"multiprocessing context"
+
+
+def _seconds(value: Any) -> Optional[str]:
+    return None if _is_real(value) and value >= 0 else "a number of seconds >= 0"
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real)
+
+
+def _is_int_or_none(value: Any) -> bool:
+    return value is None or _is_int(value)
 
 
 @dataclass(frozen=True)
@@ -72,6 +88,9 @@ class Knob:
     always: bool = False
     check: Callable[[Any], Optional[str]] = lambda value: None
     """What the knob accepts: None when ``value`` is valid, else the values it takes, as words."""
+    typed: Callable[[Any], bool] = lambda value: True
+    """Whether ``value`` is of the knob's type: a value ``check`` refuses is then a ``ValueError`` (out of range),
+    else a ``TypeError``, as DataLoader raises them."""
 
     def recorded_value(self, value: Any) -> Any:
         """The user's ``value`` as a configuration records it (``normalize``: JSON-able, e.g. a start method's
@@ -80,17 +99,20 @@ class Knob:
 
 
 KNOBS: Tuple[Knob, ...] = (
-    Knob("num_workers", 0, tuned=True, label=lambda n: f"workers={n}", always=True, check=_at_least(0)),
+    Knob("num_workers", 0, tuned=True, label=lambda n: f"workers={n}", always=True, check=_at_least(0),
+         typed=_is_int),
     Knob("prefetch_factor", 2, worker_only=True, tuned=True, label=lambda p: f"prefetch={p}", always=True,
-         check=_at_least(1, none=True)),
-    Knob("threads", 1, tuned=True, loader_arg=False, label=lambda t: f"threads={t}", check=_at_least(1)),
+         check=_at_least(1, none=True), typed=_is_int_or_none),
+    Knob("threads", 1, tuned=True, loader_arg=False, label=lambda t: f"threads={t}", check=_at_least(1),
+         typed=_is_int),
     Knob("native_threads", None, worker_only=True, tuned=True, loader_arg=False, label=lambda n: f"native={n}",
-         check=_at_least(1, none=True)),
-    Knob("pin_memory", False, tuned=True, label=lambda _: "pin", check=_boolean),
-    Knob("persistent_workers", False, worker_only=True, tuned=True, off=False, check=_boolean),
+         check=_at_least(1, none=True), typed=_is_int_or_none),
+    Knob("pin_memory", False, tuned=True, label=lambda _: "pin", check=_boolean, typed=lambda v: False),
+    Knob("persistent_workers", False, worker_only=True, tuned=True, off=False, check=_boolean, typed=lambda v: False),
     Knob("multiprocessing_context", None, worker_only=True, normalize=_start_method_name, label=lambda m: f"start={m}",
-         check=_start_method),
-    Knob("timeout", 0, worker_only=True, recorded=False),  # the single-process iterator asserts timeout == 0
+         check=_start_method, typed=lambda v: isinstance(v, str)),
+    Knob("timeout", 0, worker_only=True, recorded=False, check=_seconds, typed=_is_real),
+    # worker-only: the single-process iterator asserts timeout == 0
 )
 BY_NAME: Dict[str, Knob] = {k.name: k for k in KNOBS}
 RECORDED = tuple(k.name for k in KNOBS if k.recorded)
@@ -104,14 +126,15 @@ DEFAULT_PREFETCH: int = BY_NAME["prefetch_factor"].default
 
 def check_knobs(values: Mapping[str, Any], *, hint: str = "") -> None:
     """Each knob in ``values`` holds a value it accepts (``Knob.check``), and the worker-only ones are off without
-    workers; a ``TypeError`` (a flag that is not a bool) or ``ValueError`` naming the knob, its value and ``hint``
-    (the fix, in the caller's words) otherwise. The one validation of knob values."""
+    workers; otherwise an error naming the knob, its value and, for a tuned one, ``hint`` (the fix, in the caller's
+    words): a ``ValueError`` for a value of the knob's type out of its range, a ``TypeError`` for one of another type
+    (a flag that is not a bool), as DataLoader raises them. The one validation of knob values."""
     for name, value in values.items():
         knob = BY_NAME.get(name)
         expected = knob.check(value) if knob is not None else None
-        if expected is not None:
-            kind = TypeError if knob is not None and knob.check in (_boolean, _start_method) else ValueError
-            raise kind(f"{name}={value!r} must be {expected}{hint}")
+        if knob is not None and expected is not None:
+            kind = ValueError if knob.typed(value) else TypeError
+            raise kind(f"{name}={value!r} must be {expected}{hint if knob.tuned else ''}")
     if values.get("num_workers") == 0:
         needing = [k.name for k in KNOBS if k.worker_only and k.recorded and k.name in values
                    and values[k.name] not in (None, k.off)]

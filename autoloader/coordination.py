@@ -4,7 +4,6 @@ search, a trial or an online epoch talks to the other ranks (NOTE [ One decision
 Every figure enters a column-wise minimum over the ranks (the slowest rank's rate; a cost enters negated, so the
 largest wins), or comes from the node leader. The sync points are fixed, each named by its method, and every rank of
 the node calls the same ones in the same order:
-- ``lookup``: once per ``make_loader``, whether reading a sample for the cache key timed out;
 - ``leader``: the node leader's machine profile, its cached decision, a tuned or online decision (``distributed.Group
   .broadcast``);
 - ``outcome``: once per measured candidate, its figures (``AGREED_MAX``), whether it failed, the search's clock and the
@@ -145,10 +144,6 @@ class Coordinator:
     def leader(self, point: str, obj: Any) -> Any:
         """The node leader's ``obj`` on every rank (a gather, so it checks the ranks are at the same ``point``)."""
         return obj if self.size == 1 else self._gather(point, obj if self.is_leader else None)[0]
-
-    def lookup(self, timed_out: bool) -> bool:
-        """Whether reading a sample for the cache key timed out on any rank."""
-        return self._min("lookup", [0.0 if timed_out else 1.0])[0] == 0.0
 
     def outcome(self, outcome: Outcome, *, elapsed_s: float, main_rss_bytes: int) -> Agreed:
         """One candidate's outcome on every rank: the slowest rank's rate, the largest of each other figure

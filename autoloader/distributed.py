@@ -155,8 +155,8 @@ class Group:
     def node_size(self) -> int:
         return len(self.node.ranks)
 
-    def shard(self, dataset: Any, *, batch_size: int, shuffle: bool, drop_last: bool,
-              loader_kwargs: Mapping[str, Any]) -> Tuple[Dict[str, Any], bool]:
+    def shard(self, dataset: Any, *, batch_size: Optional[int], shuffle: Optional[bool], drop_last: bool,
+              loader_kwargs: Mapping[str, Any]) -> Tuple[Dict[str, Any], Optional[bool]]:
         """Give each rank its own part of the data with ``DistributedSampler``, unless the user chose a sampler
         (or the dataset is an ``IterableDataset``, which shards itself). Global: every rank of the job calls it.
 
@@ -181,7 +181,7 @@ class Group:
             return kwargs, shuffle
         seed = gathered[0][1]
         kwargs["sampler"] = ShardingSampler(dataset, num_replicas=self.world_size, rank=self.rank,
-                                            shuffle=shuffle, seed=seed, drop_last=drop_last)
+                                            shuffle=bool(shuffle), seed=seed, drop_last=drop_last)
         return kwargs, False
 
     def share_profile(self, profile: Any) -> Any:

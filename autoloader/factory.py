@@ -2,18 +2,24 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
+import traceback
 from typing import Any, Literal, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.utils.data import IterableDataset
 
 from .cache import resolve_cache
+from .cache.fingerprint import dataset_length
 from .cache.slot import Slot
+from .config import LoaderConfig, default_pin, make_config
 from .errors import TuningError, warn_user
+from .loader.lazy import LazySource, Resolved
 from .loader.prefetch import PrefetchLoader
+from .loader.source import PlainSource, Source
 from .measure.consumer import Step
 from .probe import MachineProfile, probe_machine, remembered_gpus, with_saved_disk
 from .request import Request
@@ -36,7 +42,7 @@ def make_loader(
     dataset: Any,
     batch_size: int = 1,
     *,
-    shuffle: bool = False,
+    shuffle: Optional[bool] = None,
     step: Step = None,
     device: Union[str, torch.device, None] = None,
     normalize: Optional[Tuple[Sequence[float], Sequence[float]]] = None,
@@ -57,47 +63,45 @@ def make_loader(
 ) -> PrefetchLoader:
     """Build a DataLoader tuned for this machine, dataset and training step, wrapped in a ``PrefetchLoader``.
 
-    On a cache hit no trial runs and no worker starts. On a miss (or with ``refresh=True``) the configuration
-    (``num_workers``, ``prefetch_factor``, ``pin_memory``, ``persistent_workers``, threads, native thread pools) is
-    found by measuring candidates, each a real DataLoader with your arguments: online, in your own loop during the
-    first epoch, or by short trials before this returns (``tuning``). The choice is the fewest workers (then threads,
+    Like a DataLoader's constructor it reads nothing of the dataset and starts no process: the cache lookup and any
+    tuning happen at the first ``iter()`` (with ``tuning="trials"``, here). On a miss (or ``refresh=True``) the
+    configuration (``num_workers``, ``prefetch_factor``, ``pin_memory``, ``persistent_workers``, threads, native
+    thread pools) is found by measuring candidates, each a real DataLoader with your arguments: online, in your own
+    loop during the first epoch, or by short trials (``tuning``). The choice is the fewest workers (then threads,
     worker memory, ``prefetch_factor``) within 5 % of the best measured rate, within the memory budget, and it is
     cached per dataset and machine. Tuning leaves your RNG states (torch's, Python's and numpy's global ones, your
     ``generator``) exactly as they were: the batches equal a plain ``DataLoader``'s with the same arguments and seed.
 
     How: the machine is probed (usable CPUs under affinity and cgroup quota, cgroup-aware memory, free ``/dev/shm``,
-    GPUs without initialising CUDA, ``ulimit -n``); the ``num_workers=0`` candidate gives the cost of a batch and of
-    the step, which predict the worker count where loading meets the step or fills the CPUs; the search then doubles
-    while that pays and bisects down to the fewest within 5 % (typically 3-7 candidates); once a candidate reaches
-    the rate the step or the usable CPUs bound every worker count to, no larger one starts. ``prefetch_factor`` is
-    tried only when the step waits on a loader that keeps up on average (jitter), ``pin_memory`` only for CUDA;
-    ``persistent_workers`` is on unless the workers would hold more than half the memory budget (or, copying the
-    objects they read, outgrow it in time). Only a candidate's steady state is timed: its start-up and the burst of
-    batches its workers prefetched are skipped (NOTE [ Trial timing ] in ``autoloader/measure/run.py``), and its time
-    limit grows with that start-up. No candidate starts whose measured memory exceeds the budget, whose batches in
-    flight overflow ``/dev/shm``, or whose start-up would not fit in the time budget left; forked workers not measured
-    yet are measured at their first batch, and stop there when over the budget (its row says why it was skipped). The bottleneck is named from the
-    same measurements (``TuneResult.bottleneck``). Online, switching candidates is hidden behind the batches in
-    flight (NOTE [ Hidden switch ] in ``autoloader/tuning/handover.py``). Under ``torch.distributed`` the ranks of a
-    node tune together and agree on one configuration; each node decides for itself (NOTE [ One decision across
-    ranks ] in ``autoloader/distributed.py``).
+    GPUs without initialising CUDA, ``ulimit -n``). Online, the first samples' cost starts the prior's workers inside
+    the first batch (the cores rule for CPU-bound loading, more when it waits, no more than meet the step once it is
+    timed), each candidate's window closes when its rate is known or at a few per cent of the epoch, and the search
+    jumps by Little's law, at most three times (NOTE [ Online convergence ] in ``autoloader/search/online_policy.py``);
+    trials start from the ``num_workers=0`` candidate, double while that pays and bisect down. ``prefetch_factor`` is
+    tried only when the step waits on a loader that keeps up on average, ``pin_memory`` only for CUDA;
+    ``persistent_workers`` is on unless the workers would hold more than half the memory budget (or outgrow it in
+    time). Only a candidate's steady state is timed (NOTE [ Trial timing ] in ``autoloader/measure/run.py``). No
+    candidate starts whose measured memory exceeds the budget or whose batches overflow ``/dev/shm``: forked workers
+    are measured at their first batch and stop there when over it. Under ``torch.distributed`` the ranks of a node
+    tune together and agree on one configuration (NOTE [ One decision across ranks ] in distributed.py).
 
     A candidate that fails (a worker killed by the out-of-memory killer, a bus error from a full ``/dev/shm``, a
     trial past its time limit, too many open files) is recorded in ``loader.tuning.trials`` with ``status="failed"``
     and the reason, and the search goes on; if none works you get ``num_workers=0`` and an ``AutoloaderWarning``.
-    Exceptions of your own dataset, ``collate_fn`` or ``step``, and Ctrl-C, reach you unchanged, after the
-    candidate's workers are reaped; nothing is cached then.
+    Your dataset's and ``collate_fn``'s exceptions reach you unchanged from ``next()``, and the next ``next()`` goes on
+    with the following batch, as a DataLoader's; trials that meet one fall back (not cached) with a warning, except
+    ``tuning="trials"``, which raises it here, as it does your ``step``'s and Ctrl-C.
 
     Args:
-        dataset: What to load: a map-style ``torch.utils.data.Dataset`` (``__getitem__`` and ``__len__``, not empty;
-            tuned online or with trials) or an ``IterableDataset`` (tuned with trials, never re-tuned, never
+        dataset: What to load: a map-style ``torch.utils.data.Dataset`` (``__getitem__`` and ``__len__``; tuned
+            online or with trials, not when empty) or an ``IterableDataset`` (tuned with trials, never re-tuned, never
             sharded by autoloader: split its stream by ``torch.utils.data.get_worker_info()`` in ``__iter__``; one
             that says how many shards it reads, such as WebDataset or a streaming ``datasets`` dataset, is never
             given more workers than shards).
-        batch_size (int): Samples per batch, an int >= 1 (default 1), as ``DataLoader``'s. Leave it 1 with
-            ``batch_sampler=``.
-        shuffle (bool): Reshuffle the samples every epoch (default False), as ``DataLoader``'s. Not with ``sampler=``
-            nor with an ``IterableDataset``.
+        batch_size (int): Samples per batch, an int >= 1 (default 1), or None when the dataset yields ready batches,
+            as ``DataLoader``'s. Leave it 1 with ``batch_sampler=``.
+        shuffle (bool): Reshuffle the samples every epoch (default None: no), as ``DataLoader``'s: not with
+            ``sampler=`` nor an ``IterableDataset``; an ``IterDataPipe``'s shufflers follow it.
         step: What trials are timed against (online tuning needs none: your own loop is the step). None (default):
             the copy to the device only. A number of seconds >= 0: a simulated step of that long per batch (a
             GPU-side sleep on CUDA, ``time.sleep`` on the CPU: both leave the host CPU free, as a real GPU step
@@ -115,13 +119,12 @@ def make_loader(
         input_key: For mapping (dict) batches, the key of the input tensor that ``normalize`` and ``dtype`` apply
             to, required with them (e.g. ``"pixel_values"``). Otherwise the input is the batch itself when it is a
             tensor, else its first element. Every other tensor is moved to the device unchanged.
-        tuning (str): How a configuration is found when the cache holds none: ``"online"``: this returns at once and
-            the first epoch is served by a sequence of candidate DataLoaders, each measured on your own loop, and
-            yields exactly the batches a plain ``DataLoader`` would (same samples, order and batch boundaries, your
-            RNG untouched); map-style datasets only, not with ``num_workers`` fixed or ``max_workers=0``.
-            ``"trials"``: a pre-pass of short trials, timed against ``step`` (typically 3-12 s, within ``budget``),
-            before this returns. ``"auto"`` (default): ``"online"`` for a map-style dataset when ``step`` is None,
-            else ``"trials"``. A cached result is used as it is in every mode.
+        tuning (str): How a configuration is found when the cache holds none: ``"online"``: the first epoch is
+            served by a sequence of candidate DataLoaders, each measured on your own loop, yielding exactly the
+            batches a plain ``DataLoader`` would (same samples, order and boundaries, your RNG untouched); map-style
+            datasets only, not with ``num_workers`` fixed or ``max_workers=0``. ``"trials"``: short trials timed
+            against ``step`` (typically 3-12 s, within ``budget``) before this returns. ``"auto"`` (default):
+            ``"online"`` for a map-style dataset without ``step``, else trials at the first ``iter()``.
         retune (bool): True (default): after an epoch run with the decision whose rate or stall moved away from the
             decision's (the loop waited for data 10 % of the epoch or more, or the epoch ran more than 15 % slower
             or faster), or that hardly waited for data with more than one worker, the next epoch searches again,
@@ -134,9 +137,10 @@ def make_loader(
             ``collate_fn``/``sampler``/``batch_sampler`` classes, ``drop_last``, the step, the device type, the knobs
             you fixed, the transform, and the machine, not its hostname), written atomically, validated on every
             read, no pickle: a corrupt entry is a miss with an ``AutoloaderWarning``, an unwritable directory costs
-            only the caching. A hit costs one sample read and a probe. Each online decision replaces the entry; a
-            tuning in which every worker count failed is not cached; a cached configuration whose workers no longer
-            fit today's memory or ``/dev/shm`` is tuned again.
+            only the caching. A hit costs a probe; a hit whose first batch looks unlike the entry's (another
+            structure, twice the bytes) is tuned again next run, as is one whose workers no longer fit today's
+            memory or ``/dev/shm``. Each online decision replaces the entry; one where every worker count failed is
+            not cached.
         refresh (bool): True tunes again and replaces the cached result. Default False.
         budget (float): Seconds the trials may take, > 0. Default None: 30 s (typically 3-12 s are used). When it
             runs out the best found so far is chosen, at most one trial's time limit later. Each trial has a
@@ -145,9 +149,9 @@ def make_loader(
             cannot be cut). Online tuning has no limit of its own: a dataset that blocks, blocks your loop.
         max_workers (int): The most worker processes ever tried, an int >= 0 (0: load in the main process only).
             Default None: as many as the usable CPUs and the open-files limit (``ulimit -n // 32``) allow.
-        key (str): A name for the dataset in the cache key, instead of its fingerprint (its class, ``len()``, the
-            types, shapes and dtypes of one sample, its ``root``). Give two datasets that fingerprint alike (e.g.
-            two Arrow datasets of the same length and shapes) their own names. Default None.
+        key (str): A name for the dataset in the cache key, instead of its fingerprint (its class, ``len()``, its
+            ``root``). Give two datasets that fingerprint alike (e.g. two Arrow datasets of the same length) their
+            own names. Default None.
         distributed (bool): None (default) follows ``torch.distributed.is_initialized()``; True requires an
             initialised process group; False never shards. When distributed, a ``DistributedSampler`` shards the
             data across every rank (unless you pass a ``sampler``, ``batch_sampler`` or an ``IterableDataset``),
@@ -185,19 +189,19 @@ def make_loader(
 
     Returns:
         PrefetchLoader: The loader. Iterate it as a DataLoader: batches come already on ``device``, converted and
-        normalised. ``loader.tuning`` is the ``TuneResult`` in force (``print`` it for what was chosen, why, and
-        each candidate's measurements); ``loader.decisions`` every online decision; ``loader.stats`` and
-        ``loader.history`` how long the loop waited for data; ``loader.loader`` the DataLoader in force;
-        ``loader.cache_key`` the cache entry; ``state_dict()`` and ``load_state_dict()`` checkpoint and resume it
-        exactly. ``help(autoloader.PrefetchLoader)`` describes each.
+        normalised. ``loader.tuning`` is the ``TuneResult`` in force (``source="pending"`` before the first ``iter()``;
+        ``print`` it for what was chosen, why, each candidate's measurements); ``loader.decisions`` every online
+        decision; ``loader.stats`` and ``loader.history`` how long the loop waited for data; ``loader.loader`` the
+        DataLoader in force; ``loader.cache_key`` the cache entry; ``state_dict()`` and ``load_state_dict()``
+        checkpoint and resume it exactly. ``help(autoloader.PrefetchLoader)`` describes each.
 
     Raises:
-        TypeError: An argument of the wrong type, before any work: e.g. ``batch_size=8.0``, ``step="fast"``,
-            ``threads="8"``, ``cache=1``, a ``dataset`` without ``__getitem__`` and ``__len__``, or a keyword that is
+        TypeError: An argument of the wrong type, before any work: e.g. ``step="fast"``, ``threads="8"``,
+            ``cache=1``, ``timeout="5"``, a ``dataset`` without ``__getitem__`` and ``__len__``, or a keyword that is
             neither make_loader's nor a DataLoader argument (``num_worker=``). The message names the argument, its
-            value and the fix.
-        ValueError: A bad value, before any work: ``batch_size=0``, ``budget<=0``, ``max_workers<0``, a negative
-            ``step``, an empty dataset, ``shuffle=True`` with a ``sampler``, a ``batch_sampler`` with
+            value and the fix. DataLoader's own rules raise the type DataLoader raises.
+        ValueError: A bad value, before any work: ``batch_size=0`` or ``8.0``, ``budget<=0``, ``max_workers<0``, a
+            negative ``step`` or ``timeout``, ``shuffle=True`` with a ``sampler``, a ``batch_sampler`` with
             ``batch_size``/``shuffle``/``sampler``/``drop_last``, a ``tuning`` not in ``("auto", "online",
             "trials")``, ``tuning="online"`` for a loader that cannot be tuned online, ``memory_budget`` or
             ``native_threads`` out of range, ``threads`` with an ``IterableDataset``; with ``spawn``/``forkserver``
@@ -217,7 +221,6 @@ def make_loader(
                 train_step(images, labels)
         print(loader.tuning)                    # what was chosen, why, and what each candidate measured
     """
-    started = time.perf_counter()
     for name, value in (("refresh", refresh), ("retune", retune)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be True or False, got {value!r}")
@@ -228,50 +231,91 @@ def make_loader(
                               dtype=dtype, input_key=input_key, cache=cache, budget=budget, max_workers=max_workers,
                               key=key, distributed=distributed, threads=threads, memory_budget=memory_budget,
                               native_threads=native_threads, dataloader_kwargs=dataloader_kwargs)
-    profile = with_saved_disk(dataclasses.replace(probe_machine(disk=False, gpus=False), gpus=remembered_gpus()))
-    if request.group is not None:
-        profile = request.group.share_profile(profile)
     online_why = _not_online(request)
     if tuning == "online" and online_why:
         raise ValueError(f"tuning='online' cannot serve this loader: {online_why}; use tuning='trials'")
+    config = _stand_in(request)
+    pending = TuneResult(config, None, None, "pending", reason="make_loader reads nothing before the first iter(), "
+                                                              "which looks up the cache and tunes")
+    source = LazySource(request.data_loader(config), functools.partial(
+        _resolve, request, tuning=tuning, retune=retune, refresh=refresh, cache=cache), pending=pending)
+    if tuning == "trials":
+        source.prepare()  # as documented: the trials run here, and their errors are raised here
+    return PrefetchLoader(source, device=request.device, single_process=request.unsharded, **request.transform)
+
+
+def _stand_in(request: Request) -> LoaderConfig:
+    """What the DataLoader answering before the first ``iter()`` is built with: the knobs the user fixed, else
+    defaults (NOTE [ Nothing before iter() ] in loader/lazy.py)."""
+    return make_config(int(request.fixed.get("num_workers", 0)), fixed=request.fixed,
+                       pin_memory=default_pin(request.fixed, request.device.type), threads=request.fixed_threads)
+
+
+def _resolve(request: Request, *, tuning: Tuning, retune: bool, refresh: bool, cache: CacheArg) -> Resolved:
+    """The loader's source, at its first ``iter()`` (``tuning="trials"``: in ``make_loader``): look up the cache,
+    tune on a miss (trials; online, the source searches as it serves), store the result."""
+    started = time.perf_counter()
+    profile = with_saved_disk(dataclasses.replace(probe_machine(disk=False, gpus=False), gpus=remembered_gpus()))
+    if request.group is not None:
+        profile = request.group.share_profile(profile)
+    if dataset_length(request.dataset) == 0:
+        empty = fallback_result(request.fixed, device=request.device, reason="the dataset is empty: nothing to tune",
+                                threads=request.fixed_threads)
+        return Resolved(PlainSource(request.data_loader(empty.config)), empty)
+    online_why = _not_online(request)
     slot = Slot.find(request, profile, resolve_cache(cache))
-    result = slot.fallback or (None if refresh else slot.look_up())
+    result = None if refresh else slot.look_up()
     in_cache = result is not None and result.source == "cache"
     search_online = result is None and not online_why and (tuning == "online" or request.step is None and
                                                            tuning == "auto")
     if result is None and not search_online:
-        result = _tune(request, profile)
+        result = _tune(request, profile, lazy=tuning != "trials")
         in_cache = slot.store(result)
-    if not online_why and slot.fallback is None and (search_online or (retune and tuning != "trials")):
+    if not online_why and (search_online or (retune and tuning != "trials")):
         search = OnlineSearch.create(request, profile, slot=slot, decision=result)
-        source: Any = OnlineLoader(request, search, retune=retune)
-        result, cache_key = None, slot.key
+        source: Source = OnlineLoader(request, search, retune=retune)
+        resolved = Resolved(source, None, slot.key, first_batch=slot.observe)
     else:
         assert result is not None  # a miss was tuned above unless it is searched online (the branch before)
-        source, cache_key = request.data_loader(result.config), slot.key if in_cache else None
-    loader = PrefetchLoader(source, device=request.device, tuning=result, cache_key=cache_key,
-                            single_process=request.unsharded, **request.transform)
-    result = loader.tuning
-    assert result is not None  # a result, or the online source's decision in force
+        resolved = Resolved(PlainSource(request.data_loader(result.config)), result, slot.key if in_cache else None,
+                            first_batch=slot.observe)
+    _log(request, resolved.source.tuning if result is None else result, started)
+    return resolved
+
+
+def _log(request: Request, result: TuneResult, started: float) -> None:
     node = request.group.node if request.group is not None else None
     log.info("autoloader%s: %s, %s samples/s, bottleneck %s, from %s, %.2f s",
              f" ({node.label})" if node is not None and node.count > 1 else "", result.config.label(),
              "unknown" if result.samples_per_s is None else f"{result.samples_per_s:,.0f}",
              result.bottleneck or "unknown", result.source, time.perf_counter() - started)
-    return loader
 
 
-def _tune(request: Request, profile: MachineProfile) -> TuneResult:
-    """Run the trials (on every rank of the node together); a failure of autoloader's own falls back with a warning."""
+def _tune(request: Request, profile: MachineProfile, *, lazy: bool) -> TuneResult:
+    """Run the trials (on every rank of the node together); a failure of autoloader's own falls back with a warning,
+    and so does, at the first ``iter()`` (``lazy``), the user's own error: the epoch then raises it where it reaches
+    that sample, as a DataLoader would (NOTE [ Nothing before iter() ] in loader/lazy.py)."""
     group = request.group
     try:
         result = tune_with(request, profile)
-    except TuningError as err:
-        warn_user(f"autoloader could not tune ({err}); using a safe default configuration")
-        result = fallback_result(request.fixed, device=request.device, reason=str(err),
-                                 threads=request.fixed_threads,
+    except Exception as err:  # noqa: B036 - autoloader's own (TuningError), or the user's when tuning lazily
+        if not (lazy or isinstance(err, TuningError)):
+            raise
+        why = str(err) if isinstance(err, TuningError) else \
+            f"a trial raised {_said(err)} (your dataset, collate_fn or step); the epoch " \
+            f"raises the dataset's errors where it reaches them, as a DataLoader"
+        warn_user(f"autoloader could not tune ({why}); using a safe default configuration, not cached")
+        traceback.clear_frames(err.__traceback__)  # not raised: its frames would hold the trial's workers in a cycle
+        result = fallback_result(request.fixed, device=request.device, reason=why, threads=request.fixed_threads,
                                  native_threads=fallback_limit(request, usable_cpus=usable_cpus(profile)))
     return result if group is None else group.broadcast(result, point="tuned decision")
+
+
+def _said(error: BaseException) -> str:
+    """``Type: message``; a worker's error re-raised by a DataLoader ends with that line."""
+    message = str(error).strip()
+    lines = message.splitlines()
+    return lines[-1] if message.startswith("Caught ") and lines else f"{type(error).__name__}: {message}"
 
 
 def _not_online(request: Request) -> str:

@@ -324,6 +324,8 @@ def _source_words(result: TuneResult) -> str:
             return f"online: {result.reason or 'not decided yet'}"
         candidates = f"{len(result.trials)} candidate{'s' if len(result.trials) != 1 else ''}"
         return f"tuned online, in the training loop ({candidates} over {result.seconds:.1f} s of its epochs)"
+    if result.source == "pending":
+        return f"pending: {result.reason}"
     return f"fallback, not tuned: {result.reason or 'no reason recorded'}"
 
 
@@ -439,7 +441,8 @@ def format_tune_result(result: TuneResult) -> str:
     disk = _disk_words(result)
     if disk is not None:
         lines.append(f"  {disk}")
-    if result.reason and result.source != "fallback" and not (result.source == "online" and not result.trials):
+    if result.reason and result.source not in ("fallback", "pending") and not (result.source == "online"
+                                                                                 and not result.trials):
         lines.append(f"  why: {result.reason}")
     for words in (_budget_words(result), native_words(result)):
         if words is not None:

@@ -31,7 +31,10 @@ class Request:
 
     dataset: Any
     batch_size: int
-    shuffle: bool
+    """Samples per batch for every measure (1 with a ``batch_sampler`` or ``batch_size=None``); what DataLoaders get
+    is ``loader_batch_size``."""
+    shuffle: Optional[bool]
+    """As DataLoader reads it: a bool, or None for an ``IterDataPipe`` whose shufflers are left as they are."""
     step: Step
     device: torch.device
     transform: Dict[str, Any]
@@ -52,6 +55,13 @@ class Request:
     native_threads: Union[None, bool, int] = None
     """As ``check_native_threads`` returns it: None (autoloader decides), False (never touched) or an int >= 1
     (fixed): the limit of each worker's native thread pools (NOTE [ Native thread pools ] in loader/native.py)."""
+    auto_batch: bool = True
+    """False for ``batch_size=None``: no automatic batching, each item the dataset yields is a batch."""
+
+    @property
+    def loader_batch_size(self) -> Optional[int]:
+        """The ``batch_size`` a DataLoader gets: None without automatic batching."""
+        return self.batch_size if self.auto_batch else None
 
     @property
     def fixed_threads(self) -> int:
@@ -67,7 +77,7 @@ class Request:
         return isinstance(self.dataset, IterableDataset)
 
     @classmethod
-    def checked(cls, dataset: Any, batch_size: Any = 1, *, shuffle: Any = False, step: Any = None,
+    def checked(cls, dataset: Any, batch_size: Any = 1, *, shuffle: Any = None, step: Any = None,
                 device: Any = None, normalize: Any = None, dtype: Any = None, input_key: Any = None,
                 cache: Any = False, budget: Any = None, max_workers: Any = None, key: Any = None,
                 distributed: Any = False, threads: Any = False, memory_budget: Any = None,
@@ -75,12 +85,15 @@ class Request:
         """Check every argument (each error names the fix) and split the knobs the user fixed from the rest;
         ``distributed=None`` follows ``torch.distributed.is_initialized()`` and shards the data."""
         dataloader_kwargs = dict(dataloader_kwargs or {})
+        for flag in ("pin_memory", "persistent_workers"):  # DataLoader reads any value as a flag
+            if flag in dataloader_kwargs:
+                dataloader_kwargs[flag] = bool(dataloader_kwargs[flag])
         check_common(batch_size=batch_size, step=step, budget=budget, max_workers=max_workers, key=key, cache=cache)
         check_dataset(dataset)
         threads = check_threads(threads, dataset)
         memory_budget = check_memory_budget(memory_budget)
         native_threads = check_native_threads(native_threads)
-        check_loader_kwargs(dataset, batch_size=batch_size, shuffle=shuffle, kwargs=dataloader_kwargs)
+        shuffle = check_loader_kwargs(dataset, batch_size=batch_size, shuffle=shuffle, kwargs=dataloader_kwargs)
         kwargs = dict(dataloader_kwargs)
         fixed = {k: BY_NAME[k].recorded_value(kwargs.pop(k)) for k in USER_KNOBS if k in kwargs}
         group = _distributed.Group.current(distributed)
@@ -94,9 +107,9 @@ class Request:
                                      "worker_init_fn": kwargs.get("worker_init_fn")})
         unsharded = (distributed is None and group is None and not isinstance(dataset, IterableDataset)
                      and kwargs.get("sampler") is None and kwargs.get("batch_sampler") is None)
-        return cls(dataset, batch_size, shuffle, step, resolve_device(device),
+        return cls(dataset, 1 if batch_size is None else batch_size, shuffle, step, resolve_device(device),
                    dict(normalize=normalize, dtype=dtype, input_key=input_key), budget, max_workers, key, kwargs,
-                   fixed, group, unsharded, threads, memory_budget, native_threads)
+                   fixed, group, unsharded, threads, memory_budget, native_threads, auto_batch=batch_size is not None)
 
     def data_loader(self, config: LoaderConfig, *, sampling: Optional[Mapping[str, Any]] = None,
                     measured: bool = False, **forced: Any) -> DataLoader:
@@ -109,7 +122,7 @@ class Request:
         (``native.worker_init``); ``measured``: they report the pools they found (``native.worker_pools``)."""
         user = dict(self.loader_kwargs)
         if sampling is None:
-            sampling = {"batch_size": self.batch_size, "shuffle": self.shuffle}
+            sampling = {"batch_size": self.loader_batch_size, "shuffle": self.shuffle}
         else:
             user = {k: v for k, v in user.items() if k not in SAMPLING}
         kwargs = {**user, **sampling, **config.loader_kwargs(), **self.fixed, **forced}

@@ -17,11 +17,11 @@ from .probe._pools import NativePool, limit_held
 from .report import format_tune_result
 
 Bottleneck = Literal["consumer", "cpu", "io", "ipc", "memory", "oversubscription"]
-Source = Literal["tuned", "online", "cache", "fallback"]
+Source = Literal["tuned", "online", "cache", "fallback", "pending"]
 TrialStatus = Literal["ok", "skipped", "failed"]
 
 BOTTLENECKS: Tuple[str, ...] = ("consumer", "cpu", "io", "ipc", "memory", "oversubscription")
-SOURCES: Tuple[str, ...] = ("tuned", "online", "cache", "fallback")
+SOURCES: Tuple[str, ...] = ("tuned", "online", "cache", "fallback", "pending")
 TRIAL_STATUSES: Tuple[str, ...] = ("ok", "skipped", "failed")
 
 
@@ -195,8 +195,9 @@ class TuneResult:
             loading in the main process because their native thread pools, BLAS or OpenMP, together ran more threads
             than there are CPUs); None when unknown.
         source (str): Where it came from: ``"tuned"`` (trials ran now), ``"online"`` (decided in the training loop),
-            ``"cache"`` (a cached result, no trial ran now) or ``"fallback"`` (nothing could be measured: a safe
-            default, not cached).
+            ``"cache"`` (a cached result, no trial ran now), ``"fallback"`` (nothing could be measured: a safe
+            default, not cached) or ``"pending"`` (``make_loader``'s before its first ``iter()``, which looks up the
+            cache and tunes: the configuration of the DataLoader that answers until then).
         trials (tuple of TrialResult): Every candidate, in the order measured (for a cached result, those of the
             tuning that made it).
         consumer_samples_per_s (float): The training step's own rate (``batch_size`` over its seconds per batch);

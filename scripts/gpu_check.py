@@ -499,7 +499,7 @@ def check_tuning_releases_memory(ctx: Ctx) -> Outcome:
     created: List[Any] = []
     with quiet(), counting_streams(ctx, created):
         loader = make_loader(ds, batch_size=bs, device=ctx.device, step=0.005, budget=ctx.size(8, 4), cache=False,
-                             normalize=(MEAN, STD), dtype=torch.float32, max_workers=4)
+                             normalize=(MEAN, STD), dtype=torch.float32, max_workers=4, tuning="trials")
         ctx.sync()
         after, allocated_after = ctx.reserved(), ctx.allocated()
         peak = torch.cuda.max_memory_reserved() if ctx.cuda else 0
@@ -799,7 +799,7 @@ def check_forkserver_workers(ctx: Ctx) -> Outcome:
         try:
             with quiet():
                 loader = make_loader(ds, batch_size=32, device=ctx.device, step=0.002, budget=budget, cache=False,
-                                     max_workers=4, **kwargs)
+                                     max_workers=4, tuning="trials", **kwargs)
         except Exception as exc:  # the other variants still run
             traceback.print_exc()
             left, helpers = children_left(grace=5.0)
@@ -846,7 +846,7 @@ def check_worker_killed_while_pinning(ctx: Ctx) -> Outcome:
     try:
         with quiet():
             loader = make_loader(ds, batch_size=16, device=ctx.device, pin_memory=True, num_workers=2,
-                                 budget=budget, cache=False)
+                                 budget=budget, cache=False, tuning="trials")
     except Exception as exc:  # the check goes on: what is left behind matters too
         raised = f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
         traceback.print_exc()  # only text is kept: a live traceback would keep the dead worker's iterator alive
@@ -937,7 +937,7 @@ def check_cuda_initialised_before_fork(ctx: Ctx) -> Outcome:
     initialised = ctx.cuda and torch.cuda.is_initialized()
     with quiet():
         loader = make_loader(data.CpuBound(2048, (3, 32, 32), cpu_ms=0.5), batch_size=32, device=ctx.device,
-                             step=0.002, budget=ctx.size(8, 5), cache=False, max_workers=4)
+                             step=0.002, budget=ctx.size(8, 5), cache=False, max_workers=4, tuning="trials")
     show("tuning", loader.tuning)
     worker_trials = [t for t in loader.tuning.trials if t.config.num_workers > 0]
     on_device = sum(1 for images, _ in loader if images.device.type == ctx.device.type)
@@ -956,7 +956,8 @@ def check_cuda_initialised_before_fork(ctx: Ctx) -> Outcome:
     start = time.perf_counter()
     try:
         with quiet():
-            make_loader(data.CudaInWorker(), batch_size=8, device="cuda", cache=False, budget=budget, num_workers=2)
+            make_loader(data.CudaInWorker(), batch_size=8, device="cuda", cache=False, budget=budget, num_workers=2,
+                        tuning="trials")
     except TuningError as err:
         surfaced = f"TuningError: {str(err)[:200]}"
     except RuntimeError as err:
@@ -1005,7 +1006,8 @@ def check_tuning_on_gpu(ctx: Ctx) -> Outcome:
 
     with quiet():
         loader = make_loader(data.Images(2048, ctx.size(96, 32)), batch_size=64, device=ctx.device, step=0.005,
-                             budget=ctx.size(8, 4), cache=False, normalize=(MEAN, STD), dtype=torch.float32)
+                             budget=ctx.size(8, 4), cache=False, normalize=(MEAN, STD), dtype=torch.float32,
+                             tuning="trials")
     tuning = loader.tuning
     show("tuning", tuning)
     pins = {t.config.pin_memory for t in tuning.trials if t.ok}

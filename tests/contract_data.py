@@ -3,24 +3,40 @@ method can load them. Every sample carries its index, so a batch says which samp
 from __future__ import annotations
 
 import random
-from typing import Iterator, List
+import re
+from typing import Iterator, List, Tuple
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
 
+class BadSample(Exception):
+    """What loading a sample in ``bad`` raises: ``sample {i} is corrupt``."""
+
+
+def bad_index(error: BaseException) -> int:
+    """The sample a ``BadSample`` names (raised here, or re-raised by a DataLoader from a worker)."""
+    found = re.search(r"sample (\d+) is corrupt", str(error))
+    if found is None:
+        raise AssertionError(f"not a BadSample message: {error!r}")
+    return int(found.group(1))
+
+
 class Items(Dataset):
     """Sample ``i`` is ``tensor([i, draw])``; ``draw`` is 0, or with ``augment`` a value drawn from torch's, Python's
-    and numpy's global RNGs in whichever process loads the sample (as random augmentation does)."""
+    and numpy's global RNGs in whichever process loads the sample (as random augmentation does). Loading a sample in
+    ``bad`` raises ``BadSample`` once ``armed``."""
 
-    def __init__(self, n: int, augment: bool = False) -> None:
-        self.n, self.augment = n, augment
+    def __init__(self, n: int, augment: bool = False, bad: Tuple[int, ...] = (), armed: bool = True) -> None:
+        self.n, self.augment, self.bad, self.armed = n, augment, bad, armed
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
+        if self.armed and i in self.bad:
+            raise BadSample(f"sample {i} is corrupt")
         draw = 0
         if self.augment:
             draw = int(torch.randint(0, 1000, ())) * 1_000_000 + random.randrange(1000) * 1000 \
@@ -29,14 +45,17 @@ class Items(Dataset):
 
 
 class Stream(IterableDataset):
-    """``0, 1, ... n - 1`` (as ``tensor([i, draw])``, ``draw`` as ``Items``'s), its position its ``state_dict()``."""
+    """``0, 1, ... n - 1`` (as ``tensor([i, draw])``, ``draw`` as ``Items``'s), its position its ``state_dict()``;
+    reaching a position in ``bad`` raises ``BadSample`` once ``armed`` (which ends a generator's stream)."""
 
-    def __init__(self, n: int, augment: bool = False) -> None:
-        self.n, self.augment, self.position = n, augment, 0
+    def __init__(self, n: int, augment: bool = False, bad: Tuple[int, ...] = (), armed: bool = True) -> None:
+        self.n, self.augment, self.position, self.bad, self.armed = n, augment, 0, bad, armed
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         while self.position < self.n:
             self.position += 1
+            if self.armed and self.position - 1 in self.bad:
+                raise BadSample(f"sample {self.position - 1} is corrupt")
             draw = int(torch.randint(0, 1000, ())) if self.augment else 0
             yield torch.tensor([self.position - 1, draw])
         self.position = 0

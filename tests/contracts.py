@@ -48,6 +48,8 @@ class Data:
     replicas: int = 1
     rank: int = 0
     seed: int = 0
+    bad: Tuple[int, ...] = ()
+    """Samples whose loading raises ``BadSample`` (``contract_data``), once armed."""
 
     @property
     def private(self) -> bool:
@@ -57,7 +59,8 @@ class Data:
 @dataclass(frozen=True)
 class Mode:
     """How the loader is made: ``plain`` wraps a DataLoader in a PrefetchLoader; ``trials`` and ``online`` are
-    make_loader's tuning modes (``num_workers`` None: tuned, up to 2)."""
+    make_loader's tuning modes (``num_workers`` None: tuned, up to 2); ``lazy``: make_loader's trials at the first
+    ``iter()`` (``step`` given, ``retune=False``), the epochs then served by a DataLoader."""
 
     tuning: str = "plain"
     num_workers: Optional[int] = 0
@@ -114,9 +117,11 @@ def seed_all(seed: int) -> None:
     np.random.seed(seed % 2 ** 32)
 
 
-def build(data: Data, mode: Mode) -> PrefetchLoader:
-    """A new loader for ``data`` made as ``mode`` says (every sampler and generator new, from ``data.seed``)."""
-    dataset = Stream(data.n, data.augment) if data.stream else Items(data.n, data.augment)
+def build(data: Data, mode: Mode, *, armed: bool = True) -> PrefetchLoader:
+    """A new loader for ``data`` made as ``mode`` says (every sampler and generator new, from ``data.seed``); its
+    ``data.bad`` samples raise once ``armed`` (``arm`` arms them later)."""
+    kind = Stream if data.stream else Items
+    dataset = kind(data.n, data.augment, bad=data.bad, armed=armed)
     gen = torch.Generator().manual_seed(data.seed) if data.rng == "generator" else None
     own = torch.Generator().manual_seed(data.seed + 1) if data.rng == "sampler-generator" else None
     sampling: dict = {"batch_size": data.batch_size, "drop_last": data.drop_last}
@@ -164,8 +169,11 @@ def build(data: Data, mode: Mode) -> PrefetchLoader:
         if mode.tuning == "plain":
             threaded = with_threads(dataset, mode.threads) if mode.threads > 1 else dataset
             return PrefetchLoader(DataLoader(threaded, **sampling, **knobs))
-        extra = {"threads": mode.threads} if mode.threads > 1 else {}
-        return make_loader(dataset, cache=False, tuning=mode.tuning, max_workers=2, budget=0.6,
+        extra: dict = {"threads": mode.threads} if mode.threads > 1 else {}
+        if mode.tuning == "lazy":
+            extra.update(step=0.0, retune=False)
+        return make_loader(dataset, cache=False, tuning="auto" if mode.tuning == "lazy" else mode.tuning,
+                           max_workers=2, budget=0.6,
                            **{k: v for k, v in sampling.items() if k != "batch_size"},
                            **({"batch_size": sampling["batch_size"]} if "batch_size" in sampling else
                               {"batch_size": 1}), **knobs, **extra)
@@ -189,6 +197,10 @@ class Record:
         rows = batch.view(-1, 2).tolist()
         self.indices[-1].append([r[0] for r in rows])
         self.values[-1].append([r[1] for r in rows])
+        self.add_draws()
+
+    def add_draws(self) -> None:
+        """The loop's own draws after a batch (or after an error it logged)."""
         self.draws[-1].append((float(torch.rand(())), random.random(), float(np.random.rand())))
 
     def flat(self) -> "Record":

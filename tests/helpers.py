@@ -15,7 +15,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 from unittest import mock
 
 import psutil
@@ -23,6 +23,7 @@ import torch
 
 from autoloader.probe import CpuInfo, DiskInfo, GpuInfo, MachineProfile, MemoryInfo, ShmInfo
 from autoloader.config import LoaderConfig
+from autoloader.loader.epoch_iter import release_reraise
 from autoloader.results import TrialResult, TuneResult
 
 TESTS = Path(__file__).resolve().parent
@@ -203,3 +204,56 @@ def emit_table(text: str) -> None:
         with open(path, "a" if path in _TABLES_WRITTEN else "w") as fh:
             fh.write(text + "\n\n")
         _TABLES_WRITTEN.add(path)
+
+
+# ---------------------------------------------------------------- a loader against a plain DataLoader
+
+def plain(value):
+    """A batch as plain values that keep what a user can tell apart: a tensor as its dtype and values, an array
+    likewise, a namedtuple, tuple, list or dict with its type; anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", str(value.dtype), value.tolist())
+    if hasattr(value, "dtype") and hasattr(value, "tolist"):  # numpy
+        return ("array", str(value.dtype), value.tolist())
+    if isinstance(value, dict):
+        return (type(value).__name__, {k: plain(v) for k, v in value.items()})
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, [plain(v) for v in value])
+    return value
+
+
+def said(error: BaseException) -> str:
+    """What an exception says, the same whether it was raised in the main process or re-raised from a worker."""
+    lines = str(error).strip().splitlines() or [""]
+    last = lines[-1]
+    return last.split(": ", 1)[1] if last.startswith(type(error).__name__ + ": ") else last.strip("'\"")
+
+
+def drain(loader, *, limit: int = 1000) -> list:
+    """One epoch of ``loader`` as a loop that logs an exception and goes on sees it: each batch as ``plain`` values,
+    each exception as ``("raised", type name, what it says)``."""
+    out: list = []
+    it = iter(loader)
+    while len(out) < limit:
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        except Exception as error:
+            out.append(("raised", type(error).__name__, said(error)))
+            release_reraise(error)  # a plain DataLoader's would keep its workers until a collection
+        else:
+            out.append(plain(batch))
+    return out
+
+
+def raised(loader) -> Optional[tuple]:
+    """``(type name, what it says)`` of the exception an epoch of ``loader`` raises (at ``iter()`` or ``next()``), None
+    when none; the exception itself is not kept (a test frame holding it would hold the DataLoader in a cycle)."""
+    try:
+        for _ in loader:
+            pass
+    except Exception as error:
+        release_reraise(error)
+        return type(error).__name__, said(error)
+    return None

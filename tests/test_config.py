@@ -70,8 +70,8 @@ def test_invalid_configurations_are_refused():
         LoaderConfig(1, 2, threads=0)
     with pytest.raises(ValueError, match="native_threads need num_workers > 0"):
         LoaderConfig(0, native_threads=1)       # the main process's pools are never limited
-    for bad in (0, True, 1.5):
-        with pytest.raises(ValueError, match="native_threads=.* must be an int >= 1 or None"):
+    for bad, kind in ((0, ValueError), (True, TypeError), (1.5, TypeError)):  # out of range, or of another type
+        with pytest.raises(kind, match="native_threads=.* must be an int >= 1 or None"):
             LoaderConfig(2, 2, native_threads=bad)
 
 

@@ -1,8 +1,9 @@
 """Identities for the tuning cache: what the dataset, the loader arguments and the machine look like.
 
 Everything here is pure and cheap: a dataset is fingerprinted from its class, its length, a path-like attribute and
-the structure of ONE sample read in this process (no worker is started). The right tuning depends on these and
-nothing else, so ``cache_key`` hashes exactly these (see NOTE [ What the cache key covers ]).
+the datasets it wraps, reading no sample (NOTE [ Nothing before iter() ] in loader/lazy.py); what its batches look
+like is a ``batch_signature`` of the first batch served, kept in the entry and compared on a hit (``same_batches``).
+``cache_key`` hashes exactly these (see NOTE [ What the cache key covers ]).
 """
 from __future__ import annotations
 
@@ -72,76 +73,82 @@ def _wrapped(dataset: Any, depth: int) -> Optional[list]:
 
 
 def _structure(obj: Any, depth: int = 0) -> Any:
-    """Types, shapes and dtypes of a sample, never its values."""
+    """Types, dtypes and ranks of a batch, never its values nor its sizes (which padding and the last batch vary):
+    a list (variable length) by its first item, a tuple, namedtuple or mapping by every item."""
     name = _qualified(type(obj))
     if depth >= _MAX_DEPTH:
         return {"type": name, "truncated": True}
-    if isinstance(obj, torch.Tensor):
-        try:
-            shape: Optional[list] = list(obj.shape)
-        except RuntimeError:  # nested tensors have no single shape
-            shape = None
-        return {"type": name, "shape": shape, "dtype": str(obj.dtype)}
-    if isinstance(obj, np.ndarray):
-        return {"type": name, "shape": list(obj.shape), "dtype": str(obj.dtype)}
+    if isinstance(obj, (torch.Tensor, np.ndarray)):
+        return {"type": name, "ndim": int(obj.ndim), "dtype": str(obj.dtype)}
     if isinstance(obj, (np.generic,) + _SIMPLE):
         return {"type": name}
     if isinstance(obj, tuple) and hasattr(type(obj), "_fields"):
         fields = {str(f): _structure(v, depth + 1) for f, v in zip(getattr(type(obj), "_fields"), obj)}
         return {"type": name, "fields": fields}
-    if isinstance(obj, (list, tuple)):
-        return {"type": name, "len": len(obj), "items": [_structure(v, depth + 1) for v in obj[:_MAX_ITEMS]]}
+    if isinstance(obj, tuple):
+        return {"type": name, "items": [_structure(v, depth + 1) for v in obj[:_MAX_ITEMS]]}
+    if isinstance(obj, list):
+        return {"type": name, "first": _structure(obj[0], depth + 1) if obj else None}
     if isinstance(obj, Mapping):
         keys = list(obj.keys())[: _MAX_ITEMS * 4]
-        items = {_argument_identity(k): _structure(obj[k], depth + 1) for k in keys}
-        return {"type": name, "len": len(obj), "items": items}
-    described: dict = {"type": name}
-    size = getattr(obj, "size", None)
-    if isinstance(size, (tuple, list)) and all(isinstance(s, int) for s in size):
-        described["size"] = list(size)
+        return {"type": name, "items": {_argument_identity(k): _structure(obj[k], depth + 1) for k in keys}}
     mode = getattr(obj, "mode", None)
-    if isinstance(mode, str):
-        described["mode"] = mode
-    return described
+    return {"type": name, "mode": mode} if isinstance(mode, str) else {"type": name}
 
 
-def _first_sample(dataset: Any) -> tuple:
-    """``(True, sample)`` from ``dataset[0]`` or the first iterated item; ``(False, None)`` when it is empty."""
-    if isinstance(dataset, IterableDataset):
-        iterator = iter(dataset)
-        try:
-            return True, next(iterator)
-        except StopIteration:
-            return False, None
-        finally:
-            close = getattr(iterator, "close", None)
-            if callable(close):
-                close()
-    if dataset_length(dataset) == 0:
-        return False, None
-    return True, dataset[0]
+def _nbytes(obj: Any, depth: int = 0) -> int:
+    """The bytes of the tensors and arrays in a batch."""
+    if isinstance(obj, torch.Tensor):
+        return int(obj.element_size() * obj.nelement())
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if depth >= _MAX_DEPTH or isinstance(obj, (str, bytes)):
+        return 0
+    if isinstance(obj, Mapping):
+        return sum(_nbytes(v, depth + 1) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v, depth + 1) for v in obj)
+    return 0
+
+
+BYTES_RATIO = 2.0
+"""Two batches whose sizes differ by more than this factor are not alike (``same_batches``): another resolution or
+crop, not padding."""
+
+
+def batch_signature(batch: Any) -> dict:
+    """What a batch looks like, for its cache entry: its structure (types, dtypes, ranks) and its bytes."""
+    return {"structure": _structure(batch), "bytes": _nbytes(batch)}
+
+
+def same_batches(stored: Any, seen: dict) -> bool:
+    """Whether the batch ``seen`` looks like the one an entry was tuned on (``stored``, from the entry: anything
+    malformed differs): the same structure, and bytes within ``BYTES_RATIO`` of each other."""
+    if not isinstance(stored, dict) or stored.get("structure") != seen["structure"]:
+        return False
+    before, now = stored.get("bytes"), seen["bytes"]
+    if not isinstance(before, int) or isinstance(before, bool) or before < 0:
+        return False
+    if min(before, now) == 0:
+        return before == now
+    return max(before, now) / min(before, now) <= BYTES_RATIO
 
 
 def dataset_fingerprint(dataset: Any, *, key: Optional[str] = None) -> dict:
-    """What identifies ``dataset`` for the cache; ``{"key": key}`` when the user names it.
-
-    Reads exactly one sample in this process (``dataset[0]``, or the first item of an ``IterableDataset``); an
-    exception raised while reading it propagates, since it is the user's dataset that is broken.
-    """
+    """What identifies ``dataset`` for the cache, reading none of its samples: its class, ``len()``, kind, root
+    directory and the datasets it wraps; ``{"key": key}`` when the user names it."""
     if key is not None:
         if not isinstance(key, str):
             raise TypeError(f"key must be a str naming the dataset for the cache (or None), got {key!r}")
         if not key:
             raise ValueError("key must be a non-empty str naming the dataset for the cache (or None), got ''")
         return {"key": key}
-    has_sample, sample = _first_sample(dataset)
     return {
         "class": _qualified(type(dataset)),
         "len": dataset_length(dataset),
         "iterable": isinstance(dataset, IterableDataset),
         "root": _root(dataset),
         "wraps": _wrapped(dataset, 0),
-        "sample": _structure(sample) if has_sample else None,
     }
 
 
@@ -220,7 +227,12 @@ def machine_fingerprint(profile: Any) -> dict:
 # (fingerprint or the user's key), batch size, collate/sampler/batch_sampler identities (class names, never id()),
 # drop_last, the consumer step, the device type, the machine fingerprint, ``extra`` (knobs the user fixed, normalize,
 # world size, ...) and KEY_FORMAT. Hashing canonical JSON (sorted keys, no whitespace) makes the key stable
-# across processes and Python versions.
+# across processes and Python versions. The key reads no sample (NOTE [ Nothing before iter() ] in loader/lazy.py):
+# what the samples look like (two datasets of one class, length and root, with another transform) is checked from
+# the first batch served instead. The entry keeps that batch's ``batch_signature``; a hit whose first batch differs
+# (``same_batches``: another structure, or more than twice or half the bytes) serves this run with the entry, which
+# is removed so the next run tunes again (``cache.slot.Slot.observe``; online, the re-tune rule also sees the epoch
+# run at another rate). Two such datasets used in turn each tune every run: name them (``key=``).
 def cache_key(
     *,
     dataset_fp: dict,

@@ -8,57 +8,43 @@ from typing import Any, Optional
 
 import torch
 
-from ..errors import TrialTimeout, warn_user
-from ..measure.failures import HARD_LIMIT_GRACE_S
-from ..measure.signals import SignalGuard
 from ..probe import MachineProfile
 from ..request import Request
 from ..results import TuneResult
 from ..search import policy
 from ..search.budget import resolve_budget
-from ..search.bounds import usable_cpus, worker_bounds
-from ..search.native_policy import fallback_limit
-from ..search.candidates import fallback_result, trial_limit
-from .fingerprint import cache_key, dataset_fingerprint, dataset_length, machine_fingerprint, step_descriptor
+from ..search.bounds import worker_bounds
+from .fingerprint import (batch_signature, cache_key, dataset_fingerprint, dataset_length, machine_fingerprint,
+                          same_batches, step_descriptor)
 from .store import TuneCache
 
 log = logging.getLogger("autoloader")
 
 
 class Slot:
-    """The cache entry of ``request`` on the machine ``profile`` describes: ``key`` (None without a cache), and
-    ``fallback`` when even the cache key could not be made (a dataset whose first sample never comes)."""
+    """The cache entry of ``request`` on the machine ``profile`` describes: ``key`` (None without a cache). Its
+    batches are checked against the entry's at the first batch served (``observe``: NOTE [ What the cache key
+    covers ] in fingerprint.py)."""
 
-    def __init__(self, request: Request, profile: MachineProfile, store: Optional[TuneCache], key: Optional[str],
-                 fallback: Optional[TuneResult] = None) -> None:
-        self.request, self.profile, self.key, self.fallback = request, profile, key, fallback
+    def __init__(self, request: Request, profile: MachineProfile, store: Optional[TuneCache],
+                 key: Optional[str]) -> None:
+        self.request, self.profile, self.key = request, profile, key
         group = request.group
         self.cache = store if group is None or group.is_leader else None
+        self.signature: Optional[dict] = None
+        """The first served batch's ``batch_signature``, once seen (kept with every entry stored after it)."""
+        self._entry = False  # the entry under ``key`` holds this run's result (looked up or stored)
+        self._expected: Any = None  # the signature the looked-up entry holds, None when it holds none
 
     @classmethod
     def find(cls, request: Request, profile: MachineProfile, store: Optional[TuneCache]) -> "Slot":
+        """The slot of ``request``: its key reads no sample (NOTE [ Nothing before iter() ] in loader/lazy.py)."""
         if store is None:
             return cls(request, profile, None, None)
-        timeout: Optional[TrialTimeout] = None
-        try:
-            fingerprint = _fingerprint_in_time(request.dataset, key=request.key, budget=request.budget)
-        except TrialTimeout as err:
-            timeout = err
-        group = request.group
-        if group is not None and group.coordinator().lookup(timeout is not None):
-            timeout = timeout or TrialTimeout("reading one sample for the cache key timed out on another rank")
-        if timeout is not None:  # on every rank of the node, or they would take different paths
-            warn_user(f"autoloader could not tune: {timeout}; using a safe default configuration (pass "
-                      f"num_workers=... to choose one)")
-            return cls(request, profile, None, None,
-                       fallback=fallback_result(request.fixed, device=request.device, reason=str(timeout),
-                                                threads=request.fixed_threads,
-                                                native_threads=fallback_limit(request,
-                                                                              usable_cpus=usable_cpus(profile))))
         kwargs, transform = request.loader_kwargs, request.transform
         key = cache_key(
-            dataset_fp=fingerprint, batch_size=request.batch_size, loader_kwargs=kwargs, step=request.step,
-            device_type=request.device.type,
+            dataset_fp=dataset_fingerprint(request.dataset, key=request.key), batch_size=request.loader_batch_size,
+            loader_kwargs=kwargs, step=request.step, device_type=request.device.type,
             machine_fp=machine_fingerprint(profile),
             extra={"fixed": _jsonable(request.fixed), "normalize": _jsonable(transform["normalize"]),
                    "dtype": _jsonable(transform["dtype"]), "input_key": _jsonable(transform["input_key"]),
@@ -74,14 +60,17 @@ class Slot:
         result = None
         if self.cache is not None and self.key is not None:
             bounds = worker_bounds(self.profile, max_workers=self.request.max_workers, dataset=None)
-            result = self.cache.get(self.key, max_workers=bounds.cap)
+            found = self.cache.lookup(self.key, max_workers=bounds.cap)
+            if found is not None:
+                result, meta = found
+                self._entry, self._expected = True, meta.get("batch")
         if result is not None:
             budget = resolve_budget(self.request.memory_budget, self.profile.memory).bytes
             reason = policy.no_longer_fits(result, budget_bytes=budget,
                                            shm_free_bytes=self.profile.shm.free_bytes)
             if reason is not None:
                 log.info("cached config %s no longer fits (%s); tuning again", result.config.label(), reason)
-                result = None
+                result, self._entry = None, False
         group = self.request.group
         return result if group is None else group.broadcast(result, point="cached decision")
 
@@ -93,10 +82,30 @@ class Slot:
         if self.cache is None:
             return True
         request = self.request
-        return self.cache.put(self.key, result, meta={
-            "dataset": type(request.dataset).__qualname__, "len": dataset_length(request.dataset),
-            "key": request.key, "batch_size": request.batch_size, "step": step_descriptor(request.step),
-            "device": request.device.type, "shuffle": request.shuffle}) is not None
+        meta: dict = {"dataset": type(request.dataset).__qualname__, "len": dataset_length(request.dataset),
+                "key": request.key, "batch_size": request.loader_batch_size, "step": step_descriptor(request.step),
+                "device": request.device.type, "shuffle": request.shuffle}
+        if self.signature is not None:
+            meta["batch"] = self.signature
+        stored = self.cache.put(self.key, result, meta=meta) is not None
+        self._entry, self._expected = stored, self.signature
+        return stored
+
+    def observe(self, batch: Any) -> None:
+        """The first batch served: kept as the entry's signature, or, on a hit whose entry was tuned on batches that
+        look otherwise, the entry removed (it serves this run; the next one tunes again)."""
+        self.signature = batch_signature(batch)
+        if self.cache is None or self.key is None or not self._entry:
+            return
+        if self._expected is None:
+            self.cache.annotate(self.key, batch=self.signature)
+        elif not same_batches(self._expected, self.signature):
+            log.info("autoloader: the cached tuning %s was made for batches unlike these (%s, not %s); it serves this "
+                     "run, and the next run tunes again (name the dataset with key= to keep one entry per dataset)",
+                     self.key, _bytes(self._expected), _bytes(self.signature))
+            self.cache.remove(self.key)
+            self._entry = False
+        self._expected = self.signature
 
 
 def _node_facts(group: Any) -> dict:
@@ -110,13 +119,9 @@ def _node_facts(group: Any) -> dict:
     return {"world": group.local_world_size, "node_cpus": group.node_cpus}
 
 
-def _fingerprint_in_time(dataset: Any, *, key: Optional[str], budget: Optional[float]) -> dict:
-    """``dataset_fingerprint`` reads ``dataset[0]`` in this process; one that blocks is cut at a trial's hard limit
-    (a sample that slow leaves no trial anything to measure), raising ``TrialTimeout``."""
-    limit = trial_limit(budget) + HARD_LIMIT_GRACE_S
-    message = f"reading one sample of {type(dataset).__name__} for the cache key took more than {limit:.1f} s"
-    with SignalGuard(limit_s=limit, make_timeout=lambda: TrialTimeout(message)):
-        return dataset_fingerprint(dataset, key=key)
+def _bytes(signature: Any) -> str:
+    size = signature.get("bytes") if isinstance(signature, dict) else None
+    return f"{size:,} bytes a batch" if isinstance(size, int) else "another structure"
 
 
 def _worth_keeping(result: TuneResult) -> bool:

@@ -17,7 +17,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Literal, Optional, Union, overload
+from typing import Any, List, Literal, Optional, Tuple, Union, overload
 
 from .._fs import PROFILE_FILE, atomic_write_json, default_cache_dir
 from ..errors import warn_user
@@ -146,11 +146,16 @@ class TuneCache:
 
         An entry asking for more than ``max_workers`` (this machine's bound) is treated as bad.
         """
+        found = self.lookup(key, max_workers=max_workers)
+        return found[0] if found is not None else None
+
+    def lookup(self, key: str, *, max_workers: int) -> Optional[Tuple[TuneResult, dict]]:
+        """``get``'s result and the entry's ``meta``, or None."""
         path = self.path_for(key)
         if not isinstance(max_workers, int) or isinstance(max_workers, bool) or max_workers < 0:
             raise ValueError(f"max_workers must be an int >= 0, got {max_workers!r}")
         try:
-            _created, _meta, result = _parse(key, _read_json(path))
+            _created, meta, result = _parse(key, _read_json(path))
             workers = result.config.num_workers
             if workers > max_workers:
                 raise _BadEntry(f"it asks for {workers} workers, more than the {max_workers} allowed here")
@@ -167,7 +172,24 @@ class TuneCache:
             )
             return None
         logger.debug("cache hit: %s (%s)", path, result.config.label())
-        return result.with_source("cache")
+        return result.with_source("cache"), meta
+
+    def annotate(self, key: str, **meta: Any) -> bool:
+        """Add ``meta`` to the entry for ``key`` (its result unchanged); False when there is no readable entry or it
+        cannot be written."""
+        path = self.path_for(key)
+        try:
+            data = _read_json(path)
+            _parse(key, data)
+        except (FileNotFoundError, _BadEntry):
+            return False
+        data["meta"] = {**data.get("meta", {}), **meta}
+        try:
+            atomic_write_json(path, data)
+        except OSError as err:
+            logger.info("could not annotate the autoloader cache entry %s: %s", path, err.strerror or err)
+            return False
+        return True
 
     def put(self, key: str, result: TuneResult, *, meta: Optional[dict] = None) -> Optional[Path]:
         """Store ``result`` under ``key`` atomically; the entry's path, or None (with a warning) when unwritable."""

@@ -50,7 +50,8 @@ class Checkpoints:
         if why:
             raise ValueError(f"state_dict(): this loader cannot be resumed exactly: {why}")
         in_epoch = clock is not None and not clock.done
-        batches = self._skipped + clock.batches if in_epoch and clock is not None else 0
+        passed = clock.batches + clock.failed if clock is not None else 0  # a failed batch used its indices
+        batches = self._skipped + passed if in_epoch else 0
         stream = None
         if dataset is not None:  # between epochs too: where the stream's next epoch starts (NOTE [ Exact resume ])
             stream = self._ahead_stream if in_epoch and held else copy.deepcopy(dataset.state_dict())
@@ -60,7 +61,7 @@ class Checkpoints:
             sampler_epochs=epochs_of(samplers(frame)), sampler_record=sampler_record, epoch_set=epoch_set,
             start=self._start if in_epoch and dataset is None else None,
             now=RngState.take(parts_of(frame), samplers=not in_epoch), ahead=self._ahead_rng if held else None,
-            drawn=self._drawn(source, clock.batches + held) if in_epoch and clock is not None else None,
+            drawn=self._drawn(source, passed + held) if in_epoch else None,
             stream=stream, decision=decision).to_json()
 
     def _drawn(self, source: Any, returned: int) -> Optional[int]:

@@ -64,10 +64,13 @@ def stall_fraction(wait_s: float, span_s: float) -> float:
 
 
 class EpochClock:
-    __slots__ = ("epoch", "batches", "start", "end", "wait", "done")
+    """One epoch's counts as the prefetcher keeps them: ``batches`` handed out, ``failed`` ones whose loading raised
+    (counted as passed by a checkpoint: NOTE [ A batch that raises ] in source.py), the loop's ``wait``."""
+
+    __slots__ = ("epoch", "batches", "failed", "start", "end", "wait", "done")
 
     def __init__(self, epoch: int, start: float) -> None:
-        self.epoch, self.batches, self.start, self.end, self.wait = epoch, 0, start, start, 0.0
+        self.epoch, self.batches, self.failed, self.start, self.end, self.wait = epoch, 0, 0, start, start, 0.0
         self.done = False
 
     def snapshot(self) -> EpochStats:

@@ -15,8 +15,8 @@ It also answers what training frameworks read from a DataLoader (``sampler``, ``
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
+from functools import partial
 from typing import Any, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -28,16 +28,13 @@ from ..results import TuneResult
 from .batch import iter_tensors, map_tensors
 from .device import resolve_device, side_stream
 from .epochs import EpochClock, EpochStats, advance_epochs, samplers
+from .epoch_iter import END, Epoch, EpochIter, Failed, Fetcher
 from .checkpoint import Checkpoints, ends_epoch
 from .native import rewrap, users_init
 from .resume import stream_rule
-from .source import as_source
+from .source import BatchError, as_source, consumed
 from .state import FORMAT, epochs_of
 from .transform import InputTransform
-
-logger = logging.getLogger("autoloader.prefetch")
-
-_END = object()
 
 
 class PrefetchLoader:
@@ -48,7 +45,8 @@ class PrefetchLoader:
     device ] in ``autoloader/loader/device.py``). Batches of any nesting (tuples, lists, namedtuples, dicts) are
     moved; other objects pass through. On the CPU it reads nothing ahead: the loop gets the DataLoader's own objects
     in the DataLoader's order and RNG draws. It answers what training frameworks read of a DataLoader (``len()``,
-    ``dataset``, ``batch_size``, ``sampler``, ``batch_sampler``, ``worker_init_fn``), and when nothing called
+    ``dataset``, ``batch_size``, ``sampler``, ``batch_sampler``, ``worker_init_fn``; the other DataLoader attributes,
+    ``num_workers``, ``drop_last``, ..., read-only: ``SETTINGS``), and when nothing called
     ``set_epoch`` between two epochs it advances its samplers' epoch itself, so a ``DistributedSampler``
     reshuffles every epoch in Accelerate-style loops too (NOTE [ What frameworks read ] below). A ``break``
     mid-epoch and a new epoch after it are fine.
@@ -95,8 +93,7 @@ class PrefetchLoader:
         self._transform = InputTransform(normalize=normalize, dtype=dtype, input_key=input_key)
         self.device = resolve_device(device)
         self._tuning = tuning
-        self.cache_key = cache_key
-        """The cache entry holding ``tuning`` (``autotune show`` lists it); None when it is not cached."""
+        self._cache_key = cache_key
         self._single_process = single_process
         self._next_epoch = 0
         self._epoch_set = False
@@ -104,6 +101,12 @@ class PrefetchLoader:
         self._clocks: List[EpochClock] = []
         self._checkpoints = Checkpoints()
         self._held = False  # a batch fetched ahead, not yet yielded (with a side stream)
+
+    @property
+    def cache_key(self) -> Optional[str]:
+        """The cache entry holding ``tuning`` (``autotune show`` lists it); None when it is not cached (and, for
+        ``make_loader``'s, before the first ``iter()``, which looks it up)."""
+        return self._cache_key if self._cache_key is not None else getattr(self._source, "cache_key", None)
 
     @property
     def loader(self) -> Any:
@@ -122,7 +125,8 @@ class PrefetchLoader:
     def tuning(self) -> Optional[TuneResult]:
         """What ``make_loader`` chose and why, a ``TuneResult`` (``print`` it for the candidates' table): tuned
         online, the decision in force (before the first decision, a placeholder saying so, ``source="online"``);
-        None for a loader you wrapped yourself."""
+        ``source="pending"`` for ``make_loader``'s before its first ``iter()``; None for a loader you wrapped
+        yourself."""
         return self._tuning if self._tuning is not None else self._source.tuning
 
     @property
@@ -305,7 +309,9 @@ class PrefetchLoader:
                 f"Trainer.fit), or pass distributed=False if every rank should read everything")
 
     def __iter__(self) -> Iterator[Any]:
-        return self._epoch()
+        """An epoch: an iterator whose ``next()`` raises a batch's exception and goes on with the following batch at
+        the next call, as a DataLoader's does (NOTE [ A batch that raises ] in ``autoloader/loader/source.py``)."""
+        return EpochIter(self._open_epoch)
 
     # NOTE [ Stream synchronisation ]
     # Batch i+1 is copied (and converted) on one side stream while the consumer's stream runs its step on batch i.
@@ -328,8 +334,11 @@ class PrefetchLoader:
         workers = getattr(self.loader, "num_workers", None)
         return bool(self.tuning is not None and workers and workers == getattr(self.tuning, "num_workers", None))
 
-    def _epoch(self) -> Iterator[Any]:
+    def _open_epoch(self) -> Epoch:
+        """The epoch the loop's first ``next()`` starts: the source prepared (``make_loader`` tunes there), the
+        samplers' epoch advanced, a loaded state applied, the source's iterator begun."""
         self._check_single_process()
+        self._source.prepare()
         pending = self._checkpoints.pending
         if pending is not None and pending.in_epoch and not ends_epoch(pending):
             self._sampler_epochs, self._epoch_set = epochs_of(samplers(self._frame)), False
@@ -340,59 +349,63 @@ class PrefetchLoader:
         clock = EpochClock(self._next_epoch, time.perf_counter())
         self._next_epoch += 1
         self._clocks.append(clock)
-        entered = clock.start
         dataset = stream_rule(self._frame)[0]
         with quiet_worker_count_warning(self._tuned_workers()):
             it = self._checkpoints.begin(self._source, stream_dataset=dataset)
         self._held = False
+        fetch = Fetcher(partial(self._items, it, stream, dataset, ahead))
+        return Epoch(clock, fetch=fetch, first=self._checkpoints.fetched, handed=partial(_handed, stream, self.device),
+                     ahead=ahead, hold=self._hold)
 
-        def fetch() -> Any:
-            return self._fetch(it, stream, dataset, ahead)
+    def _hold(self, held: bool) -> None:
+        self._held = held
 
-        batch = self._checkpoints.fetched(fetch)  # a resumed epoch's first batch may be loaded as its saver did
-        while batch is not _END:
-            if stream is not None:
-                consumer = torch.cuda.current_stream(self.device)
-                consumer.wait_stream(stream)
-                for tensor in iter_tensors(batch):
-                    if tensor.is_cuda:
-                        tensor.record_stream(consumer)
-            following = fetch() if ahead else None
-            self._held = ahead and following is not _END
-            now = time.perf_counter()
-            clock.batches += 1
-            clock.wait += now - entered
-            clock.end = now
-            yield batch
-            entered = time.perf_counter()
-            batch = following if ahead else fetch()
-        self._held = False
-        clock.end = time.perf_counter()
-        clock.wait += clock.end - entered
-        clock.done = True
-        logger.debug("epoch %d: %d batches in %.3f s, stall %.1f%%", clock.epoch, clock.batches,
-                     clock.end - clock.start, 100.0 * clock.snapshot().stall_fraction)
+    def _items(self, it: Iterator[Any], stream: Optional[torch.cuda.Stream], dataset: Any,
+               ahead: bool) -> Iterator[Any]:
+        """The epoch's items, one per fetch (``Fetcher``: a generator, so a failed batch's traceback makes no cycle).
+        ``ahead``: each will be held while the loop works on the previous one (see ``Checkpoints.before_fetch``)."""
+        while True:
+            if ahead:
+                self._checkpoints.before_fetch(self._source, dataset)
+            yield self._load(it, stream)
 
-    def _fetch(self, it: Iterator[Any], stream: Optional[torch.cuda.Stream], dataset: Any, ahead: bool) -> Any:
-        """The next batch, copied (see NOTE [ Stream synchronisation ]) and transformed; ``_END`` when exhausted.
-        ``ahead``: it will be held while the loop works on the previous one (see ``Checkpoints.before_fetch``)."""
-        if ahead:
-            self._checkpoints.before_fetch(self._source, dataset)
+    def _load(self, it: Iterator[Any], stream: Optional[torch.cuda.Stream]) -> Any:
+        """The next batch, copied (see NOTE [ Stream synchronisation ]) and transformed; ``END`` when exhausted,
+        ``Failed`` when its loading, copy or transform raised (NOTE [ A batch that raises ] in source.py)."""
         try:
             batch = next(it)
         except StopIteration:
-            return _END
+            return END
+        except Exception as exc:  # noqa: B036 - raised at the loop's next(); the epoch goes on if the source does
+            return Failed(exc, consumed(exc))
+        if isinstance(batch, BatchError):
+            return Failed(batch.exception, True)
         if stream is None and not self._transform.active:
             return batch
         consumer = torch.cuda.current_stream(self.device) if stream is not None else None
         context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-        with context:
-            if stream is not None and consumer is not None:  # both or neither
-                stream.wait_stream(consumer)
-                batch = map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
-            if self._transform.active:
-                batch = self._transform(batch)
+        try:
+            with context:
+                if stream is not None and consumer is not None:  # both or neither
+                    stream.wait_stream(consumer)
+                    batch = map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
+                if self._transform.active:
+                    batch = self._transform(batch)
+        except Exception as exc:  # noqa: B036 - this batch's failure (e.g. normalize on a malformed batch)
+            return Failed(exc, True)
         return batch
+
+
+def _handed(stream: Optional["torch.cuda.Stream"], device: torch.device, batch: Any) -> None:
+    """Before batch i is handed out: the consumer's stream waits for its copy, and its tensors are recorded on the
+    consumer's stream (NOTE [ Stream synchronisation ], rules 2 and 3)."""
+    if stream is None:
+        return
+    consumer = torch.cuda.current_stream(device)
+    consumer.wait_stream(stream)
+    for tensor in iter_tensors(batch):
+        if tensor.is_cuda:
+            tensor.record_stream(consumer)
 
 
 def reads_ahead(stream: Optional["torch.cuda.Stream"]) -> bool:
@@ -400,3 +413,22 @@ def reads_ahead(stream: Optional["torch.cuda.Stream"]) -> bool:
     so that its copy overlaps the consumer's step (NOTE [ Stream synchronisation ]); on the CPU nothing would overlap,
     and reading ahead would load (and draw for) a batch before the loop's own draws, unlike a plain DataLoader."""
     return stream is not None
+
+
+SETTINGS = ("num_workers", "collate_fn", "drop_last", "pin_memory", "timeout", "prefetch_factor", "persistent_workers",
+            "generator", "multiprocessing_context", "in_order", "pin_memory_device")
+"""The DataLoader's other public attributes, read-only on a ``PrefetchLoader`` as the wrapped DataLoader's (tuned:
+the configuration in force, the stand-in's before ``make_loader``'s first ``iter()``); None for an iterable without
+them."""
+
+
+def _setting(name: str) -> property:
+    def read(self: PrefetchLoader) -> Any:
+        return getattr(self._frame, name, None)
+
+    read.__doc__ = f"The wrapped DataLoader's ``{name}`` (read-only; None for an iterable without one)."
+    return property(read)
+
+
+for _name in SETTINGS:
+    setattr(PrefetchLoader, _name, _setting(_name))

@@ -65,7 +65,8 @@ class LoaderState:
 
     epoch: int
     batches: int
-    """Batches of ``epoch`` yielded to the loop."""
+    """Batches of ``epoch`` the loop passed: yielded, or raised at its ``next()`` (their indices were used: NOTE [ A
+    batch that raises ] in source.py)."""
     in_epoch: bool
     """Saved inside an epoch (``batches`` may equal ``length``: after its last batch, before the next epoch)."""
     length: Optional[int]

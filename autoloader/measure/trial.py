@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import traceback
 from typing import Any, Iterator, Optional
 
 import torch
@@ -79,7 +80,7 @@ def trial_loader(request: Request, config: LoaderConfig, *, limit_s: float) -> D
         if sampler is None:
             sampler = RandomSampler(request.dataset, generator=generator) if request.shuffle else \
                 SequentialSampler(request.dataset)
-        sampling = {"batch_size": request.batch_size, "sampler": _Cycle(sampler),
+        sampling = {"batch_size": request.loader_batch_size, "sampler": _Cycle(sampler),
                     "drop_last": kwargs.get("drop_last", False)}
     with quiet_worker_count_warning(True):
         return request.data_loader(config, sampling=sampling, measured=True, **forced)
@@ -119,8 +120,13 @@ def run_trial(request: Request, config: LoaderConfig, *, consumer: Consumer, lim
         run.stop(error)  # a Ctrl-C that landed as the first call began: the workers are stopped all the same
     if error is not None:
         record = run.record
-        return classify(error, config, user=record.user, threads_tuned=threads_tuned, stream=request.streaming,
-                        startup_s=record.startup_s, elapsed_s=record.elapsed, batch_bytes=run.window.batch_bytes)
+        failed = classify(error, config, user=record.user, threads_tuned=threads_tuned, stream=request.streaming,
+                          startup_s=record.startup_s, elapsed_s=record.elapsed, batch_bytes=run.window.batch_bytes)
+        # the candidate's failure, not raised: its traceback's frames (and this one) would hold the run in a cycle,
+        # up through the caller's frames (the loop's, when make_loader tunes at the first iter())
+        traceback.clear_frames(error.__traceback__)
+        del error
+        return failed
     result = run.result
     if result is None:  # the generator never ran to its end: cannot happen without an error above
         raise RuntimeError("the trial's loop ended without a measurement")

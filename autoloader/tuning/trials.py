@@ -15,6 +15,7 @@ from ..measure.consumer import Consumer, Step
 from ..measure.signals import SignalGuard
 from ..measure.trial import run_trial
 from ..probe import MachineProfile, probe_machine, with_saved_disk
+from ..cache.fingerprint import dataset_length
 from ..request import Request
 from ..results import TrialResult, TuneResult
 from ..search import policy
@@ -69,7 +70,7 @@ def tune(
 
     Args:
         dataset: A map-style ``Dataset`` (``__getitem__`` and ``__len__``, not empty) or an ``IterableDataset``.
-        batch_size (int): Samples per batch, an int >= 1 (default 1).
+        batch_size (int): Samples per batch, an int >= 1 (default 1), or None when the dataset yields ready batches.
         step: What the trials are timed against: None (default: the copy to the device only), a number of seconds
             >= 0 per batch (a simulated step that leaves the host CPU free), or a callable run on each batch already
             on the device (your real step: it runs a few dozen times).
@@ -103,8 +104,8 @@ def tune(
         ``print(result)`` shows them as a table; ``help(autoloader.TuneResult)`` describes each field.
 
     Raises:
-        TypeError: An argument of the wrong type (e.g. ``batch_size=8.0``, ``step="fast"``, an unknown keyword),
-            named with its value and the fix, before any trial.
+        TypeError: An argument of the wrong type (e.g. ``step="fast"``, an unknown keyword), named with its value
+            and the fix, before any trial; DataLoader's own rules raise the type DataLoader raises.
         ValueError: A bad value (e.g. ``batch_size=0``, ``budget<=0``, an empty dataset, ``shuffle=True`` with a
             ``sampler``, a dataset that cannot be pickled for ``spawn`` workers), named with the fix, before any
             trial.
@@ -115,6 +116,8 @@ def tune(
                               dtype=dtype, input_key=input_key, budget=budget, max_workers=max_workers,
                               threads=threads, memory_budget=memory_budget, native_threads=native_threads,
                               dataloader_kwargs=dataloader_kwargs)
+    if dataset_length(dataset) == 0:
+        raise ValueError(f"dataset {type(dataset).__name__} is empty (len 0): there is nothing to tune")
     return tune_with(request)
 
 

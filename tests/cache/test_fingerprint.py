@@ -20,10 +20,12 @@ from torch.utils.data import BatchSampler, Dataset, IterableDataset, RandomSampl
 
 from autoloader.cache.fingerprint import (
     KEY_FORMAT,
+    batch_signature,
     cache_key,
     callable_identity,
     dataset_fingerprint,
     machine_fingerprint,
+    same_batches,
     step_descriptor,
 )
 
@@ -90,17 +92,6 @@ class RootDataset(CountingDataset):
 class FakeImage:
     def __init__(self, size, mode):
         self.size, self.mode = size, mode
-
-
-class ImageDataset(Dataset):
-    def __init__(self, size=(32, 24), mode="RGB"):
-        self.size_, self.mode_ = size, mode
-
-    def __len__(self):
-        return 5
-
-    def __getitem__(self, index):
-        return FakeImage(self.size_, self.mode_), 3
 
 
 class BrokenDataset(Dataset):
@@ -267,17 +258,17 @@ def test_key_is_the_one_the_previous_entry_schema_used():
 # ---------------------------------------------------------------- dataset fingerprints
 
 
-def test_fingerprint_reads_one_sample_in_this_process_and_starts_nothing():
+def test_fingerprint_reads_no_sample_and_starts_nothing():
+    """NOTE [ Nothing before iter() ]: the key reads no sample, so a dataset that crashes or raises is reported by the
+    DataLoader where the epoch reaches it."""
     ds = CountingDataset()
     before = psutil.Process().children(recursive=True)
     fp = dataset_fingerprint(ds)
-    assert ds.calls == 1 and ds.pids == [os.getpid()]
+    assert ds.calls == 0
     assert psutil.Process().children(recursive=True) == before == []
     assert fp["class"].endswith("test_fingerprint.CountingDataset")
-    assert fp["len"] == 100 and fp["root"] is None
-    image, label = fp["sample"]["items"]
-    assert image == {"type": "torch.Tensor", "shape": [3, 8, 8], "dtype": "torch.float32"}
-    assert label == {"type": "builtins.int"}
+    assert fp["len"] == 100 and fp["root"] is None and "sample" not in fp
+    assert dataset_fingerprint(BrokenDataset())["len"] == 3
 
 
 def test_fingerprint_with_key_reads_nothing():
@@ -294,11 +285,9 @@ def test_fingerprint_with_key_reads_nothing():
 def test_fingerprint_of_iterable_dataset():
     ds = Stream()
     fp = dataset_fingerprint(ds)
-    assert ds.yielded == 1 and ds.closed and ds.worker_infos == [None]
+    assert ds.yielded == 0 and ds.worker_infos == []  # never iterated
     assert fp["len"] is None and fp["iterable"] is True
-    assert fp["sample"] == {"type": "torch.Tensor", "shape": [3], "dtype": "torch.float64"}
     assert dataset_fingerprint(SizedStream(n=7))["len"] == 7
-    assert dataset_fingerprint(Stream(n=0))["sample"] is None
 
 
 def test_fingerprint_of_dataset_with_root(tmp_path, monkeypatch):
@@ -309,37 +298,37 @@ def test_fingerprint_of_dataset_with_root(tmp_path, monkeypatch):
     assert dataset_fingerprint(RootDataset("data/val")) != fp
 
 
-def test_fingerprint_of_nested_samples_records_structure_not_values():
-    fp = dataset_fingerprint(NestedDataset())
-    sample = fp["sample"]
-    assert sample["type"] == "builtins.dict"
-    assert sample["items"]["'image'"] == {"type": "torch.Tensor", "shape": [4, 4], "dtype": "torch.float32"}
-    pair = sample["items"]["'pair'"]
+def test_batch_signature_records_structure_and_bytes_not_values_nor_sizes():
+    batch = NestedDataset()[0]
+    signature = batch_signature(batch)
+    structure = signature["structure"]
+    assert structure["type"] == "builtins.dict"
+    assert structure["items"]["'image'"] == {"type": "torch.Tensor", "ndim": 2, "dtype": "torch.float32"}
+    pair = structure["items"]["'pair'"]
     assert pair["type"].endswith("test_fingerprint.Pair")
-    assert pair["fields"]["left"] == {"type": "numpy.ndarray", "shape": [2], "dtype": "int64"}
+    assert pair["fields"]["left"] == {"type": "numpy.ndarray", "ndim": 1, "dtype": "int64"}
     assert pair["fields"]["right"] == {"type": "builtins.str"}
-    assert [i["type"] for i in sample["items"]["'meta'"]["items"]] == [
-        "builtins.int", "builtins.float", "builtins.NoneType", "builtins.bytes"]
-    assert dataset_fingerprint(NestedDataset(value=7.0)) == fp
-    assert dataset_fingerprint(NestedDataset(shape=(4, 5))) != fp
+    assert structure["items"]["'meta'"] == {"type": "builtins.list", "first": {"type": "builtins.int"}}
+    assert signature["bytes"] == 4 * 4 * 4 + 2 * 8
+    assert batch_signature(NestedDataset(value=7.0)[0]) == signature
+    assert batch_signature(NestedDataset(shape=(4, 5))[0])["structure"] == structure  # padding: another size
+    assert batch_signature([FakeImage((3, 3), "L")])["structure"]["first"]["mode"] == "L"
 
 
-def test_fingerprint_of_pil_like_samples():
-    fp = dataset_fingerprint(ImageDataset())
-    image = fp["sample"]["items"][0]
-    assert image["type"].endswith("FakeImage") and image["size"] == [32, 24] and image["mode"] == "RGB"
-    assert dataset_fingerprint(ImageDataset(mode="L")) != fp
-    assert dataset_fingerprint(ImageDataset(size=(64, 64))) != fp
-
-
-def test_fingerprint_lets_the_dataset_error_propagate():
-    with pytest.raises(RuntimeError, match="user dataset is broken"):
-        dataset_fingerprint(BrokenDataset())
-
-
-def test_fingerprint_of_empty_dataset_reads_nothing():
-    ds = CountingDataset(n=0)
-    assert dataset_fingerprint(ds)["sample"] is None and ds.calls == 0
+@pytest.mark.parametrize("seen, same", [
+    (torch.zeros(64, 3, 32, 32), True),                         # another shuffle, the same batch
+    (torch.zeros(64, 3, 40, 40), True),                         # padded to another size, within twice the bytes
+    (torch.zeros(64, 3, 64, 64), False),                        # another resolution: four times the bytes
+    (torch.zeros(64, 3, 32, 32, dtype=torch.uint8), False),     # another dtype
+    ((torch.zeros(64, 3, 32, 32),), False),                     # another structure
+])
+def test_same_batches(seen, same):
+    stored = batch_signature(torch.zeros(64, 3, 32, 32))
+    assert same_batches(stored, batch_signature(seen)) is same
+    assert same_batches(json.loads(json.dumps(stored)), batch_signature(seen)) is same  # as read from an entry
+    for malformed in (None, {"structure": stored["structure"]}, {**stored, "bytes": "many"}, {**stored, "bytes": -1}):
+        assert not same_batches(malformed, batch_signature(seen))
+    assert same_batches(batch_signature(["a"]), batch_signature(["b", "c"]))  # no tensors: bytes 0 both
 
 
 def test_callable_identity():

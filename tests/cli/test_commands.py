@@ -47,6 +47,7 @@ def test_tune_caches_under_make_loaders_key_then_show_force_and_clear(work, monk
 
     module = __import__(USER_MODULE)
     loader = make_loader(module.make_ds(), 8, step=0.001, budget=4.0)
+    next(iter(loader))  # the cache is looked up at the first iter()
     if loader.tuning.source != "cache" and machine_fingerprint(probe_machine(disk=False, gpus=False)) != machine:
         pytest.skip("the machine fingerprint changed during the test (free memory crossed a bucket edge)")
     assert loader.tuning.source == "cache"

@@ -67,9 +67,9 @@ def scenario(name: str, accelerator: Accelerator, cache_dir: str) -> dict:
             loader = make_loader(Indexed(N), distributed=False, **common)
             model, optimizer, prepared = accelerator.prepare(model, optimizer, loader.loader)
             report["prepared_type"] = type(prepared).__name__
-        report["tuning"] = loader.tuning.to_dict()
         report["num_workers"] = prepared_workers(prepared)
         report["epochs"] = train(accelerator, prepared, model, optimizer)
+        report["tuning"] = loader.tuning.to_dict()  # in force since the loader's first iter() (pending if never)
     except Exception as exc:  # recorded: the test decides whether an error was the right outcome
         report["error"] = f"{type(exc).__name__}: {exc}"
         report["traceback"] = traceback.format_exc()[-3000:]

@@ -54,7 +54,6 @@ def main() -> None:
     report = {"rank": rank, "world_size": dist.get_world_size(), "error": None}
     try:
         loader = hf_loader(args.dataset_dir, args.cache_dir)
-        report["tuning"] = loader.tuning.to_dict()
         report["sampler"] = type(loader.loader.sampler).__name__
         report["sampler_is_distributed"] = isinstance(loader.loader.sampler, DistributedSampler)
         epochs, ok = [], True
@@ -66,6 +65,7 @@ def main() -> None:
                 seen.extend(int(i) for i in batch["idx"])
             epochs.append(seen)
         report["epochs"], report["batches_ok"] = epochs, ok
+        report["tuning"] = loader.tuning.to_dict()  # in force since the first iter()
     except Exception as exc:
         report["error"] = f"{type(exc).__name__}: {exc}"
         report["traceback"] = traceback.format_exc()[-3000:]

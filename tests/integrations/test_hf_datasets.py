@@ -37,7 +37,7 @@ def test_arrow_from_disk_dict_batches_normalised_one_process(arrow_dir, cache_di
     """``input_key`` reaches the trials (and the online candidates): dict batches are normalised everywhere."""
     loader = hf_loader(str(arrow_dir), str(cache_dir), tuning)
     try:
-        assert loader.tuning.source == ("tuned" if tuning == "trials" else "online"), loader.tuning
+        assert loader.tuning.source == ("tuned" if tuning == "trials" else "pending"), loader.tuning
         epochs = []
         for epoch in range(EPOCHS):
             loader.set_epoch(epoch)

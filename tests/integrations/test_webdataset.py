@@ -60,7 +60,7 @@ def pipeline(urls, per_sample):
 
 def test_fewer_shards_than_workers_is_a_failed_candidate_not_a_crash(shard_urls, cache_dir):
     loader = make_loader(pipeline(shard_urls, wait_a_little), batch_size=8, device="cpu", budget=BUDGET_S,
-                         max_workers=16)
+                         max_workers=16, tuning="trials")
     try:
         tuning = loader.tuning
         check_same_config([tuning.to_dict()])

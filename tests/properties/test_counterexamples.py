@@ -3,10 +3,15 @@ configuration where the property's first statement of the README's contract was 
 and ``contracts.agree`` now say what holds there, and these keep it so."""
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
+
+import autoloader.loader.prefetch as _prefetch
 
 from contracts import Data, Mode
 from helpers import wait_no_children
+from test_errors_contract import check_errors
 from test_resume_contract import check_resume
 from test_tuning_contract import check_tuned
 
@@ -60,4 +65,30 @@ def test_an_epoch_without_a_batch_draws_what_the_plain_loaders_draws(mode):
     permutation and was asked past its end; the online epoch drew nothing (found by the large profile)."""
     data = Data(n=2, batch_size=3, drop_last=True, sampler="shuffle", rng="generator", augment=False, seed=0)
     check_tuned(data, mode, 2)
+    assert wait_no_children() == []
+
+
+def test_a_distributed_sampler_with_a_bad_sample_reshuffles_every_epoch_as_set_epoch_would():
+    """The plain DataLoader's loop must call ``set_epoch`` as the PrefetchLoader's advances the sampler's epoch itself
+    when nobody did (README "Distributed"): without it the reference repeated epoch 0's order."""
+    data = Data(n=2, batch_size=1, drop_last=False, sampler="distributed", rng="generator", augment=True, bad=(0,))
+    check_errors(data, Mode("lazy", None))
+    assert wait_no_children() == []
+
+
+def test_threads_in_the_main_process_finish_a_failed_batchs_other_samples():
+    """Sample 0 raised while sample 1 ran in another thread and drew from the global RNGs to augment: the loop's draws
+    after the error differ from a plain DataLoader's, which stopped at sample 0 (``errors_agree``)."""
+    data = Data(n=2, batch_size=2, drop_last=False, sampler="sequential", rng="generator", augment=True, bad=(0,))
+    check_errors(data, Mode("plain", 0, threads=2))
+    assert wait_no_children() == []
+
+
+def test_reading_ahead_loads_the_next_batch_before_the_loops_draws():
+    """With a side stream (forced here on the CPU) batch i + 1 is loaded, and augmented from the global RNGs in the
+    main process, before the loop's draws after batch i: those draws and values are not a plain DataLoader's (NOTE
+    [ Stream synchronisation ]); the batches and errors are."""
+    data = Data(n=3, batch_size=1, drop_last=False, sampler="sequential", rng="generator", augment=True, bad=(0,))
+    with mock.patch.object(_prefetch, "reads_ahead", lambda stream: True):
+        check_errors(data, PLAIN, ahead=True)
     assert wait_no_children() == []

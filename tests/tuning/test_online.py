@@ -95,7 +95,7 @@ def _until_decided(loader, decisions=1, max_epochs=10, step_s=0.0):
 def test_returns_at_once_and_decides_during_the_first_epochs(cache_dir):
     data = Indexed(3000, latency_s=0.002)
     loader = make_loader(data, 16, shuffle=True, tuning="online", max_workers=8)
-    assert loader.tuning.source == "online" and loader.tuning.samples_per_s is None and not loader.decisions
+    assert loader.tuning.source == "pending" and not loader.decisions, "nothing is looked up before iter()"
     _until_decided(loader)
     [decision] = loader.decisions
     assert loader.tuning.samples_per_s == decision.samples_per_s and decision.candidates >= 2
@@ -103,8 +103,10 @@ def test_returns_at_once_and_decides_during_the_first_epochs(cache_dir):
     assert 0 < decision.switch_s <= decision.search_s
     assert "online" in str(loader.tuning) and str(decision.epoch) in repr(decision)
     again = make_loader(data, 16, shuffle=True, tuning="online", max_workers=8)
+    next(iter(again))
     assert again.tuning.source == "cache" and again.tuning.config == loader.tuning.config
     assert not again.decisions, "the cached decision: nothing searched"
+    again._iterator = None  # its persistent workers, shut down as Lightning does (a collection would take 5 s each)
     del loader, again
 
 
@@ -166,9 +168,13 @@ def test_the_loader_retunes_when_the_regime_changes_and_retune_false_freezes():
 
 def test_auto_mode_and_argument_errors():
     data = Indexed(200)
-    assert make_loader(data, 8, cache=False).tuning.source == "online", "map-style, no step: online"
-    assert make_loader(data, 8, cache=False, step=0.001, budget=2).tuning.source == "tuned", "a step: trials"
-    assert make_loader(Stream(64), 8, cache=False, budget=2).tuning.source == "tuned", "a stream: trials"
+    def started(loader):
+        next(iter(loader))  # the cache and any trials are made at the first iter()
+        return loader.tuning.source
+
+    assert started(make_loader(data, 8, cache=False)) == "online", "map-style, no step: online"
+    assert started(make_loader(data, 8, cache=False, step=0.001, budget=2)) == "tuned", "a step: trials"
+    assert started(make_loader(Stream(64), 8, cache=False, budget=2)) == "tuned", "a stream: trials"
     with pytest.raises(ValueError, match="IterableDataset"):
         make_loader(Stream(64), 8, cache=False, tuning="online")
     with pytest.raises(ValueError, match="num_workers=2 is fixed"):
