@@ -56,7 +56,8 @@ from typing import Any, Iterator, Literal, Optional, Tuple
 from torch.utils.data import IterableDataset
 
 from ..config import LoaderConfig
-from ..errors import TrialTimeout
+from ..errors import TrialTimeout, TuningError
+from ..loader.source import BatchError, consumed
 from ..results import TrialResult
 from . import advice as _advice
 from . import procs as _procs
@@ -179,6 +180,14 @@ class Run:
         self._previous = (batch, t_ask, c_ask, t_got, c_got) if self.measuring else None
         return batch, None
 
+    def passed(self, error: Exception) -> BatchError:
+        """The batch asked for raised ``error`` from the dataset or ``collate_fn``, and the DataLoader's iterator goes
+        on (NOTE [ A batch that raises ] in loader/source.py): the batch used its place in the order (the slice does not
+        re-issue it), nothing of it is measured, and it goes to the loop as a ``BatchError``."""
+        self.record.delivered += 1
+        self._previous = None
+        return BatchError(error)
+
     def give_back(self) -> None:
         """The batch ``fetch()`` returned last is not handed out (a switch that cannot be hidden stops at it): it does
         not count as delivered, so the run's slice re-issues it to the next run."""
@@ -209,7 +218,9 @@ class Run:
 def served(run: Run, *, until_complete: bool) -> Iterator[Any]:
     """The driver of a trial (``until_complete``: it ends when the window is complete) and of an epoch served by the
     decision (until the loader runs out): every batch, under the run's signal guard unless its caller entered it.
-    A served epoch's workers are stopped when it ends; a trial's by its caller, after the step on the last batch."""
+    A served epoch's workers are stopped when it ends; a trial's by its caller, after the step on the last batch. A
+    served epoch's batch that raised goes on as a ``BatchError`` (NOTE [ A batch that raises ] in loader/source.py); a
+    trial's failure is raised (its caller classifies it)."""
     error: Optional[BaseException] = None
     with run.guarded():
         try:
@@ -219,6 +230,9 @@ def served(run: Run, *, until_complete: bool) -> Iterator[Any]:
                     run.measure()
                     return
                 batch, failure = run.fetch()
+                if isinstance(failure, Exception) and not until_complete and of_a_batch(failure):
+                    yield run.passed(failure)
+                    continue
                 if failure is not None:
                     raise failure
                 if batch is END:
@@ -231,6 +245,13 @@ def served(run: Run, *, until_complete: bool) -> Iterator[Any]:
         finally:
             if error is not None or run.mode != "trial":
                 run.stop(error)
+
+
+def of_a_batch(error: BaseException) -> bool:
+    """Whether ``error``, raised while fetching a batch, is that batch's own (the dataset's or ``collate_fn``'s: the
+    DataLoader's iterator goes on) rather than the DataLoader's (a worker's death, a timeout) or autoloader's
+    (``source.consumed``)."""
+    return isinstance(error, Exception) and not isinstance(error, TuningError) and consumed(error)
 
 
 class _entered:

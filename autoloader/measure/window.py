@@ -286,6 +286,9 @@ class Window:
         """The first batches' costs, each the median of ``PROBE_MARKS`` (the first batch alone may include what the
         dataset does once): loading and step seconds per batch, not a steady rate."""
         marks = self.marks
+        if not marks:  # the epoch ended first (or its batches raised)
+            return TrialResult(config=self.config, status="failed", startup_s=self.startup_s, elapsed_s=elapsed,
+                               steady=False, reason="no batch was measured: the epoch ended first")
         fetch = statistics.median(m.wait_s for m in marks)
         step = statistics.median(m.step_s for m in marks)
         samples = statistics.median(m.samples for m in marks)

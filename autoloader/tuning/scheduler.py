@@ -52,7 +52,7 @@ from ..coordination import Coordinator
 from ..errors import TuningError
 from ..loader.slices import BatchSlice, EpochSource
 from ..measure.failures import classify, failure_reason, forget
-from ..measure.run import END, Run
+from ..measure.run import END, Run, of_a_batch
 from ..measure.sample_clock import BatchEstimate, SampleClock, times_samples
 from ..measure.signals import SignalGuard
 from ..measure.window import samples_in
@@ -198,6 +198,8 @@ class EpochScheduler:
                     if phase == "measuring" and run.complete():
                         run.measure()
                     batch, failure = run.fetch()
+                    if isinstance(failure, Exception) and self._of_a_batch(stage, failure):
+                        batch, failure = run.passed(failure), None  # handed out; the epoch goes on
                     if phase == "measuring" and stage.early:
                         phase = transition(phase, "early-switch")
                     if phase == "measuring":
@@ -234,6 +236,14 @@ class EpochScheduler:
         rate = outcome if outcome is not None else run.result
         self.trace.span(span_start, stage.config, rate.samples_per_s if rate is not None and rate.ok else None)
         return "next" if error is not None else phase
+
+    def _of_a_batch(self, stage: Stage, error: BaseException) -> bool:
+        """The dataset's or ``collate_fn``'s error from one batch, which the loop gets in its place (NOTE [ A batch that
+        raises ] in loader/source.py), the epoch going on; not when threads are tuned and the candidate has several (a
+        dataset that is not thread-safe: the candidate's failure)."""
+        if self.plan.threads_tuned and stage.candidate is not None and stage.config.threads > 1:
+            return False
+        return of_a_batch(error)
 
     def _measured(self, stage: Stage, batch: Any, failure: Optional[BaseException]
                   ) -> Tuple[Optional[str], Optional[BaseException], bool]:

@@ -56,8 +56,6 @@ def test_repro1_a_wrapped_dataloader_and_a_trials_tuned_loader():
     assert _rows(drain(loader)) == AFTER_THE_ERROR
 
 
-@pytest.mark.skip(reason="for the lead: online sources yield source.BatchError in place of a batch that raised "
-                         "(NOTE [ A batch that raises ] in autoloader/loader/source.py); remove this skip then")
 @pytest.mark.parametrize("kwargs", [dict(), dict(max_workers=2), dict(shuffle=False, max_workers=4)])
 def test_repro1_online_an_error_in_one_batch_does_not_end_the_epoch(kwargs):
     """The issue's repro as written: ``make_loader(D(), batch_size=2)`` is tuned online."""

@@ -3,7 +3,7 @@ DataLoader raises, and the epoch goes on: whatever the configuration (workers, p
 reading ahead as on CUDA, a loader tuned by trials, in make_loader or at the first ``iter()``), the loop sees the
 batches and errors a plain ``DataLoader`` (no workers) shows it, in the same order, and its own RNG draws match; and a
 state saved anywhere, even right after an error, resumes on the batches that followed (NOTE [ A batch that raises ] in
-autoloader/loader/source.py). Online tuning's part is the skipped test at the end (its source yields ``BatchError``).
+autoloader/loader/source.py). Online tuning's part is the test at the end (its source yields ``BatchError``).
 Every counterexample found is a plain test in test_counterexamples.py."""
 from __future__ import annotations
 
@@ -152,8 +152,6 @@ def test_a_batch_that_raises_is_raised_and_the_epoch_goes_on(draw):
     assert wait_no_children() == []
 
 
-@pytest.mark.skip(reason="for the lead: online sources yield source.BatchError(exception) in place of a batch that "
-                         "raised (NOTE [ A batch that raises ] in autoloader/loader/source.py); remove this skip then")
 @given(st.data())
 def test_online_a_batch_that_raises_is_raised_and_the_epoch_goes_on(draw):
     """Online tuning's part of contract (d): mid-search, across a hidden switch, with the decision in force, and
