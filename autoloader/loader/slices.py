@@ -41,9 +41,9 @@ builds it so), and ``part.delivered(n)`` closes it, re-issuing what the loop did
 #    served, ``finish`` asks it past its end, as the plain loader's last ``next()`` does. (A sampler that kept
 #    drawing from the global RNG while it iterates could interleave differently with the loop's own draws, as prefetch
 #    depth already makes it do between plain loaders of different num_workers.)
-# 3. Candidates never touch the user's RNG: ``slicer.loader`` gives each a private ``torch.Generator`` (seeded from
-#    ``base_seed`` and the slice's number) for its own base-seed draw, and a BatchSlice draws nothing. Worker seeds
-#    therefore differ from the plain loader's, as they already do whenever num_workers changes.
+# 3. Candidates never touch the user's RNG: ``BatchSlice.private_generator`` gives each a private ``torch.Generator``
+#    (seeded from ``base_seed`` and the slice's number) for its own base-seed draw, and a BatchSlice draws nothing.
+#    Worker seeds therefore differ from the plain loader's, as they already do whenever num_workers changes.
 # Re-issue rule: a DataLoader pulls indices ahead of what it yields: at ``iter()`` and once per yielded batch, so with
 # workers up to ``num_workers * prefetch_factor`` are in flight (dataloader.py:1275, 1563-1566). A slice cannot know
 # how many of its batches the loop received, so the caller says it, after it stopped iterating that candidate (end of

@@ -131,7 +131,7 @@ class Source(Protocol):
 
 class PlainSource(Source):
     """A DataLoader as a ``Source``: its own epochs; the rest of an interrupted one from a DataLoader with its
-    settings over the redrawn order (``rest_of``)."""
+    settings over the redrawn order (``build.rebuilt``)."""
 
     frame: DataLoader
     in_force: DataLoader

@@ -12,9 +12,10 @@ the batch stream. Drivers: ``served()`` (trials, served epochs) and the online e
 #    arrives, up to N * prefetch_factor batches sit ready in the queue and arrive at memory speed. Workers that started
 #    together also finish together, so batches then come in waves of N. A window that starts at batch 0, or spans
 #    less than a few waves, overstates the rate, by 2x and more.
-#    So the window opens only after N * prefetch_factor + N batches (``LoaderConfig.burst_batches``: the queue drained plus
-#    one more wave), and it must cover at least ``MIN_ROUNDS`` waves of N batches, ``MIN_BATCHES`` batches and
-#    ``MIN_WINDOW_S`` seconds (window.py). The rate is the samples consumed in the window over its wall time, the
+#    So a trial's window opens only after N * prefetch_factor + N batches (``LoaderConfig.burst_batches``: the queue
+#    drained plus one more wave), and it must cover at least ``MIN_ROUNDS`` waves of N batches, ``MIN_BATCHES`` batches
+#    and ``MIN_WINDOW_S`` seconds (window.py). An online candidate's window may open sooner, once the loop waited
+#    after the batches in flight, and closes in whole waves when its rate is known or at its bound (window_rule.py). The rate is the samples consumed in the window over its wall time, the
 #    quantity an epoch's throughput is. The loop sits under the ``PrefetchLoader`` (trials and online alike), so it
 #    times the consumer from the requests it gets: the time inside our ``next()`` is waiting for data, the time
 #    between handing a batch out and the next request is the step (on that batch; with a side stream, on the batch
@@ -33,7 +34,7 @@ the batch stream. Drivers: ``served()`` (trials, served epochs) and the online e
 # 5. The previous candidate's shutdown. Its workers are reaped in a helper thread (Cleanup, below) while the next
 #    candidate runs, and a reaped worker's whole CPU time lands in this process's ``RUSAGE_CHILDREN`` at that moment,
 #    which ``WorkerTracker`` reads as the new workers' (it must, for workers that exit during a trial). So the window
-#    does not open before the previous run has settled (``Run.settled``: its workers gone, or ``SETTLE_S`` passed):
+#    does not open before the previous run has settled (``Serving.settled``: its workers gone, or ``SETTLE_S`` passed):
 #    the burst is extended by a batch at a time until then.
 # Modes. A trial (``mode="trial"``) runs over a sampler that never ends (trial.py) until its window is complete or its
 # soft limit passed; an IterableDataset that runs out ends it early, ``steady=False``. A hard limit (``SignalGuard``:
