@@ -257,3 +257,11 @@ def raised(loader) -> Optional[tuple]:
         release_reraise(error)
         return type(error).__name__, said(error)
     return None
+
+
+def paired(got, want):
+    """``zip(got, want)`` after checking both hold the same number of items, and at least one: a comparison through
+    ``zip`` alone passes on an empty loader."""
+    got, want = list(got), list(want)
+    assert len(got) == len(want) > 0, f"{len(got)} items against {len(want)}"
+    return zip(got, want)

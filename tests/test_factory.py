@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader, SequentialSampler, TensorDataset
 
 from autoloader import AutoloaderWarning, PrefetchLoader, make_loader
-from helpers import live_children
+from helpers import live_children, paired
 from workloads import InMemory, LatencyBound
 
 
@@ -27,7 +27,7 @@ def test_batches_equal_a_bare_dataloader(data, tmp_path):
     ours = list(loader)
     bare = list(DataLoader(data, batch_size=32))
     assert len(ours) == len(bare) == len(loader)
-    for (x, y), (bx, by) in zip(ours, bare):
+    for (x, y), (bx, by) in paired(ours, bare):
         assert torch.equal(x, bx) and torch.equal(y, by)
     assert loader.dataset is data and loader.batch_size == 32
 
@@ -36,7 +36,7 @@ def test_shuffled_batches_equal_a_bare_dataloader_with_the_same_generator(data, 
     loader = make_loader(data, 16, shuffle=True, tuning="trials", cache=tmp_path, budget=3,
                          generator=torch.Generator().manual_seed(3))
     bare = DataLoader(data, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(3))
-    for (x, _), (bx, _) in zip(loader, bare):
+    for (x, _), (bx, _) in paired(loader, bare):
         assert torch.equal(x, bx)
 
 

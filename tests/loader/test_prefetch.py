@@ -8,6 +8,8 @@ import sys
 import time
 
 import pytest
+
+from helpers import paired
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
@@ -97,7 +99,7 @@ def test_cpu_pass_through_yields_the_loaders_own_objects(collate):
     assert len(out) == 4 and len(recording.made) == 4
     assert all(a is b for a, b in zip(out, recording.made))
     plain = list(DataLoader(Images(10), batch_size=3, collate_fn=collate))
-    for a, b in zip(out, plain):
+    for a, b in paired(out, plain):
         assert_same(a, b)
     assert loader.stream is None
 
@@ -141,7 +143,7 @@ def test_infinite_sampler_never_needs_len():
 def test_normalize_uint8_to_float32_matches_reference():
     dl = DataLoader(Images(10), batch_size=4)
     loader = PrefetchLoader(dl, device="cpu", normalize=(MEAN, STD), dtype=torch.float32)
-    for (images, labels), (raw, raw_labels) in zip(loader, DataLoader(Images(10), batch_size=4)):
+    for (images, labels), (raw, raw_labels) in paired(loader, DataLoader(Images(10), batch_size=4)):
         assert images.dtype == torch.float32 and raw.dtype == torch.uint8
         torch.testing.assert_close(images, reference_normalize(raw), rtol=0, atol=1e-6)
         assert torch.equal(labels, raw_labels)
@@ -151,7 +153,7 @@ def test_normalize_keeps_structure_and_other_members_untouched():
     recording = Recording(lambda s: Pair(torch.stack([x for x, _ in s]), torch.tensor([y for _, y in s])))
     loader = PrefetchLoader(DataLoader(Images(6), batch_size=3, collate_fn=recording), device="cpu",
                             normalize=(torch.tensor(MEAN), list(STD)))
-    for out, made in zip(loader, recording.made):
+    for out, made in paired(loader, recording.made):
         assert type(out) is Pair and out.right is made.right and out.left is not made.left
         torch.testing.assert_close(out.left, reference_normalize(made.left), rtol=0, atol=1e-6)
 
@@ -183,7 +185,7 @@ def test_dict_batch_uses_input_key():
     recording = Recording(collate)
     loader = PrefetchLoader(DataLoader(Images(6), batch_size=3, collate_fn=recording), device="cpu",
                             normalize=(MEAN, STD), dtype=torch.float32, input_key="image")
-    for out, made in zip(loader, recording.made):
+    for out, made in paired(loader, recording.made):
         assert out.keys() == made.keys() and out["label"] is made["label"]
         torch.testing.assert_close(out["image"], reference_normalize(made["image"]), rtol=0, atol=1e-6)
 
@@ -210,7 +212,7 @@ def test_several_epochs_and_stats_history():
     reference = list(DataLoader(Images(10), batch_size=4))
     assert loader.stats is None and loader.history == ()
     for _ in range(3):
-        for got, want in zip(loader, reference):
+        for got, want in paired(loader, reference):
             assert_same(got, want)
     assert [s.epoch for s in loader.history] == [0, 1, 2]
     assert [s.batches for s in loader.history] == [3, 3, 3]
@@ -407,7 +409,7 @@ def test_cuda_normalize_matches_cpu():
         return PrefetchLoader(DataLoader(Images(10, size=8), batch_size=4, pin_memory=device == "cuda"),
                               device=device, normalize=(MEAN, STD), dtype=torch.float32)
 
-    for (gpu, gpu_labels), (cpu, cpu_labels) in zip(make("cuda"), make("cpu")):
+    for (gpu, gpu_labels), (cpu, cpu_labels) in paired(make("cuda"), make("cpu")):
         assert gpu.is_cuda and gpu.dtype == torch.float32
         torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-5, atol=1e-5)
         assert torch.equal(gpu_labels.cpu(), cpu_labels)
