@@ -62,10 +62,11 @@ class FakeRun:
     """A run over its slice that holds ``config.in_flight()`` batches ahead (as a DataLoader's workers do), whose
     window is complete after ``measure_after`` batches, and which fails with ``fail`` at batch ``fail_at``."""
 
-    def __init__(self, part: Any, config: LoaderConfig, *, rate: float, measure_after: Optional[int],
+    def __init__(self, batch_slice: Any, config: LoaderConfig, *, rate: float, measure_after: Optional[int],
                  fail_at: Optional[int] = None, fail: Optional[BaseException] = None,
                  guard: Optional[SignalGuard] = None, over_budget: bool = False, plan: Any = None) -> None:
-        self.part, self.config, self.rate, self.guard, self.over_budget = part, config, rate, guard, over_budget
+        self.batch_slice, self.config, self.rate, self.guard = batch_slice, config, rate, guard
+        self.over_budget = over_budget
         self.plan = plan
         self.measure_after, self.fail_at, self.fail = measure_after, fail_at, fail
         self.record, self.window, self.serving = Record(), Window(), FakeServing(config)
@@ -81,7 +82,7 @@ class FakeRun:
 
     def start(self) -> None:
         if self._it is None:
-            self._it = iter(self.part)
+            self._it = iter(self.batch_slice)
 
     def request(self) -> None:
         if self.measuring:
@@ -180,11 +181,11 @@ class ScriptedPlan:
     def keeps(self, config: LoaderConfig) -> bool:
         return not self.steps and config.same_candidate(self.decide)
 
-    def carry(self) -> bool:
+    def retry_next_epoch(self) -> bool:
         self.carried += 1
         return True
 
-    def spent(self, run: Any, serving_s: float) -> None:
+    def record_cost(self, run: Any, serving_s: float) -> None:
         self.after_stage(run)
 
 
@@ -224,15 +225,15 @@ def serve(plan: ScriptedPlan, *, coordinator: Optional[Coordinator] = None, monk
     def build(epoch: EpochSource, after: Optional[FakeRun], bound_s: float) -> Stage:
         step = plan.candidate
         config = config_of(step.workers) if step is not None else plan.decide
-        part = epoch.take(None)
-        part.expect(config.in_flight())
-        run = FakeRun(part, config, rate=step.rate if step else 0.0,
+        batch_slice = epoch.take(None)
+        batch_slice.expect(config.in_flight())
+        run = FakeRun(batch_slice, config, rate=step.rate if step else 0.0,
                       measure_after=step.measure_after if step else None, fail_at=step.fail_at if step else None,
                       fail=RuntimeError("DataLoader worker (pid 1) is killed by signal: Killed.") if step else None,
                       guard=SignalGuard(hold_worker_errors=True) if guarded else None,
                       over_budget=step.over_budget if step else False, plan=plan)
         runs.append(run)
-        return Stage(part, run, step)
+        return Stage(batch_slice, run, step)
 
     epoch = EpochScheduler(source, plan=plan, build=build, coordinator=coordinator or Coordinator(),
                            trace=EpochTrace(0, 0.0))

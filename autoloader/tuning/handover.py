@@ -55,18 +55,18 @@ SERIAL_TAIL = DEFAULT_PREFETCH
 class Stage:
     """One slice of an epoch and the run that serves it: a candidate's (``candidate``), or the decision's (None)."""
 
-    part: BatchSlice
+    batch_slice: BatchSlice
     run: Any
     """The ``measure.run.Run`` serving the slice."""
     candidate: Optional[Candidate]
     pools: Any = None
-    """Its DataLoader's ``worker_init_fn``, through which its workers report their native pools (``reported``)."""
-    told: bool = False
-    """The search was told this candidate's measurement (it serves on unmeasured: its tail, or as the decision)."""
+    """Its DataLoader's ``worker_init_fn``, through which its workers report their native pools (``with_pools``)."""
+    reported: bool = False
+    """The search got this candidate's measurement (it serves on unmeasured: its tail, or as the decision)."""
     early: bool = False
     """A probe whose first samples started the next stage inside its first batch (NOTE [ Online convergence ])."""
 
-    def reported(self, result: TrialResult) -> TrialResult:
+    def with_pools(self, result: TrialResult) -> TrialResult:
         """``result`` with the native pools the workers found (``native.worker_pools``)."""
         return dataclasses.replace(result, native_pools=worker_pools(self.pools))
 
@@ -78,7 +78,7 @@ class Stage:
         """Stop a stage that handed out nothing (its workers at once), and give its batches back: a later slice
         closes before an earlier one gives batches back (NOTE [ Hidden switch ])."""
         self.run.stop(error)
-        self.part.delivered(0)
+        self.batch_slice.delivered(0)
 
 
 def tail_extra(config: LoaderConfig) -> int:

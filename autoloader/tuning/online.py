@@ -55,7 +55,7 @@ from ..measure.run import Run, served
 from ..measure.window import WindowSpec
 from ..request import Request
 from ..results import Decision, EpochTrace, TuneResult
-from .face import DataLoaderFace
+from .stand_in import DataLoaderStandIn
 from .handover import Stage
 from .scheduler import EpochScheduler, Plan
 
@@ -80,11 +80,11 @@ class Searcher(Plan, Protocol):
         ...
 
 
-class OnlineLoader(DataLoaderFace, Source):
+class OnlineLoader(DataLoaderStandIn, Source):
     """The epochs of one loader tuned in its own training loop (see NOTE [ Online switching ]): from scratch when
     the search starts undecided, else re-tuning from its decision when an epoch's rate or stall moves away
     (``retune``). A ``loader.source.Source``: a ``PrefetchLoader`` wraps it; it answers as the DataLoader in force
-    (``DataLoaderFace``)."""
+    (``DataLoaderStandIn``)."""
 
     slicer: EpochSlicer
     """The plain DataLoader's epochs, redrawn (a resume redraws the interrupted epoch from it)."""
@@ -111,7 +111,7 @@ class OnlineLoader(DataLoaderFace, Source):
 
     @property
     def frame(self) -> "OnlineLoader":
-        """Frameworks read this loader itself as the DataLoader (``DataLoaderFace``)."""
+        """Frameworks read this loader itself as the DataLoader (``DataLoaderStandIn``)."""
         return self
 
     @property
@@ -150,7 +150,7 @@ class OnlineLoader(DataLoaderFace, Source):
     @property
     def serving_loader(self) -> DataLoader:
         """The DataLoader whose persistent workers outlive an epoch (the decision's), else the plain one: what a
-        framework shuts down through ``_iterator`` (``DataLoaderFace``)."""
+        framework shuts down through ``_iterator`` (``DataLoaderStandIn``)."""
         return self._steady_loader[0] if self._steady_loader is not None else self.plain
 
     def set_epoch(self, epoch: int) -> None:
@@ -185,8 +185,8 @@ class OnlineLoader(DataLoaderFace, Source):
             yield from scheduler.batches()
             if scheduler.kept is not None:  # the stage that served the decision to the end serves on
                 self._drop_steady()
-                (run, part), scheduler.kept = scheduler.kept, None
-                self._steady_loader = (run.serving.loader, part, run.config)
+                (run, batch_slice), scheduler.kept = scheduler.kept, None
+                self._steady_loader = (run.serving.loader, batch_slice, run.config)
         finally:
             self._last_run, self._scheduler = scheduler.last, None  # no cycle keeps the workers past the loader
             self._rebuild()
@@ -197,13 +197,14 @@ class OnlineLoader(DataLoaderFace, Source):
         self._rebuild()
         candidate = self.search.candidate
         config = candidate.config if candidate is not None else self.search.decision.config
-        part = source.take(None)
-        part.expect(config.in_flight())
+        batch_slice = source.take(None)
+        batch_slice.expect(config.in_flight())
         try:
-            loader = self._build(config, sampling=part.sampling(), generator=part.private_generator(), in_order=True,
+            loader = self._build(config, sampling=batch_slice.sampling(), generator=batch_slice.private_generator(),
+                                 in_order=True,
                                  persistent_workers=self._persistent(config), measured=candidate is not None)
         except BaseException:
-            part.delivered(0)
+            batch_slice.delivered(0)
             raise
         spec = WindowSpec("probe" if candidate is not None and candidate.probe else "candidate", bound_s)
         run = Run(loader, config, mode="candidate" if candidate is not None else "serve", consumer=self.consumer,
@@ -211,7 +212,7 @@ class OnlineLoader(DataLoaderFace, Source):
         if after is not None:
             run.follows(after)
         run.window.memory_check = candidate.memory if candidate is not None else None  # NOTE [ Memory budget ]
-        return Stage(part, run, candidate, pools=loader.worker_init_fn)
+        return Stage(batch_slice, run, candidate, pools=loader.worker_init_fn)
 
     def _persistent(self, config: LoaderConfig) -> bool:
         """Whether a stage's DataLoader keeps its workers past its epoch: with workers, unless the user said no, so
@@ -226,16 +227,16 @@ class OnlineLoader(DataLoaderFace, Source):
         config = self.search.decision.config
         source = self._steady_source = self.slicer.epoch()
         kept = self._steady_loader
-        part = source.take(None, reuse=kept[1] if kept is not None else None)
-        part.expect(config.in_flight())
+        batch_slice = source.take(None, reuse=kept[1] if kept is not None else None)
+        batch_slice.expect(config.in_flight())
         if kept is None:
             try:
-                loader = self._build(config, sampling=part.sampling(), generator=part.private_generator(),
+                loader = self._build(config, sampling=batch_slice.sampling(), generator=batch_slice.private_generator(),
                                      in_order=True, persistent_workers=config.persistent_workers)
             except BaseException:
-                part.delivered(0)
+                batch_slice.delivered(0)
                 raise
-            kept = self._steady_loader = (loader, part, config)
+            kept = self._steady_loader = (loader, batch_slice, config)
         run = Run(kept[0], config, mode="serve", consumer=self.consumer, batch_size=self.request.batch_size,
                   owned=False)
         failed = True
@@ -246,7 +247,7 @@ class OnlineLoader(DataLoaderFace, Source):
             failed = False
             raise
         finally:
-            part.delivered(run.record.delivered)
+            batch_slice.delivered(run.record.delivered)
             self._steady_source = None
             if failed or not config.persistent_workers:
                 self._drop_steady()  # a failure, or no persistent workers: the next epoch starts afresh

@@ -128,21 +128,22 @@ class OnlineSearch:
         log.info("the first samples cost %.1f ms a batch: starting %d workers now", 1e3 * estimate.fetch_s, workers)
         self.tell(TrialResult(config=current.candidate.config, reason=f"probe: the first {estimate.samples} samples' "
                               f"cost, no rate", batches=0, fetch_s_per_batch=estimate.fetch_s,
-                              fetch_cpu_s_per_batch=estimate.fetch_cpu_s, fetch_delay_s_per_batch=estimate.fetch_delay_s,
+                              fetch_cpu_s_per_batch=estimate.fetch_cpu_s,
+                              fetch_delay_s_per_batch=estimate.fetch_delay_s,
                               steady=False), epoch=epoch)
         return self.candidate
 
     def keeps(self, config: LoaderConfig) -> bool:
         return self.current is None and self.decision.config.same_candidate(config)
 
-    def carry(self) -> bool:
+    def retry_next_epoch(self) -> bool:
         current = self.current
         if current is None:
             return False
         current.attempts += 1
         return current.attempts < MAX_ATTEMPTS
 
-    def spent(self, run: Run, serving_s: float) -> None:
+    def record_cost(self, run: Run, serving_s: float) -> None:
         if self.current is not None:
             self.current.switch_s += run.record.switch_s
             self.current.search_s += serving_s

@@ -1,5 +1,6 @@
 """One online epoch as an explicit state machine: which run serves each slice of the epoch, when a candidate's
-measurement is complete, and what happens then (``EpochScheduler``; the search behind it is ``online_search.OnlineSearch``).
+measurement is complete, and what happens then (``EpochScheduler``; the search behind it is
+``online_search.OnlineSearch``).
 
 # NOTE [ Online epoch scheduler ]
 # An epoch is served by a sequence of stages (``handover.Stage``: a slice of the epoch's batch order and the run over
@@ -106,10 +107,10 @@ class Plan(Protocol):
     def keeps(self, config: Any) -> bool:
         """The search decided on ``config`` itself (its run serves on)."""
 
-    def carry(self) -> bool:
+    def retry_next_epoch(self) -> bool:
         """An epoch ended before the candidate's window opened: True to measure it again next epoch."""
 
-    def spent(self, run: Run, serving_s: float) -> None:
+    def record_cost(self, run: Run, serving_s: float) -> None:
         """What a stage cost the loop: the time it served, what it waited for starting and stopping."""
 
 
@@ -151,7 +152,7 @@ class EpochScheduler:
                 self.source.finish()  # the sampler asked past its end, as the plain DataLoader's epoch ends
             self.in_force = None
 
-    # -- the epoch's clock ----------------------------------------------------------------------------------------------
+    # -- the epoch's clock -------------------------------------------------------------------------------------------
     def _per_batch_s(self) -> Optional[float]:
         """Seconds per batch the loop got this epoch so far; before two batches, what a probe's estimate says (None
         without one)."""
@@ -175,23 +176,23 @@ class EpochScheduler:
     def _build(self) -> Stage:
         return self.build(self.source, self.last, self._bound_s())
 
-    # -- one stage ------------------------------------------------------------------------------------------------------
+    # -- one stage ---------------------------------------------------------------------------------------------------
     def _serve(self, stage: Stage) -> Generator[Any, None, str]:
         """One stage's slice, through its phases; returns the phase it ended in (a switch leaves the stage it started
         in ``started``)."""
-        run, part = stage.run, stage.part
+        run, batch_slice = stage.run, stage.batch_slice
         phase = "measuring" if stage.candidate is not None else "serving"
         self.in_force, self.last = run.serving.loader, run
         if stage.candidate is not None and stage.candidate.probe and self.plan.probes_samples and \
                 times_samples(run.serving.loader):
-            part.through = SampleClock(lambda estimate: self._early(stage, estimate)).wrap
+            batch_slice.through = SampleClock(lambda estimate: self._early(stage, estimate)).wrap
         began = span_start = time.perf_counter()
         error: Optional[BaseException] = None
         unopened = False
         try:
             with run.guarded():
                 while phase not in ("next", "done"):
-                    if phase == "tail" and run.record.delivered >= (part.limit or 0):
+                    if phase == "tail" and run.record.delivered >= (batch_slice.limit or 0):
                         phase = transition(phase, "tail-served")
                         break
                     run.request()
@@ -224,12 +225,12 @@ class EpochScheduler:
         except BaseException as exc:  # noqa: B036 - classified below; GeneratorExit and Ctrl-C re-raised there
             error = exc
         finally:
-            part.through = None
+            batch_slice.through = None
             if error is not None:  # the run stopped already, unless a Ctrl-C landed as its own cleanup began
                 self._abort_started(error, also=run)  # the later slice first: its batches go back behind this one's
             self.in_force = None
-            part.delivered(run.record.delivered)
-            self.plan.spent(run, time.perf_counter() - began)
+            batch_slice.delivered(run.record.delivered)
+            self.plan.record_cost(run, time.perf_counter() - began)
         outcome = self._after(stage, error, phase=phase, unopened=unopened)
         if error is not None:  # classified and kept from the loop (a raise above would have left)
             forget(error)
@@ -250,9 +251,10 @@ class EpochScheduler:
         """After a measuring stage's batch: the ranks agree (``Coordinator.batch``) whether its window is complete
         everywhere or a candidate failed anywhere; returns the event that follows (None: measure on), the failure to
         raise, and whether the window had not opened on some rank."""
-        run, part = stage.run, stage.part
+        run, batch_slice = stage.run, stage.batch_slice
         verdict = self.coordinator.batch(complete=run.result is not None, failed=failure is not None,
-                                         opened=run.window.opened(), in_flight=part.pulled - run.record.delivered,
+                                         opened=run.window.opened(),
+                                         in_flight=batch_slice.pulled - run.record.delivered,
                                          last=_ends_in_tail(self.source, stage))
         if verdict.failed_elsewhere and failure is None:
             failure = TuningError("a candidate failed on another rank")
@@ -268,7 +270,7 @@ class EpochScheduler:
         if phase == "done" and self.plan.keeps(stage.config) and \
                 getattr(run.serving.loader, "persistent_workers", False):
             run.serving.release()
-            self.kept = (run, stage.part)
+            self.kept = (run, stage.batch_slice)
         else:
             run.stop()
 
@@ -286,13 +288,13 @@ class EpochScheduler:
     def _early(self, stage: Stage, estimate: BatchEstimate) -> None:
         """The probe's first samples (called inside its first batch's fetch, on the loop's thread): when the search
         says so, the prior's stage starts now and the probe serves the batch being loaded as its tail."""
-        if stage.told or self.started is not None or stage.run.record.delivered:
+        if stage.reported or self.started is not None or stage.run.record.delivered:
             return
         candidate = self.plan.early(estimate, epoch=self.trace.epoch)
         if candidate is None:
             return
         self._pace = estimate.fetch_s / max(1, candidate.config.num_workers)
-        stage.told = stage.early = True
+        stage.reported = stage.early = True
         self._start_next(stage, extra=0)
 
     def _decide(self, stage: Stage, *, same_tail: bool) -> str:
@@ -303,8 +305,8 @@ class EpochScheduler:
         result = run.result
         if result is None:
             raise RuntimeError("a candidate's window was agreed complete before it was measured")
-        self.plan.tell(stage.reported(result), epoch=self.trace.epoch)
-        stage.told = True
+        self.plan.tell(stage.with_pools(result), epoch=self.trace.epoch)
+        stage.reported = True
         if self.plan.keeps(stage.config):
             return "keep"
         if result.status == "skipped":  # stopped at its first batch for the memory budget: no tail beside the next
@@ -312,7 +314,7 @@ class EpochScheduler:
         following = self.plan.candidate
         if following is not None and following.config == stage.config and not run.config.num_workers:
             run.measure_again(bound_s=self._bound_s())
-            stage.told, stage.candidate = False, following
+            stage.reported, stage.candidate = False, following
             return "again"
         if following is not None and self.coordinator.size == 1 and not repays(
                 remaining_s=self._remaining_s(), gain=following.gain, workers=following.config.num_workers,
@@ -329,7 +331,7 @@ class EpochScheduler:
     def _start_next(self, stage: Stage, *, extra: int) -> None:
         """Cap ``stage``'s slice ``extra`` batches past what its DataLoader pulled, and start the next stage over what
         follows (NOTE [ Hidden switch ]); nothing starts when the tail ends the epoch."""
-        stage.part.cap(extra)
+        stage.batch_slice.cap(extra)
         stage.run.serving.keep_workers()
         if self.source.unclaimed == 0:
             return  # the tail ends the epoch: nothing to start
@@ -348,7 +350,7 @@ class EpochScheduler:
                 log.warning("candidate %s failed after it was measured, while serving its last batches (%s): they go "
                             "to the next candidate", run.config.label(), reason)
                 return None
-        if error is not None and (stage.candidate is None or stage.told):
+        if error is not None and (stage.candidate is None or stage.reported):
             raise error  # the configuration in force, measured no more: its errors reach the loop as a DataLoader's
         if error is not None:
             transition("measuring", "failed")
@@ -356,15 +358,15 @@ class EpochScheduler:
             failed = classify(error, run.config, user=record.user, threads_tuned=self.plan.threads_tuned,
                               startup_s=record.startup_s, elapsed_s=record.elapsed,
                               batch_bytes=run.window.batch_bytes)
-            self.plan.tell(stage.reported(failed), epoch=self.trace.epoch)
+            self.plan.tell(stage.with_pools(failed), epoch=self.trace.epoch)
             return failed
-        if stage.candidate is None or stage.told:
+        if stage.candidate is None or stage.reported:
             return None
-        if unopened and self.plan.carry():  # the window never really opened (on some rank)
+        if unopened and self.plan.retry_next_epoch():  # the window never really opened (on some rank)
             log.info("the epoch ended before candidate %s was measured: it goes on next epoch", stage.config.label())
             return None
         if run.result is not None:
-            self.plan.tell(stage.reported(run.result), epoch=self.trace.epoch)
+            self.plan.tell(stage.with_pools(run.result), epoch=self.trace.epoch)
         return run.result
 
     def _span(self, start: float, stage: Stage) -> float:

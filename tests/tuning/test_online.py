@@ -341,12 +341,12 @@ def _recording_hand_overs(monkeypatch, *, kill_tail=False):
     real = EpochScheduler._decide
 
     def recording(self, stage, *, same_tail):
-        in_flight = stage.part.pulled - stage.run.record.delivered
+        in_flight = stage.batch_slice.pulled - stage.run.record.delivered
         event = real(self, stage, same_tail=same_tail)
         following = self.started
         if event in ("keep", "again", "defer"):  # no switch: the run serves on
             return event
-        tail = stage.part.limit - stage.run.record.delivered if event == "switch" else None
+        tail = stage.batch_slice.limit - stage.run.record.delivered if event == "switch" else None
         records.append((stage.config.num_workers, in_flight, tail,
                         following.config.num_workers if following else None))
         if kill_tail and tail and following is not None and stage.config.num_workers:

@@ -8,7 +8,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 
-class DataLoaderFace:
+class DataLoaderStandIn:
     """Mixed into ``OnlineLoader``: ``plain`` is the DataLoader in force; ``_overrides`` what every DataLoader the
     source builds from now on gets (a ``worker_init_fn`` set by a framework)."""
 
