@@ -26,17 +26,22 @@ functions of what its window measured (tested on tables), in the footprint of NO
 # sandbox), the USS growth beyond ``growth_noise_bytes`` is extended linearly, as before (measured on a dataset that
 # keeps 128 KiB per sample: 0.82-1.17 x that with 2 and 4 workers). Workers kept across epochs (persistent) copy the
 # whole span in time: ``lasting_bytes``, which ``policy.keep_workers_alive`` reads.
+# Once a candidate measured copies, ``forecast_guard`` refuses before it starts any count forecast past the budget
+# (``Search.guard``): the choice would refuse it, and as a ceiling it sends the search below it. Without it the search
+# climbed 8 -> 32 -> 16 -> 23 on that list under 700 MiB, all forecast past it, and fell back to no workers.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence, Tuple
 
+from ..config import LoaderConfig
+from ..report import mib
 from ..results import TrialResult
 from .footprint import footprint
 
 __all__ = ["COPY_NOISE_BYTES", "COPY_NOISE_PER_SAMPLE", "GROWTH_NOISE_BYTES", "copied_per_sample", "copy_forecast",
-           "epoch_growth_bytes", "forecast_bytes", "growth_noise_bytes", "growth_per_sample", "lasting_bytes",
-           "samples_made"]
+           "copy_rate", "epoch_growth_bytes", "forecast_bytes", "forecast_guard", "growth_noise_bytes",
+           "growth_per_sample", "lasting_bytes", "samples_made"]
 
 GROWTH_NOISE_BYTES = 4 * 2**20
 """A worker's USS grows this much once in any trial, whatever it reads: allocator warm-up, the collector's first pass
@@ -139,3 +144,33 @@ def lasting_bytes(trial: TrialResult) -> Optional[int]:
     reach = min(trial.worker_copy_span_bytes or 0, trial.worker_shared_bytes or 0) if copied else 0
     return footprint(trial.config, per_worker_bytes=trial.worker_uss_bytes + reach,
                      batch_bytes=trial.batch_bytes).total_bytes
+
+
+def copy_rate(trials: Sequence[TrialResult]) -> Optional[Tuple[float, int]]:
+    """(bytes a worker copies per sample, the shared bytes those copies reach) of the trial whose worker copied the
+    most per sample past the noise (``copied_per_sample``); None when none did."""
+    copying = [(rate, min(t.worker_copy_span_bytes or 0, t.worker_shared_bytes or 0))
+               for t in trials for rate in (copied_per_sample(t),) if rate]
+    return max(copying, default=None)
+
+
+def forecast_guard(config: LoaderConfig, *, trials: Sequence[TrialResult], per_worker_bytes: Optional[int],
+                   batch_bytes: Optional[int], budget_bytes: Optional[int],
+                   epoch_samples: Optional[int]) -> Optional[str]:
+    """Why ``config``'s workers, copying as an earlier candidate's did (``copy_rate``), would be over ``budget_bytes``
+    by the end of an epoch (``copy_forecast``): the choice would refuse it, so it is not started (its count is then a
+    ceiling the search looks below); None when it fits or nothing says otherwise."""
+    rate = copy_rate(trials)
+    n = config.num_workers
+    if n == 0 or rate is None or per_worker_bytes is None or budget_bytes is None or not epoch_samples:
+        return None
+    per_sample, reach = rate
+    grown = per_worker_bytes + int(copy_forecast(per_sample=per_sample, reach_bytes=reach, workers=n,
+                                                 epoch_samples=epoch_samples))
+    total = footprint(config, per_worker_bytes=grown, batch_bytes=batch_bytes).total_bytes or 0
+    if total <= budget_bytes:
+        return None
+    return (f"memory: copy-on-read: {n} workers would take {mib(total)} by the end of an epoch of {epoch_samples:,} "
+            f"samples (each copying {per_sample / 1024:,.1f} KiB of inherited objects per sample it reads, up to "
+            f"{mib(reach)}), over the memory budget of {mib(budget_bytes)}; store the samples in numpy arrays or "
+            f"tensors, or pass memory_budget= to allow more")
