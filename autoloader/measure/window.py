@@ -260,8 +260,8 @@ class Window:
         )
         copies = self.edges.copies
         if copies is not None:
-            fields.update(worker_copied_bytes=copies.copied_bytes, worker_copy_span_bytes=copies.span_bytes,
-                          worker_shared_bytes=copies.shared_bytes)
+            fields.update(worker_copied_bytes=copies.copied_bytes, worker_copied_run_bytes=copies.run_bytes,
+                          worker_copy_span_bytes=copies.span_bytes, worker_shared_bytes=copies.shared_bytes)
         return fields
 
 

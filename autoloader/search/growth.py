@@ -21,8 +21,8 @@ functions of what its window measured (tested on tables), in the footprint of NO
 # expectation for uniform reads (reads in order copy less: neighbours share pages) and, at a given T, the most any
 # spread of objects over pages gives (the bracket is concave in the objects per page); the span over-counts what is
 # not the dataset's, which only raises it. Measured on that list, 4 workers: 646 MiB forecast, 605-633 MiB peaked.
-# ``epoch_growth_bytes`` adds what else a worker's USS gained beyond ``growth_noise_bytes`` (a per-worker cache, say),
-# linearly; ``forecast_bytes`` puts it in the same ``footprint``. Where the census cannot be read (not Linux, a
+# ``epoch_growth_bytes`` adds what else a worker's USS gained beyond ``growth_noise_bytes`` (the runs, a per-worker
+# cache), linearly; ``forecast_bytes`` puts it in the same ``footprint``. Where the census cannot be read (not Linux, a
 # sandbox), the USS growth beyond ``growth_noise_bytes`` is extended linearly, as before (measured on a dataset that
 # keeps 128 KiB per sample: 0.82-1.17 x that with 2 and 4 workers). Workers kept across epochs (persistent) copy the
 # whole span in time: ``lasting_bytes``, which ``policy.keep_workers_alive`` reads.
@@ -41,7 +41,7 @@ from .footprint import footprint
 
 __all__ = ["COPY_NOISE_BYTES", "COPY_NOISE_PER_SAMPLE", "GROWTH_NOISE_BYTES", "copied_per_sample", "copy_forecast",
            "copy_rate", "epoch_growth_bytes", "forecast_bytes", "forecast_guard", "growth_noise_bytes",
-           "growth_per_sample", "lasting_bytes", "samples_made"]
+           "growth_per_sample", "lasting_bytes", "samples_made", "scattered_bytes"]
 
 GROWTH_NOISE_BYTES = 4 * 2**20
 """A worker's USS grows this much once in any trial, whatever it reads: allocator warm-up, the collector's first pass
@@ -71,16 +71,23 @@ def samples_made(trial: TrialResult) -> Optional[float]:
     return (trial.batches + trial.config.burst_batches()) * batch_size / n
 
 
-def copied_per_sample(trial: TrialResult) -> Optional[float]:
-    """Bytes one worker copied from this process per sample it made (the census, NOTE [ Copy-on-read forecast ]); 0
-    when it copied less than ``COPY_NOISE_BYTES`` in all or ``COPY_NOISE_PER_SAMPLE`` a sample; None when not
-    measured."""
-    made = samples_made(trial)
-    if trial.worker_copied_bytes is None or not made:
+def scattered_bytes(trial: TrialResult) -> Optional[int]:
+    """What one worker copied in pages apart (the census less its runs, NOTE [ Copy-on-read forecast ]): reads of
+    inherited objects; None when not measured."""
+    if trial.worker_copied_bytes is None:
         return None
-    per_sample = trial.worker_copied_bytes / made
-    return per_sample if trial.worker_copied_bytes >= COPY_NOISE_BYTES and per_sample >= COPY_NOISE_PER_SAMPLE \
-        else 0.0
+    return max(0, trial.worker_copied_bytes - (trial.worker_copied_run_bytes or 0))
+
+
+def copied_per_sample(trial: TrialResult) -> Optional[float]:
+    """Bytes one worker copied in pages apart (``scattered_bytes``) per sample it made: copy-on-read; 0 when less
+    than ``COPY_NOISE_BYTES`` in all or ``COPY_NOISE_PER_SAMPLE`` a sample; None when not measured."""
+    made = samples_made(trial)
+    copied = scattered_bytes(trial)
+    if copied is None or not made:
+        return None
+    per_sample = copied / made
+    return per_sample if copied >= COPY_NOISE_BYTES and per_sample >= COPY_NOISE_PER_SAMPLE else 0.0
 
 
 def growth_per_sample(trial: TrialResult) -> Optional[float]:
@@ -91,7 +98,7 @@ def growth_per_sample(trial: TrialResult) -> Optional[float]:
     if trial.worker_uss_growth_bytes is None or not made:
         return None
     copied = copied_per_sample(trial)
-    other = max(0, trial.worker_uss_growth_bytes - (trial.worker_copied_bytes or 0) - growth_noise_bytes(trial))
+    other = max(0, trial.worker_uss_growth_bytes - int((copied or 0.0) * made) - growth_noise_bytes(trial))
     return (copied or 0.0) + other / made
 
 
@@ -118,7 +125,7 @@ def epoch_growth_bytes(trial: TrialResult, *, epoch_samples: int) -> Optional[in
         return None if slope is None else int(slope * epoch_samples / n)
     reach = min(trial.worker_copy_span_bytes or 0, trial.worker_shared_bytes or 0)
     copies = copy_forecast(per_sample=copied, reach_bytes=reach, workers=n, epoch_samples=epoch_samples)
-    other = max(0, trial.worker_uss_growth_bytes - (trial.worker_copied_bytes or 0) - growth_noise_bytes(trial))
+    other = max(0, trial.worker_uss_growth_bytes - int(copied * made) - growth_noise_bytes(trial))
     return int(copies + other / made * epoch_samples / n)
 
 

@@ -443,6 +443,18 @@ def test_the_census_forecast_admits_what_fits_and_not_more():
     assert growth.growth_per_sample(blind) == 0 and growth.forecast_bytes(blind, epoch_samples=300_000) < 700 * MIB
 
 
+def test_copies_in_runs_grow_linearly():
+    """A worker writing 128 KiB a sample into inherited free space copies 32-page runs: what it writes, not what it
+    reads, so no span bounds it (the Hoarder below measured so: 0.3 GiB forecast instead of 12 GiB before runs were
+    told apart)."""
+    hoarding = copying(8, per_sample=128 * 1024)
+    hoarding = dataclasses.replace(hoarding, worker_copied_run_bytes=hoarding.worker_copied_bytes)
+    assert growth.copied_per_sample(hoarding) == 0 and growth.scattered_bytes(hoarding) == 0
+    assert growth.epoch_growth_bytes(hoarding, epoch_samples=300_000) > 0.9 * 128 * 1024 * 300_000 / 8
+    assert growth.lasting_bytes(hoarding) == budget.footprint(hoarding.config, per_worker_bytes=10 * MIB,
+                                                              batch_bytes=4096).total_bytes
+
+
 def test_copies_under_the_noise_are_none_and_other_growth_still_counts():
     quiet = copying(8, per_sample=300)  # 0.1 MiB copied in a trial: the allocator reusing inherited pages
     assert growth.copied_per_sample(quiet) == 0
