@@ -451,6 +451,9 @@ def test_copies_in_runs_grow_linearly():
     hoarding = dataclasses.replace(hoarding, worker_copied_run_bytes=hoarding.worker_copied_bytes)
     assert growth.copied_per_sample(hoarding) == 0 and growth.scattered_bytes(hoarding) == 0
     assert growth.epoch_growth_bytes(hoarding, epoch_samples=300_000) > 0.9 * 128 * 1024 * 300_000 / 8
+    # the same, its runs broken by pages never present: its copies fill their span
+    dense = dataclasses.replace(hoarding, worker_copied_run_bytes=0, worker_copy_span_bytes=hoarding.worker_copied_bytes)
+    assert growth.scattered_bytes(dense) == 0 and growth.epoch_growth_bytes(dense, epoch_samples=300_000) > GIB
     assert growth.lasting_bytes(hoarding) == budget.footprint(hoarding.config, per_worker_bytes=10 * MIB,
                                                               batch_bytes=4096).total_bytes
 
