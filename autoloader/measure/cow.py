@@ -23,7 +23,8 @@ import numpy as np
 MAX_MAPPING_BYTES = 16 * 2**30
 """A mapping larger than this is skipped (a reservation such as CUDA's: reading its pagemap would take seconds)."""
 MIN_COPIES_FOR_SPAN = 32
-"""A mapping with fewer copied pages counts whole in ``Copies.span_bytes`` (too few to tell where its copies lie)."""
+"""A mapping with fewer copied pages has no span of its own in ``Copies.span_bytes`` (too few to tell where its copies
+lie): see ``copied``."""
 RUN_PAGES = 3
 """Copied pages in runs this long or longer were written, not read: reads at random copy pages apart (at a density d
 of the span, a page lies in such a run by chance about 3 d^2 of the time: under 0.1 % in a trial)."""
@@ -105,8 +106,13 @@ def take(pid: int) -> Optional[Census]:
 
 
 def copied(first: Census, last: Census) -> Copies:
-    """What the worker copied between ``first`` and ``last`` (pages shared then, its own now), where (``Copies``)."""
+    """What the worker copied between ``first`` and ``last`` (pages shared then, its own now), where (``Copies``).
+    The span: per mapping with ``MIN_COPIES_FOR_SPAN`` copies or more, ``_span_pages``; a mapping with fewer counts
+    whole where its copies are as dense as in those (the objects' pages split over small mappings), else only its
+    copies (the interpreter's own objects, touched in passing)."""
     copies = runs = span = 0
+    sparse: List[Tuple[int, int]] = []
+    dense_copies = dense_span = 0
     for start, before in first.mappings.items():
         after = last.mappings.get(start)
         if after is None:  # unmapped since: nothing of it is held any more
@@ -117,7 +123,13 @@ def copied(first: Census, last: Census) -> Copies:
             continue
         copies += len(flipped)
         runs += _in_runs(flipped)
-        span += _span_pages(before.shared, flipped)
+        if len(flipped) < MIN_COPIES_FOR_SPAN:
+            sparse.append((len(flipped), int(before.shared.sum())))
+            continue
+        pages = _span_pages(before.shared, flipped)
+        dense_copies, dense_span, span = dense_copies + len(flipped), dense_span + pages, span + pages
+    density = dense_copies / dense_span if dense_span else 0.0
+    span += sum(shared if count >= 0.5 * density * shared else count for count, shared in sparse)
     return Copies(copies * first.page, runs * first.page, span * first.page, first.shared_bytes)
 
 
@@ -132,12 +144,10 @@ def _in_runs(flipped: np.ndarray) -> int:
 
 
 def _span_pages(shared: np.ndarray, flipped: np.ndarray) -> int:
-    """The shared pages of one mapping within the span its copies (page indices ``flipped``) fell in: between their
-    ``TRIM`` and 1 - ``TRIM`` quantiles, widened to the whole range uniform copies would cover, plus one standard
-    error (1/sqrt(copies)); the whole mapping with fewer than ``MIN_COPIES_FOR_SPAN`` copies."""
+    """The shared pages of one mapping within the span its copies (page indices ``flipped``, ``MIN_COPIES_FOR_SPAN``
+    or more) fell in: between their ``TRIM`` and 1 - ``TRIM`` quantiles, widened to the whole range uniform copies
+    would cover, plus one standard error (1/sqrt(copies))."""
     m = len(flipped)
-    if m < MIN_COPIES_FOR_SPAN:
-        return int(shared.sum())
     low_q, high_q = np.quantile(flipped, [TRIM, 1.0 - TRIM])
     width = (high_q - low_q) / (1.0 - 2 * TRIM) * (1.0 + 1.0 / np.sqrt(m))
     middle = (low_q + high_q) / 2

@@ -121,10 +121,13 @@ def budget_guard(config: LoaderConfig, *, per_worker_bytes: Optional[int], batch
 @dataclass(frozen=True)
 class MemoryCheck:
     """What a candidate's workers are checked against at their first batch (``first_batch_check``): the budget, and
-    the growth per worker an earlier candidate's workers showed during their window (0: none measured)."""
+    the growth per worker an earlier candidate's workers showed during their window (0: none measured); ``census``:
+    whether its window reads which pages a worker copies (NOTE [ Copy-on-read forecast ] in growth.py: 25-80 ms at
+    each edge, not worth it where its workers could copy all of this process and still fit)."""
 
     budget_bytes: int
     growth_bytes: int = 0
+    census: bool = True
 
     def __call__(self, config: LoaderConfig, uss_bytes: Optional[int], batch_bytes: Optional[int]) -> Optional[str]:
         """``first_batch_check`` with this check (how a measuring window calls it: measure/window.py)."""

@@ -110,10 +110,16 @@ class Search:
 
     def memory_check(self, config: LoaderConfig) -> Optional[MemoryCheck]:
         """What ``config``'s workers are checked against at their first batch: the budget and the most a worker grew
-        during an earlier window; None without workers or a budget."""
-        if config.num_workers == 0 or self.settings.memory_budget is None:
+        during an earlier window; the census only where its workers, each copying all of this process (its RSS: the
+        most a fork can copy) on top of their own size, would not fit. None without workers or a budget."""
+        budget_bytes = self.settings.memory_budget
+        if config.num_workers == 0 or budget_bytes is None:
             return None
-        return MemoryCheck(self.settings.memory_budget, policy.worker_growth_bytes(self.found.trials))
+        worst = None if self.main_rss is None else footprint(
+            config, per_worker_bytes=self.main_rss + (self.found.per_worker_bytes or 0),
+            batch_bytes=self.found.batch_bytes).total_bytes
+        return MemoryCheck(budget_bytes, policy.worker_growth_bytes(self.found.trials),
+                           census=worst is None or worst > budget_bytes)
 
     def run(self, config: LoaderConfig, *, first: bool = False, again: bool = False,
             force: bool = False) -> Steps[Optional[TrialResult]]:

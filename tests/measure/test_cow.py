@@ -88,7 +88,7 @@ def test_copied_counts_pages_shared_then_exclusive_now():
     copies = cow.copied(first, last)
     assert copies.copied_bytes == 2 * 4096 and copies.run_bytes == 0, "two neighbours are no run"
     assert copies.shared_bytes == 6 * 4096
-    assert copies.span_bytes == 4 * 4096, "few copies: the whole mapping counts"
+    assert copies.span_bytes == 4 * 4096, "few copies and nowhere denser: the whole mapping counts"
     assert cow.copied(first, _census((0, "1111", "0000"))).copied_bytes == 0, "a mapping gone holds nothing"
 
 
@@ -128,6 +128,19 @@ def test_in_runs():
     assert cow._in_runs(np.array([5])) == 0 and cow._in_runs(np.array([], dtype=np.int64)) == 0
 
 
+def test_a_mapping_of_a_few_stray_copies_counts_them_alone_beside_a_dense_one():
+    rng = np.random.default_rng(1)
+    data = np.zeros(4000, dtype=bool)
+    data[rng.choice(4000, size=400, replace=False)] = True  # 10 % of a 4,000-page region
+    first = _census((0, "1" * 4000, "0" * 4000), (10_000, "1" * 1000, "0" * 1000), (20_000, "1" * 40, "0" * 40))
+    last = _census((0, "".join("0" if d else "1" for d in data), "".join("1" if d else "0" for d in data)),
+                   (10_000, "0" * 3 + "1" * 997, "1" * 3 + "0" * 997),  # 3 copies in 1,000 pages: stray
+                   (20_000, "0" * 4 + "1" * 36, "1" * 4 + "0" * 36))  # 4 in 40: as dense as the data
+    copies = cow.copied(first, last)
+    assert copies.copied_bytes == (400 + 3 + 4) * 4096
+    assert (4000 + 3 + 40) * 4096 * 0.95 <= copies.span_bytes <= (4000 * 1.1 + 3 + 40) * 4096, copies.span_bytes / 4096
+
+
 def test_the_span_leaves_out_stray_copies_and_covers_the_dense_ones():
     n = 10_000
     shared = np.ones(n, dtype=bool)
@@ -137,4 +150,3 @@ def test_the_span_leaves_out_stray_copies_and_covers_the_dense_ones():
     flipped = np.sort(np.concatenate([dense, stray]))
     span = cow._span_pages(shared, flipped)
     assert 4000 <= span <= 4600, span
-    assert cow._span_pages(shared, np.array([5, 50])) == n, "too few copies to tell: the whole mapping"

@@ -353,6 +353,17 @@ def drive_candidates(search, model):
         return asked, done.value
 
 
+def test_the_census_is_asked_for_only_where_copying_could_matter():
+    request = Request.checked(LatencyBound(n=100_000), 16, device="cpu", memory_budget=GIB)
+    search = Search(request, full_profile(), budget=30.0)
+    assert search.memory_check(config(0)) is None
+    assert search.memory_check(config(8)).census, "nothing measured: asked for"
+    search.main_rss = 300 * MIB
+    assert search.memory_check(config(2)).census is False, "2 x 300 MiB fit 1 GiB whatever they copy"
+    assert search.memory_check(config(8)).census is True
+    assert search.memory_check(config(8)).budget_bytes == GIB
+
+
 def test_forked_workers_are_never_refused_on_this_processs_rss():
     """Issue 45: under 380 MiB, 8 and 4 forked workers were skipped as 2,227 and 1,120 MiB (this process's RSS each)
     before any was measured; they take 15 MiB. Now the first worker candidate starts, checked at its first batch."""
