@@ -73,6 +73,8 @@ class TrialResult:
             batch to the window's end (copy-on-read: NOTE [ Copy-on-read forecast ] in
             ``autoloader/search/growth.py``); None with one worker, or where Linux's ``/proc/<pid>/pagemap`` could
             not be read.
+        worker_copied_run_bytes (int): Of ``worker_copied_bytes``, the pages next to another copied one (what the
+            worker wrote, such as new objects in inherited free space: they grow linearly, not up to a span).
         worker_copy_span_bytes (int): Of what that worker shared at its first batch, the bytes within the address span
             its copies fell in: the inherited objects its reads copy from, the most that copying can reach.
         worker_shared_bytes (int): What that worker shared with the main process at its first batch: the most it can
@@ -108,6 +110,7 @@ class TrialResult:
     footprint_bytes: Optional[int] = None
     native_pools: Optional[Tuple[NativePool, ...]] = None
     worker_copied_bytes: Optional[int] = None
+    worker_copied_run_bytes: Optional[int] = None
     worker_copy_span_bytes: Optional[int] = None
     worker_shared_bytes: Optional[int] = None
 

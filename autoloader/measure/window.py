@@ -10,7 +10,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, List, Literal, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Literal, Optional, Protocol, Sequence, Tuple
 
 from ..config import LoaderConfig
 from ..loader.batch import batch_nbytes, iter_tensors
@@ -26,9 +26,19 @@ Rule = Literal["trial", "candidate", "probe"]
 cost of a batch and of the step, from ``PROBE_MARKS`` batches, for the prior: NOTE [ Online convergence ])."""
 Clocks = Tuple[float, Optional[float]]
 """``cpuclock.cpu_and_delay()``: process CPU seconds, the thread's run-queue seconds (None: not known)."""
-MemoryCheck = Callable[[LoaderConfig, Optional[int], Optional[int]], Optional[str]]
-"""(config, the largest worker's USS at the first batch, the batch's bytes) -> why it must stop, or None: the search's
-``budget.MemoryCheck`` (a candidate's ``memory``)."""
+
+
+class MemoryCheck(Protocol):
+    """The search's ``budget.MemoryCheck`` (a candidate's ``memory``): (config, the largest worker's USS at the first
+    batch, the batch's bytes) -> why it must stop, or None; ``census``: read which pages a worker copies (``cow``)."""
+
+    @property
+    def census(self) -> bool:
+        ...
+
+    def __call__(self, config: LoaderConfig, uss_bytes: Optional[int], batch_bytes: Optional[int]) -> Optional[str]:
+        ...
+
 
 SAMPLE_EVERY_S = 0.1
 """How often the workers' counters are read during a trial, so a worker that exits keeps most of its figures."""
@@ -158,7 +168,8 @@ class Window:
             self.edges.memory_start = self.edges.tracker.sample(memory=memory)
             if self.memory_check is not None:
                 self.over_budget = self.memory_check(self.config, self.edges.memory_start.max_uss, self.batch_bytes)
-            if memory and self.over_budget is None and len(workers) >= 2:  # cow.py: one worker reads this process
+            census = self.memory_check is not None and self.memory_check.census
+            if census and memory and self.over_budget is None and len(workers) >= 2:  # cow.py: not one worker
                 self.edges.census_pid = workers[0].pid
                 self.edges.census = cow.take(workers[0].pid)
 
@@ -335,8 +346,8 @@ class Window:
         )
         copies = self.edges.copies
         if copies is not None:
-            fields.update(worker_copied_bytes=copies.copied_bytes, worker_copy_span_bytes=copies.span_bytes,
-                          worker_shared_bytes=copies.shared_bytes)
+            fields.update(worker_copied_bytes=copies.copied_bytes, worker_copied_run_bytes=copies.run_bytes,
+                          worker_copy_span_bytes=copies.span_bytes, worker_shared_bytes=copies.shared_bytes)
         return fields
 
 

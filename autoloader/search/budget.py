@@ -7,7 +7,7 @@ the machine's facts and of what trials measured (tested on tables).
 # reads as the smaller of the machine's available memory and the cgroup's headroom (limit - working set), and which
 # ``distributed.Group.share_profile`` already divided among the ranks of a node. Half is tf.data's anchor for its
 # ``ram_budget``: the training process itself (model, optimizer, CUDA context, the batches it holds) needs the rest.
-# A candidate's footprint (``footprint``) is what autoloader adds to the process tree:
+# A candidate's footprint (``footprint``, footprint.py) is what autoloader adds to the process tree:
 #   workers      num_workers x one worker's private memory (USS) measured, plus its growth during the trial;
 #   in flight    ``LoaderConfig.shm_batches``: those in flight + 2, in /dev/shm (tmpfs: RAM, charged to the cgroup),
 #                which is also checked against free /dev/shm as a limit of its own (``shm_need_bytes``);
@@ -23,11 +23,12 @@ the machine's facts and of what trials measured (tested on tables).
 # known (the batches in /dev/shm, pinned, in threads' hands), the candidate starts, and its workers' USS is read at
 # their first batch (``MemoryCheck``, trials and online alike): when the footprint measured there, plus the growth an
 # earlier candidate's workers showed during their window, is over the budget, the candidate stops at once, "skipped"
-# with the figures, and its measured worker size guards every later candidate. What this admits: the process tree
-# can pass the budget only from the start of such a candidate to its first batch, and by less than its workers' USS
-# at that batch (a forked worker's private pages then are what it allocated and copied to make its first
-# prefetch_factor batches: 8-20 MiB each measured here; a worker_init_fn that allocates more is not bounded), and only
-# once per search: afterwards every candidate is guarded by a measured size. Spawned workers share nothing and import
+# with the figures, and its measured worker size guards every later candidate (``policy.per_worker_bytes``: sized by
+# candidates of two workers or more, a lone worker holding alone every page this process writes meanwhile). What this
+# admits: the process tree passes the budget only from the start of a candidate to its first batch, and by less than
+# its workers' USS there (a forked worker's private pages then are what it allocated and copied to make its first
+# prefetch_factor batches: 8-20 MiB each measured here; a worker_init_fn that allocates more is not bounded); once a
+# worker was measured, only by what a worker holds there beyond that size. Spawned workers share nothing and import
 # everything again, so for them this process's RSS stays the estimate until one is measured (``Search
 # .per_worker_estimate``).
 # Copy-on-read (NOTE [ Copy-on-read ] in measure/advice.py) makes workers grow with every sample they read; a trial
@@ -120,10 +121,13 @@ def budget_guard(config: LoaderConfig, *, per_worker_bytes: Optional[int], batch
 @dataclass(frozen=True)
 class MemoryCheck:
     """What a candidate's workers are checked against at their first batch (``first_batch_check``): the budget, and
-    the growth per worker an earlier candidate's workers showed during their window (0: none measured)."""
+    the growth per worker an earlier candidate's workers showed during their window (0: none measured); ``census``:
+    whether its window reads which pages a worker copies (NOTE [ Copy-on-read forecast ] in growth.py: 25-80 ms at
+    each edge, not worth it where its workers could copy all of this process and still fit)."""
 
     budget_bytes: int
     growth_bytes: int = 0
+    census: bool = True
 
     def __call__(self, config: LoaderConfig, uss_bytes: Optional[int], batch_bytes: Optional[int]) -> Optional[str]:
         """``first_batch_check`` with this check (how a measuring window calls it: measure/window.py)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Generator, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Generator, Mapping, Optional, Protocol, Sequence, TypeVar, Union
 
 import torch
 
@@ -36,9 +36,19 @@ MIN_LIMIT_S = 1.0
 """The least a started candidate's window gets, however little of the budget is left (NOTE [ Candidate time limit ])."""
 Progress = Callable[[TrialResult, float, float], None]
 """Called after every trial with (the trial, seconds elapsed, the budget)."""
-MemoryCheck = Callable[[LoaderConfig, Optional[int], Optional[int]], Optional[str]]
-"""(config, its largest worker's USS at the first batch, the batch's bytes) -> why it stops there, or None: a
-``budget.MemoryCheck``, which measuring windows call (measure/window.py)."""
+
+
+class MemoryCheck(Protocol):
+    """A ``budget.MemoryCheck``, which measuring windows call (measure/window.py): (config, its largest worker's USS at
+    the first batch, the batch's bytes) -> why it stops there, or None; ``census``: read which pages a worker copies
+    (NOTE [ Copy-on-read forecast ] in growth.py)."""
+
+    @property
+    def census(self) -> bool:
+        ...
+
+    def __call__(self, config: LoaderConfig, uss_bytes: Optional[int], batch_bytes: Optional[int]) -> Optional[str]:
+        ...
 
 
 @dataclass(frozen=True)

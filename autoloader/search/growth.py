@@ -21,26 +21,34 @@ functions of what its window measured (tested on tables), in the footprint of NO
 # expectation for uniform reads (reads in order copy less: neighbours share pages) and, at a given T, the most any
 # spread of objects over pages gives (the bracket is concave in the objects per page); the span over-counts what is
 # not the dataset's, which only raises it. Measured on that list, 4 workers: 646 MiB forecast, 605-633 MiB peaked.
-# ``epoch_growth_bytes`` adds what else a worker's USS gained beyond ``growth_noise_bytes`` (a per-worker cache, say),
-# linearly; ``forecast_bytes`` puts it in the same ``footprint``. Where the census cannot be read (not Linux, a
+# ``epoch_growth_bytes`` adds what else a worker's USS gained beyond ``growth_noise_bytes`` (the runs, a per-worker
+# cache), linearly; ``forecast_bytes`` puts it in the same ``footprint``. Where the census cannot be read (not Linux, a
 # sandbox), the USS growth beyond ``growth_noise_bytes`` is extended linearly, as before (measured on a dataset that
 # keeps 128 KiB per sample: 0.82-1.17 x that with 2 and 4 workers). Workers kept across epochs (persistent) copy the
 # whole span in time: ``lasting_bytes``, which ``policy.keep_workers_alive`` reads.
+# Once a candidate measured copies, ``forecast_guard`` refuses before it starts any count forecast past the budget
+# (``Search.guard``): the choice would refuse it, and as a ceiling it sends the search below it. Without it the search
+# climbed 8 -> 32 -> 16 -> 23 on that list under 700 MiB, all forecast past it, and fell back to no workers.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence, Tuple
 
+from ..config import LoaderConfig
+from ..report import mib
 from ..results import TrialResult
 from .footprint import footprint
 
-__all__ = ["COPY_NOISE_BYTES", "COPY_NOISE_PER_SAMPLE", "GROWTH_NOISE_BYTES", "copied_per_sample", "copy_forecast",
-           "epoch_growth_bytes", "forecast_bytes", "growth_noise_bytes", "growth_per_sample", "lasting_bytes",
-           "samples_made"]
+__all__ = ["COPY_NOISE_BYTES", "COPY_NOISE_PER_SAMPLE", "DENSE", "GROWTH_NOISE_BYTES", "copied_per_sample", "copy_forecast",
+           "copy_rate", "epoch_growth_bytes", "forecast_bytes", "forecast_guard", "growth_noise_bytes",
+           "growth_per_sample", "lasting_bytes", "samples_made", "scattered_bytes"]
 
 GROWTH_NOISE_BYTES = 4 * 2**20
 """A worker's USS grows this much once in any trial, whatever it reads: allocator warm-up, the collector's first pass
 over inherited objects, batches being built (measured 1-3 MiB in a pytest process)."""
+DENSE = 0.25
+"""Copies filling more of their span than this were written, not read: a trial's reads at random copy a few percent
+of the span they fall in (1 % measured on a list of 300,000 objects)."""
 COPY_NOISE_BYTES = 2**20
 COPY_NOISE_PER_SAMPLE = 1024
 """Pages a worker copies in any trial, whatever it reads, mostly its allocator reusing the free space of inherited
@@ -66,16 +74,25 @@ def samples_made(trial: TrialResult) -> Optional[float]:
     return (trial.batches + trial.config.burst_batches()) * batch_size / n
 
 
-def copied_per_sample(trial: TrialResult) -> Optional[float]:
-    """Bytes one worker copied from this process per sample it made (the census, NOTE [ Copy-on-read forecast ]); 0
-    when it copied less than ``COPY_NOISE_BYTES`` in all or ``COPY_NOISE_PER_SAMPLE`` a sample; None when not
-    measured."""
-    made = samples_made(trial)
-    if trial.worker_copied_bytes is None or not made:
+def scattered_bytes(trial: TrialResult) -> Optional[int]:
+    """What one worker copied in pages apart (the census less its runs, NOTE [ Copy-on-read forecast ]): reads of
+    inherited objects; 0 when they fill more than ``DENSE`` of their span (what it wrote, its runs broken by pages
+    that were never present); None when not measured."""
+    if trial.worker_copied_bytes is None:
         return None
-    per_sample = trial.worker_copied_bytes / made
-    return per_sample if trial.worker_copied_bytes >= COPY_NOISE_BYTES and per_sample >= COPY_NOISE_PER_SAMPLE \
-        else 0.0
+    scattered = max(0, trial.worker_copied_bytes - (trial.worker_copied_run_bytes or 0))
+    return 0 if scattered > DENSE * (trial.worker_copy_span_bytes or 0) else scattered
+
+
+def copied_per_sample(trial: TrialResult) -> Optional[float]:
+    """Bytes one worker copied in pages apart (``scattered_bytes``) per sample it made: copy-on-read; 0 when less
+    than ``COPY_NOISE_BYTES`` in all or ``COPY_NOISE_PER_SAMPLE`` a sample; None when not measured."""
+    made = samples_made(trial)
+    copied = scattered_bytes(trial)
+    if copied is None or not made:
+        return None
+    per_sample = copied / made
+    return per_sample if copied >= COPY_NOISE_BYTES and per_sample >= COPY_NOISE_PER_SAMPLE else 0.0
 
 
 def growth_per_sample(trial: TrialResult) -> Optional[float]:
@@ -86,7 +103,7 @@ def growth_per_sample(trial: TrialResult) -> Optional[float]:
     if trial.worker_uss_growth_bytes is None or not made:
         return None
     copied = copied_per_sample(trial)
-    other = max(0, trial.worker_uss_growth_bytes - (trial.worker_copied_bytes or 0) - growth_noise_bytes(trial))
+    other = max(0, trial.worker_uss_growth_bytes - int((copied or 0.0) * made) - growth_noise_bytes(trial))
     return (copied or 0.0) + other / made
 
 
@@ -113,7 +130,7 @@ def epoch_growth_bytes(trial: TrialResult, *, epoch_samples: int) -> Optional[in
         return None if slope is None else int(slope * epoch_samples / n)
     reach = min(trial.worker_copy_span_bytes or 0, trial.worker_shared_bytes or 0)
     copies = copy_forecast(per_sample=copied, reach_bytes=reach, workers=n, epoch_samples=epoch_samples)
-    other = max(0, trial.worker_uss_growth_bytes - (trial.worker_copied_bytes or 0) - growth_noise_bytes(trial))
+    other = max(0, trial.worker_uss_growth_bytes - int(copied * made) - growth_noise_bytes(trial))
     return int(copies + other / made * epoch_samples / n)
 
 
@@ -139,3 +156,33 @@ def lasting_bytes(trial: TrialResult) -> Optional[int]:
     reach = min(trial.worker_copy_span_bytes or 0, trial.worker_shared_bytes or 0) if copied else 0
     return footprint(trial.config, per_worker_bytes=trial.worker_uss_bytes + reach,
                      batch_bytes=trial.batch_bytes).total_bytes
+
+
+def copy_rate(trials: Sequence[TrialResult]) -> Optional[Tuple[float, int]]:
+    """(bytes a worker copies per sample, the shared bytes those copies reach) of the trial whose worker copied the
+    most per sample past the noise (``copied_per_sample``); None when none did."""
+    copying = [(rate, min(t.worker_copy_span_bytes or 0, t.worker_shared_bytes or 0))
+               for t in trials for rate in (copied_per_sample(t),) if rate]
+    return max(copying, default=None)
+
+
+def forecast_guard(config: LoaderConfig, *, trials: Sequence[TrialResult], per_worker_bytes: Optional[int],
+                   batch_bytes: Optional[int], budget_bytes: Optional[int],
+                   epoch_samples: Optional[int]) -> Optional[str]:
+    """Why ``config``'s workers, copying as an earlier candidate's did (``copy_rate``), would be over ``budget_bytes``
+    by the end of an epoch (``copy_forecast``): the choice would refuse it, so it is not started (its count is then a
+    ceiling the search looks below); None when it fits or nothing says otherwise."""
+    rate = copy_rate(trials)
+    n = config.num_workers
+    if n == 0 or rate is None or per_worker_bytes is None or budget_bytes is None or not epoch_samples:
+        return None
+    per_sample, reach = rate
+    grown = per_worker_bytes + int(copy_forecast(per_sample=per_sample, reach_bytes=reach, workers=n,
+                                                 epoch_samples=epoch_samples))
+    total = footprint(config, per_worker_bytes=grown, batch_bytes=batch_bytes).total_bytes or 0
+    if total <= budget_bytes:
+        return None
+    return (f"memory: copy-on-read: {n} workers would take {mib(total)} by the end of an epoch of {epoch_samples:,} "
+            f"samples (each copying {per_sample / 1024:,.1f} KiB of inherited objects per sample it reads, up to "
+            f"{mib(reach)}), over the memory budget of {mib(budget_bytes)}; store the samples in numpy arrays or "
+            f"tensors, or pass memory_budget= to allow more")

@@ -28,7 +28,7 @@ from ..results import TrialResult, TuneResult
 from . import native_policy, policy, threads_policy
 from .bounds import worker_bounds
 from .budget import MemoryCheck, budget_guard, footprint, resolve_budget, trial_footprint
-from .growth import lasting_bytes
+from .growth import forecast_guard, lasting_bytes
 from .candidates import Candidate, Progress, Steps, admit, fallback_result, start_costs
 from .settings import Findings, Settings
 from .native_search import compare_native
@@ -91,9 +91,13 @@ class Search:
 
     # -- one candidate ------------------------------------------------------------------------------------------
     def guard(self, config: LoaderConfig, per_worker_bytes: Optional[int]) -> Optional[str]:
-        """Why ``config`` would not fit in the memory budget or /dev/shm (``budget.budget_guard``), or None."""
-        return budget_guard(config, per_worker_bytes=per_worker_bytes, batch_bytes=self.found.batch_bytes,
-                            budget_bytes=self.settings.memory_budget, shm_free_bytes=self.settings.shm_free)
+        """Why ``config`` would not fit in the memory budget or /dev/shm (``budget.budget_guard``), or by the end of
+        an epoch, its workers copying as measured (``growth.forecast_guard``); None when it fits."""
+        budget_bytes, batch_bytes = self.settings.memory_budget, self.found.batch_bytes
+        return budget_guard(config, per_worker_bytes=per_worker_bytes, batch_bytes=batch_bytes,
+                            budget_bytes=budget_bytes, shm_free_bytes=self.settings.shm_free) or \
+            forecast_guard(config, trials=self.found.trials, per_worker_bytes=per_worker_bytes,
+                           batch_bytes=batch_bytes, budget_bytes=budget_bytes, epoch_samples=self.settings.epoch_samples)
 
     def per_worker_estimate(self) -> Optional[int]:
         """One worker's memory as measured (USS plus its growth) once a worker candidate reached its first batch;
@@ -106,10 +110,16 @@ class Search:
 
     def memory_check(self, config: LoaderConfig) -> Optional[MemoryCheck]:
         """What ``config``'s workers are checked against at their first batch: the budget and the most a worker grew
-        during an earlier window; None without workers or a budget."""
-        if config.num_workers == 0 or self.settings.memory_budget is None:
+        during an earlier window; the census only where its workers, each copying all of this process (its RSS: the
+        most a fork can copy) on top of their own size, would not fit. None without workers or a budget."""
+        budget_bytes = self.settings.memory_budget
+        if config.num_workers == 0 or budget_bytes is None:
             return None
-        return MemoryCheck(self.settings.memory_budget, policy.worker_growth_bytes(self.found.trials))
+        worst = None if self.main_rss is None else footprint(
+            config, per_worker_bytes=self.main_rss + (self.found.per_worker_bytes or 0),
+            batch_bytes=self.found.batch_bytes).total_bytes
+        return MemoryCheck(budget_bytes, policy.worker_growth_bytes(self.found.trials),
+                           census=worst is None or worst > budget_bytes)
 
     def run(self, config: LoaderConfig, *, first: bool = False, again: bool = False, force: bool = False,
             probe: bool = False, gain: float = 0.0) -> Steps[Optional[TrialResult]]:

@@ -1,5 +1,7 @@
 """Where a trial's timed window opens (autoloader.measure.window): after the prefetch burst has drained; and the rate
 of a trial cut before it did."""
+import sys
+
 import psutil
 import pytest
 import torch
@@ -83,12 +85,18 @@ def test_a_window_over_the_memory_budget_at_its_first_batch_is_complete_and_skip
     me = psutil.Process()
     seen = []
 
-    def check(config, uss, batch_bytes):
-        seen.append((config.num_workers, uss, batch_bytes))
-        return "memory: stopped at its first batch: ..."
+    class Check:
+        census = True
+
+        def __init__(self, verdict):
+            self.verdict = verdict
+
+        def __call__(self, config, uss, batch_bytes):
+            seen.append((config.num_workers, uss, batch_bytes))
+            return self.verdict
 
     window = Window(LoaderConfig(2, 2), started=0.0, batch_size=4)
-    window.memory_check = check
+    window.memory_check = Check("memory: stopped at its first batch: ...")
     window.first_batch(torch.zeros(4, 8), 0.25, workers=[me])
     assert len(seen) == 1 and seen[0][0] == 2 and seen[0][1] > 0 and seen[0][2] == 4 * 8 * 4
     assert window.complete(deadline=1e9) and window.edges.census is None
@@ -98,6 +106,12 @@ def test_a_window_over_the_memory_budget_at_its_first_batch_is_complete_and_skip
     assert result.worker_uss_total_bytes == seen[0][1] and not result.ok
 
     fits = Window(LoaderConfig(2, 2), started=0.0, batch_size=4)
-    fits.memory_check = lambda config, uss, batch_bytes: None
-    fits.first_batch(torch.zeros(4, 8), 0.25, workers=[me])
+    fits.memory_check = Check(None)
+    fits.first_batch(torch.zeros(4, 8), 0.25, workers=[me, me])
     assert fits.over_budget is None and not fits.complete(deadline=1e9)
+    assert fits.edges.census is not None or not sys.platform.startswith("linux"), "the census, two workers"
+    Check.census = False
+    quiet = Window(LoaderConfig(2, 2), started=0.0, batch_size=4)
+    quiet.memory_check = Check(None)
+    quiet.first_batch(torch.zeros(4, 8), 0.25, workers=[me, me])
+    assert quiet.edges.census is None, "not asked for"
