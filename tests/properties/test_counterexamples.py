@@ -92,3 +92,11 @@ def test_reading_ahead_loads_the_next_batch_before_the_loops_draws():
     with mock.patch.object(_prefetch, "reads_ahead", lambda stream: True):
         check_errors(data, PLAIN, ahead=True)
     assert wait_no_children() == []
+
+
+def test_threads_that_augment_from_the_global_rng_move_a_global_order_later():
+    """The same samples finishing in threads after a failed one (above) drew from torch's global RNG, which the
+    sampler draws the next epoch's order from: that order is not the plain DataLoader's (``errors_agree``)."""
+    data = Data(n=43, batch_size=2, drop_last=False, sampler="global-rng", rng="generator", augment=True, bad=(0,))
+    check_errors(data, Mode("plain", 0, threads=2))
+    assert wait_no_children() == []

@@ -71,12 +71,15 @@ def errors_agree(data: Data, mode: Mode, other: Mode, *, ahead: bool = False) ->
     are fetched by threads there (the samples of a failed batch that were running when the first one raised finish,
     NOTE [ Threads inside workers ], and draw from the global RNGs, where a plain DataLoader stops at the failing
     sample); the draws and the augmentation's values when the prefetcher reads ahead (as with a CUDA side stream,
-    batch i + 1 is loaded before the loop's draws after batch i: NOTE [ Stream synchronisation ])."""
+    batch i + 1 is loaded before the loop's draws after batch i: NOTE [ Stream synchronisation ]); and so the later
+    epochs' order when it is drawn from the global RNG."""
     parts = agree(data, mode, other)
     main = [m for m in (mode, other) if m.main_draws != "never"]
     threaded = any(m.threads > 1 for m in main)
     moved = data.augment and bool(main) and (threaded or ahead)
-    return {**parts, "draws": parts["draws"] and not moved, "values": parts["values"] and not (moved and ahead)}
+    order_global = data.rng == "global" or data.sampler in ("global-rng", "python-random")
+    return {"indices": parts["indices"] and not (moved and order_global), "draws": parts["draws"] and not moved,
+            "values": parts["values"] and not (moved and ahead)}
 
 
 @st.composite
