@@ -14,7 +14,8 @@ how many batches each task loads, how far the driver reads ahead, and which cand
 # - Block (``batches_per_task``): a task hands back its whole block at once, so the epoch's first batch waits for one
 #   block (measured: Ray Data's default blocks made it wait 18-37 s, almost the whole epoch; 100-row blocks
 #   1.4-2.3 s). The block is the fewest batches whose task overhead stays under ``OVERHEAD_SHARE`` of the task,
-#   capped so a block loads within ``FIRST_BATCH_S`` and every task of the pool gets blocks.
+#   capped so a block loads within ``FIRST_BATCH_S`` and every task of the pool gets several blocks of an epoch
+#   (``BLOCKS_PER_TASK``), so that loading overlaps the step.
 # - Prefetch (``prefetch_for``): the driver reads one block ahead per task, so a pool that keeps up is never starved
 #   by the driver's own queue.
 # - Search (``next_pool``) and choice (``choose``): double while it pays, then bisect down to the fewest CPUs within
@@ -36,6 +37,9 @@ TASK_OVERHEAD_S = 0.01
 OVERHEAD_SHARE = 0.05
 FIRST_BATCH_S = 1.0
 """The most seconds one block may take to load: the epoch's first batch waits for one."""
+BLOCKS_PER_TASK = 4
+"""Blocks each task gets per epoch at least, so loading overlaps the step (one block per task would load the whole
+epoch before the step could start on it)."""
 WAITING = 0.5
 """A batch that keeps the CPU busy less than this share of its time mostly waits: tasks then ask half a CPU."""
 
@@ -76,14 +80,14 @@ def first_pool(*, serial_s: float, step_s: float, cap: int) -> int:
 
 def batches_per_task(*, serial_s: float, epoch_batches: int, tasks: int) -> int:
     """Batches one task loads (NOTE [ Sizing the Ray pool ], the block): the fewest whose overhead stays under
-    ``OVERHEAD_SHARE`` of the task, at most what loads in ``FIRST_BATCH_S`` and at most an even share of the
-    epoch per task; at least 1."""
+    ``OVERHEAD_SHARE`` of the task, at most what loads in ``FIRST_BATCH_S`` and small enough that each task gets
+    ``BLOCKS_PER_TASK`` blocks of the epoch; at least 1."""
     if serial_s <= 0:
         wanted = 8
     else:
         wanted = math.ceil(TASK_OVERHEAD_S / (OVERHEAD_SHARE * serial_s) - 1e-9)
         wanted = min(wanted, max(1, int(FIRST_BATCH_S // serial_s)))
-    share = max(1, epoch_batches // max(1, tasks))
+    share = max(1, epoch_batches // (BLOCKS_PER_TASK * max(1, tasks)))
     return max(1, min(wanted, share))
 
 
