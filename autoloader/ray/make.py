@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .._validate import check_ray_arguments
 from ..cache import resolve_cache
@@ -49,7 +49,7 @@ def make_ray_loader(arguments: Mapping[str, Any]) -> PrefetchLoader:
     shape = shape_of(ray.nodes())
     source = RaySource(frame, _placeholder(shape), address=address, num_cpus=cpus, wait_s=WAIT_S,
                        pin=request.device.type == "cuda")
-    tuning, key = _decide(request, arguments, source, shape)
+    tuning, key = _decide(request, arguments, source, shape, wait_s=float(timeout) if timeout else None)
     source.use(tuning, wait_s=float(timeout) if timeout else WAIT_S + 20 * (tuning.serial_s_per_batch or 0.0)
                * tuning.config.batches_per_task)
     loader = PrefetchLoader(source, device=request.device, cache_key=key, single_process=request.unsharded,
@@ -74,8 +74,8 @@ def _placeholder(shape: Dict[str, Any]) -> RayTuning:
     return RayTuning(RayConfig(1), None, "fixed", cluster=shape, reason="not tuned yet")
 
 
-def _decide(request: Request, arguments: Mapping[str, Any], source: RaySource,
-            shape: Dict[str, Any]) -> "tuple[RayTuning, Optional[str]]":
+def _decide(request: Request, arguments: Mapping[str, Any], source: RaySource, shape: Dict[str, Any], *,
+            wait_s: Optional[float]) -> Tuple[RayTuning, Optional[str]]:
     """The cached decision for this cluster shape, else trials on every rank (each as one of the cluster's drivers);
     under torchrun rank 0's, on every rank."""
     group = request.group
@@ -97,7 +97,7 @@ def _decide(request: Request, arguments: Mapping[str, Any], source: RaySource,
         cached = None if found is None else RayTuning.from_dict(found)
     if cached is not None:
         return cached, key
-    tuning = _tune(request, source, shape, drivers=world)
+    tuning = _tune(request, source, shape, drivers=world, wait_s=wait_s)
     if group is not None and world > 1:
         tuning = RayTuning.from_dict(all_gather(tuning.to_dict(), size=world)[0])
     if cache is not None and key is not None and leader and tuning.source == "tuned":
@@ -105,11 +105,13 @@ def _decide(request: Request, arguments: Mapping[str, Any], source: RaySource,
     return tuning, key
 
 
-def _tune(request: Request, source: RaySource, shape: Dict[str, Any], *, drivers: int) -> RayTuning:
+def _tune(request: Request, source: RaySource, shape: Dict[str, Any], *, drivers: int,
+          wait_s: Optional[float]) -> RayTuning:
     ray = import_ray()
     session = open_session(source.address, num_cpus=source.num_cpus)
     consumer = Consumer(request.step, request.device)
     costs, _ = measure_costs(source.frame, consumer, request.device)
-    bench = Bench(ray, source.payload.ref(ray, session), source.frame, consumer, WAIT_S + 20 * costs.serial_s)
+    bench = Bench(ray, source.payload.ref(ray, session), source.frame, consumer,
+                  wait_s if wait_s is not None else WAIT_S + 20 * costs.serial_s)
     return tune_pool(bench, costs=costs, cluster=shape, drivers=drivers, budget=request.budget or BUDGET_S,
                      max_tasks=request.max_workers)

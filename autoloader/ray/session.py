@@ -75,6 +75,10 @@ def open_session(address: Optional[str], *, num_cpus: Optional[int]) -> Session:
     ray = import_ray()
     with _LOCK:
         if _SESSION is not None and ray.is_initialized():
+            if address is not None and address != _SESSION.address:
+                raise ValueError(f"this process already uses the Ray at {_SESSION.address or 'a local Ray'}, and one "
+                                 f"process is one Ray driver: call autoloader.ray.shutdown() before address="
+                                 f"{address!r}, or pass the same address")
             return _SESSION
         if _SESSION is not None:  # the Ray it used was shut down by someone else: only its directory is left
             _SESSION.close()
