@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import pickle
 import queue
+import re
 import threading
 import warnings
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
@@ -142,6 +143,22 @@ def original_error(error: BaseException) -> BaseException:
     return seen[-1]
 
 
+_RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
+
+
+def described(error: BaseException) -> str:
+    """``Type: message`` of the dataset's own exception: the first one in Ray's chain that is not Ray's, else the
+    first such line of the worker's traceback that Ray's message carries (the chain does not survive pickling)."""
+    cause = original_error(error)
+    if not type(cause).__module__.startswith("ray"):
+        return f"{type(cause).__name__}: {cause}"
+    for line in str(error).splitlines():
+        found = _RAISED.match(line.strip())
+        if found and not found.group(1).startswith(("ray", "Ray", "UserCodeException")):
+            return line.strip()
+    return f"{type(cause).__name__}: {cause}"
+
+
 def task_failure(error: BaseException, position: int) -> BaseException:
     """What the loop gets for a failed run: ConnectionError when Ray itself went away, else a RuntimeError naming
     the dataset's own exception."""
@@ -150,8 +167,8 @@ def task_failure(error: BaseException, position: int) -> BaseException:
         return ConnectionError(f"autoloader lost Ray while loading batch {position} ({type(cause).__name__}: "
                                f"{cause}): check that the cluster is up (`ray status`), then iterate again")
     return RuntimeError(f"autoloader: a Ray task failed while loading batch {position} of the epoch: "
-                        f"{type(cause).__name__}: {cause} (raised by the dataset or collate_fn in a Ray worker; "
-                        f"its traceback is above). Fix the dataset; no batch after it was served")
+                        f"{described(error)} (raised by the dataset or collate_fn in a Ray worker; its traceback is "
+                        f"above). Fix the dataset; no batch after it was served")
 
 
 def pinned(batch: Any) -> Any:

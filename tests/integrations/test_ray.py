@@ -150,7 +150,7 @@ def test_a_second_address_in_one_process_is_refused(ray_session):
 
 
 def test_a_task_that_never_returns_is_a_timeout_naming_the_fix(ray_session):
-    """Last in the module: the blocked task holds the pool's CPU until it wakes."""
+    """The last test on the module's Ray: the blocked tasks hold its pool's CPU until it is shut down."""
     loader = make_loader(Blocking(8, seconds=20.0), 2, engine="ray", timeout=3, **FAST)
     assert loader.tuning.source == "fixed" and "TimeoutError" in str(loader.tuning)
     started = time.monotonic()

@@ -80,3 +80,20 @@ def test_the_tasks_fetch_batches_as_torchs_fetcher_does(dataset, batch_size):
     for mine, theirs in zip(got, plain):
         assert repr(mine) == repr(theirs)
     assert len(got) == len(plain)
+
+
+def test_a_failed_tasks_message_names_the_datasets_own_exception():
+    from autoloader.ray.pipeline import described, task_failure
+
+    class UserCodeException(Exception):  # Ray's wrappers, as Ray's message carries the worker's traceback
+        __module__ = "ray.data.exceptions"
+
+    wrapped = UserCodeException("UDF failed\nTraceback (most recent call last):\n  File x\n"
+                                "ValueError: sample 20 is corrupt\n\nThe above exception was the direct cause")
+    assert described(wrapped) == "ValueError: sample 20 is corrupt"
+    chained = UserCodeException("UDF failed")
+    chained.__cause__ = KeyError("label")
+    assert described(chained) == "KeyError: 'label'"
+    error = task_failure(wrapped, 3)
+    assert isinstance(error, RuntimeError) and "loading batch 3 of the epoch: ValueError: sample 20" in str(error)
+    assert isinstance(task_failure(ConnectionError("gone"), 0), ConnectionError)
