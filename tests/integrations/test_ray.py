@@ -217,9 +217,14 @@ def test_a_local_ray_autoloader_started_is_gone_at_exit(ray_session, tmp_path):
 
 
 def test_a_ray_the_user_initialised_is_never_shut_down(ray_session, tmp_path):
-    temp = tmp_path / "r"
-    temp.mkdir()
-    proc = _script(tmp_path, "users", str(temp))
+    import shutil
+    import tempfile
+
+    temp = tempfile.mkdtemp(prefix="al-ru-", dir="/tmp")  # short: Ray's socket paths live under it
+    try:
+        proc = _script(tmp_path, "users", temp)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
     assert proc.returncode == 0 and "batches 4" in proc.stdout, proc.stderr[-3000:]
     assert "temp None" in proc.stdout and "still initialised True" in proc.stdout
 
