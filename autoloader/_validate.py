@@ -252,6 +252,8 @@ def check_engine(engine: Any, address: Any) -> None:
 def check_ray_arguments(arguments: Mapping[str, Any]) -> None:
     """What ``engine="ray"`` cannot take, each refused with the fix: online tuning, threads and native thread
     limits, a memory budget, an IterableDataset, and the DataLoader keywords about worker processes."""
+    if not isinstance(arguments["refresh"], bool):
+        raise TypeError(f"refresh must be True or False, got {arguments['refresh']!r}")
     if isinstance(arguments["dataset"], IterableDataset):
         raise ValueError("engine='ray' loads a map-style dataset by index (autoloader keeps the order); an "
                          "IterableDataset decides its own: use engine='dataloader', or Ray Data's own readers")

@@ -184,7 +184,8 @@ def make_loader(
             resume), the pool tuned against ``step`` with trials and cached under the cluster's shape (NOTE [ Exact
             batches through Ray ] in ``autoloader/ray/source.py``; README "Ray Data"). Not with ``tuning="online"``,
             ``threads``, ``native_threads``, ``memory_budget``, an ``IterableDataset`` or worker-process keywords;
-            ``max_workers`` caps the tasks, ``timeout`` the seconds to wait for one batch.
+            ``max_workers`` caps the tasks, ``timeout`` the seconds to wait for one batch. ``loader.tuning`` is then
+            an ``autoloader.ray.records.RayTuning``.
         address (str): With ``engine="ray"``: the Ray cluster to join (``"HOST:6379"``, ``"auto"``). Default None:
             ``RAY_ADDRESS``, else a Ray already initialised in this process, else a local Ray that autoloader starts
             and shuts down (``autoloader.ray.shutdown()``, or at exit). Required under torchrun (one cluster, one

@@ -99,7 +99,8 @@ def open_session(address: Optional[str], *, num_cpus: Optional[int]) -> Session:
 def _start_local(ray: Any, num_cpus: Optional[int]) -> Session:
     temp_dir = tempfile.mkdtemp(prefix="al-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)  # short: sockets
     try:
-        ray.init(num_cpus=num_cpus, _temp_dir=temp_dir, include_dashboard=False, logging_level=logging.WARNING,
+        ray.init(address="local", num_cpus=num_cpus, _temp_dir=temp_dir, include_dashboard=False,
+                 logging_level=logging.WARNING,
                  runtime_env={"env_vars": {"PYTHONPATH": _driver_path()}})
     except BaseException:
         shutil.rmtree(temp_dir, ignore_errors=True)
