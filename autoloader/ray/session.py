@@ -6,8 +6,9 @@
 # - ``address=`` (or ``RAY_ADDRESS``) names a running cluster: this process connects as one more driver; at the end
 #   it disconnects (``ray.shutdown()`` in a driver that joined a cluster stops no node of it). The cluster is the
 #   user's: ``ray stop`` on its machines stops it.
-# - Neither: a local Ray is started with the usable CPUs, in a temporary directory of autoloader's own (not
-#   ``/tmp/ray``), and at the end it is shut down (its processes with it) and the directory removed.
+# - Neither: a local Ray is started with the usable CPUs, in a temporary directory of autoloader's own, and at the
+#   end it is shut down (its processes with it) and its files removed: that directory, and the session directory
+#   Ray reports (``ray.init(...).address_info``), which Ray 2.60 sometimes puts under ``/tmp/ray`` anyway.
 # Under torchrun every rank is its own driver (its own session): a rank's batches never pass through another's.
 # Every wait on Ray has a limit: the address is tried with a socket first (``CONNECT_S``), so a cluster that is not
 # there is a ``ConnectionError`` naming the fix, not a wait in ``ray.init``.
@@ -50,6 +51,9 @@ class Session:
     owned: bool
     local: bool
     temp_dir: Optional[str] = None
+    session_dir: Optional[str] = None
+    """Where Ray put this local session's files: under ``temp_dir``, or (measured with ray 2.60.0: in a process
+    whose parent ran Ray) under ``/tmp/ray`` anyway."""
 
     def close(self) -> None:
         """Shut down what autoloader started (NOTE [ Who owns Ray ]); nothing for a Ray the user initialised."""
@@ -58,6 +62,9 @@ class Session:
             if ray.is_initialized():
                 ray.shutdown()
             self.owned = False
+        if self.session_dir is not None:
+            _remove_session(self.session_dir)
+            self.session_dir = None
         if self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
             self.temp_dir = None
@@ -99,14 +106,22 @@ def open_session(address: Optional[str], *, num_cpus: Optional[int]) -> Session:
 def _start_local(ray: Any, num_cpus: Optional[int]) -> Session:
     temp_dir = tempfile.mkdtemp(prefix="al-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)  # short: sockets
     try:
-        ray.init(address="local", num_cpus=num_cpus, _temp_dir=temp_dir, include_dashboard=False,
-                 logging_level=logging.WARNING,
-                 runtime_env={"env_vars": {"PYTHONPATH": _driver_path()}})
+        context = ray.init(address="local", num_cpus=num_cpus, _temp_dir=temp_dir, include_dashboard=False,
+                           logging_level=logging.WARNING, runtime_env={"env_vars": {"PYTHONPATH": _driver_path()}})
     except BaseException:
         shutil.rmtree(temp_dir, ignore_errors=True)
         raise
-    log.info("autoloader started a local Ray (%s CPUs) in %s", num_cpus, temp_dir)
-    return Session(None, owned=True, local=True, temp_dir=temp_dir)
+    session_dir = getattr(context, "address_info", {}).get("session_dir")
+    log.info("autoloader started a local Ray (%s CPUs) in %s", num_cpus, session_dir or temp_dir)
+    return Session(None, owned=True, local=True, temp_dir=temp_dir, session_dir=session_dir)
+
+
+def _remove_session(session_dir: str) -> None:
+    """A local session's directory, and Ray's ``session_latest`` link beside it when it points there."""
+    shutil.rmtree(session_dir, ignore_errors=True)
+    latest = os.path.join(os.path.dirname(session_dir), "session_latest")
+    if os.path.islink(latest) and os.path.realpath(latest) == os.path.realpath(session_dir):
+        os.unlink(latest)
 
 
 def _driver_path() -> str:

@@ -43,11 +43,12 @@ def ray_session():
     assert session.local and session.owned and session.temp_dir is not None
     roots = {child.pid for child in psutil.Process().children()}
     yield session, roots
-    temp_dir = session.temp_dir
+    temp_dir, session_dir = session.temp_dir, session.session_dir
     autoloader.ray.shutdown()
     left = wait_no_children(30.0)
     assert not left, f"Ray processes left after shutdown(): {[(p.pid, p.name()) for p in left]}"
     assert not os.path.exists(temp_dir), f"autoloader's Ray directory {temp_dir} was not removed"
+    assert session_dir and not os.path.exists(session_dir), f"Ray's session directory {session_dir} was not removed"
 
 
 def _ours(process: psutil.Process, roots: set) -> bool:
@@ -174,11 +175,12 @@ if mode == "unreachable":
     sys.exit(0)
 import ray
 if mode == "users":
-    ray.init(num_cpus=1, _temp_dir=sys.argv[2], include_dashboard=False)
+    ray.init(num_cpus=1, _temp_dir=sys.argv[2], include_dashboard=False,  # the user's Ray: their workers' path
+             runtime_env={{"env_vars": {{"PYTHONPATH": os.pathsep.join({paths!r})}}}})
 loader = make_loader(Indexed(16), 4, engine="ray", cache=False, budget=2.0, max_workers=1)
 print("batches", sum(1 for _ in loader))
 from autoloader.ray import session
-print("temp", session._SESSION.temp_dir)
+print("temp", session._SESSION.temp_dir, "session", session._SESSION.session_dir)
 if mode == "users":
     import autoloader.ray
     autoloader.ray.shutdown()
@@ -209,7 +211,8 @@ def test_a_local_ray_autoloader_started_is_gone_at_exit(ray_session, tmp_path):
     proc = _script(tmp_path, "local")
     assert proc.returncode == 0 and "batches 4" in proc.stdout, proc.stderr[-3000:]
     temp_dir = proc.stdout.split("temp ", 1)[1].split()[0]
-    assert not os.path.exists(temp_dir)
+    session_dir = proc.stdout.split(" session ", 1)[1].split()[0]
+    assert not os.path.exists(temp_dir) and not os.path.exists(session_dir), (temp_dir, session_dir)
     deadline = time.monotonic() + 20
     while _processes_of(temp_dir) and time.monotonic() < deadline:
         time.sleep(0.2)

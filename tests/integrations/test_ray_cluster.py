@@ -122,8 +122,11 @@ def _stop(process: subprocess.Popen, temp_dir: str) -> None:
             break
         except subprocess.TimeoutExpired:
             continue
-    for leftover in _processes_of(temp_dir) + _in_session(process.pid):
+    for leftover in _processes_of(temp_dir) + _in_session(process.pid):  # Ray Data's detached actors, too
         leftover.kill()
+    deadline = time.monotonic() + 15
+    while (_processes_of(temp_dir) or _in_session(process.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def test_two_torchrun_ranks_each_drive_their_share_on_one_ray_start_cluster(tmp_path):
@@ -139,7 +142,8 @@ def test_two_torchrun_ranks_each_drive_their_share_on_one_ray_start_cluster(tmp_
         _wait_for_port(port, head)
         out = tmp_path / "out"
         out.mkdir()
-        _run(torchrun(HERE / "ray_torchrun_script.py", str(out), f"127.0.0.1:{port}", str(tmp_path / "cache")), env, out_dir=out)
+        _run(torchrun(HERE / "ray_torchrun_script.py", str(out), f"127.0.0.1:{port}", str(tmp_path / "cache")), env,
+             out_dir=out)
         reports = read_reports(out, 2)
     finally:
         _stop(head, temp_dir)
