@@ -3,6 +3,7 @@ a CPU node, where the tasks run), a loader of engine='ray' joining it by address
 ``OUT/report.json``. Run by test_ray_cluster.py."""
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -45,5 +46,6 @@ try:
     autoloader.ray.shutdown()
 finally:
     cluster.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
 (out / "report.json").write_text(json.dumps(report))
 print("temp", temp)

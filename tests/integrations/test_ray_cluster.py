@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -147,6 +148,7 @@ def test_two_torchrun_ranks_each_drive_their_share_on_one_ray_start_cluster(tmp_
         reports = read_reports(out, 2)
     finally:
         _stop(head, temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
     assert not _in_session(head.pid), "processes of the ray start cluster left"
     assert all(r["exact"] for r in reports), "each rank's batches are a plain DataLoader's over its shard"
     check_epochs([r["epochs"] for r in reports], 64)
