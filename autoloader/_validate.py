@@ -247,3 +247,42 @@ def check_picklable(*, start_method: str, objects: Mapping[str, Any]) -> None:
             f"method sends {name} to every DataLoader worker. Define it at module level (not a lambda or a local "
             f"function or class), or pass multiprocessing_context='fork' (Linux), or num_workers=0"
         ) from err
+
+
+ENGINES = ("dataloader", "ray")
+_RAY_REFUSED = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "worker_init_fn",
+                "multiprocessing_context", "in_order")
+"""DataLoader keywords about worker processes, which ``engine="ray"`` has none of (Ray's tasks load)."""
+
+
+def check_engine(engine: Any, address: Any) -> None:
+    """``engine=`` and ``address=`` of ``make_loader``: a known engine, an address only with Ray."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} must be one of {ENGINES}: 'dataloader' (worker processes on this "
+                         f"machine) or 'ray' (Ray Data tasks, on this machine or a cluster: pip install "
+                         f"\"autoloader[ray]\")")
+    if address is not None and not isinstance(address, str):
+        raise TypeError(f"address must be a Ray cluster address such as address='10.0.0.1:6379' (or 'auto'), or "
+                        f"None, got {address!r}")
+    if address is not None and engine != "ray":
+        raise ValueError(f"address={address!r} names a Ray cluster: pass engine='ray' with it, or drop address")
+
+
+def check_ray_arguments(arguments: Mapping[str, Any]) -> None:
+    """What ``engine="ray"`` cannot take, each refused with the fix: online tuning, threads and native thread
+    limits, a memory budget, an IterableDataset, and the DataLoader keywords about worker processes."""
+    if not isinstance(arguments["refresh"], bool):
+        raise TypeError(f"refresh must be True or False, got {arguments['refresh']!r}")
+    if isinstance(arguments["dataset"], IterableDataset):
+        raise ValueError("engine='ray' loads a map-style dataset by index (autoloader keeps the order); an "
+                         "IterableDataset decides its own: use engine='dataloader', or Ray Data's own readers")
+    if arguments["tuning"] == "online":
+        raise ValueError("engine='ray' tunes with trials before training: use tuning='trials' (or 'auto')")
+    for name, default in (("threads", False), ("native_threads", None), ("memory_budget", None)):
+        if arguments[name] is not default and arguments[name] != default:
+            raise ValueError(f"{name}={arguments[name]!r} applies to DataLoader workers; engine='ray' loads in Ray's "
+                             f"tasks: leave {name} out")
+    refused = sorted(set(arguments["dataloader_kwargs"]) & set(_RAY_REFUSED))
+    if refused:
+        raise ValueError(f"{', '.join(refused)} configure DataLoader worker processes; engine='ray' loads in Ray "
+                         f"tasks, which it sizes itself (max_workers= caps the tasks): leave {', '.join(refused)} out")

@@ -12,6 +12,7 @@ from typing import Any, Literal, Optional, Sequence, Tuple, Union
 import torch
 from torch.utils.data import IterableDataset
 
+from ._validate import check_engine
 from .cache import resolve_cache
 from .cache.fingerprint import dataset_length
 from .cache.slot import Slot
@@ -59,6 +60,8 @@ def make_loader(
     threads: Union[bool, int] = False,
     memory_budget: Union[None, int, float] = None,
     native_threads: Optional[Union[bool, int]] = None,
+    engine: Literal["dataloader", "ray"] = "dataloader",
+    address: Optional[str] = None,
     **dataloader_kwargs: Any,
 ) -> PrefetchLoader:
     """Build a DataLoader tuned for this machine, dataset and training step, wrapped in a ``PrefetchLoader``.
@@ -181,6 +184,18 @@ def make_loader(
             Your ``worker_init_fn`` runs after the limit, so its own limits win. The BLAS and OpenMP pools are seen and
             limited with ``threadpoolctl`` (a dependency). NOTE [ Native thread pools ] in
             ``autoloader/loader/native.py``.
+        engine (str): Who loads the batches: ``"dataloader"`` (default: DataLoader worker processes on this
+            machine) or ``"ray"``: Ray Data tasks, on this machine or a Ray cluster (``pip install
+            "autoloader[ray]"``), the order still autoloader's (the same batches as a plain DataLoader, exact
+            resume), the pool tuned against ``step`` with trials and cached under the cluster's shape (NOTE [ Exact
+            batches through Ray ] in ``autoloader/ray/source.py``; README "Ray Data"). Not with ``tuning="online"``,
+            ``threads``, ``native_threads``, ``memory_budget``, an ``IterableDataset`` or worker-process keywords;
+            ``max_workers`` caps the tasks, ``timeout`` the seconds to wait for one batch. ``loader.tuning`` is then
+            an ``autoloader.ray.records.RayTuning``.
+        address (str): With ``engine="ray"``: the Ray cluster to join (``"HOST:6379"``, ``"auto"``). Default None:
+            ``RAY_ADDRESS``, else a Ray already initialised in this process, else a local Ray that autoloader starts
+            and shuts down (``autoloader.ray.shutdown()``, or at exit). Required under torchrun (one cluster, one
+            driver per rank).
         **dataloader_kwargs: Every other ``torch.utils.data.DataLoader`` argument (``collate_fn``, ``sampler``,
             ``batch_sampler``, ``drop_last``, ``worker_init_fn``, ``generator``, ``multiprocessing_context``,
             ``timeout``, ...), passed unchanged to every DataLoader built. ``num_workers``, ``prefetch_factor``,
@@ -208,6 +223,8 @@ def make_loader(
             workers, a dataset, ``collate_fn`` or ``worker_init_fn`` that cannot be pickled (named down to the
             attribute); ``distributed=True`` without a process group; ranks that disagree on ``batch_size``, the
             dataset's length, ``shuffle`` or ``drop_last``; a current CUDA device other than ``LOCAL_RANK``'s.
+        ImportError: ``engine="ray"`` without Ray Data installed (``pip install "autoloader[ray]"``).
+        ConnectionError: ``engine="ray"`` and no Ray cluster answers at ``address`` (the message names the fix).
         RuntimeError: Later, from iterating the loader: it was made before ``torch.distributed`` was initialised
             (so it is not sharded) and is iterated by several processes (call ``make_loader`` after
             ``init_process_group``, or pass ``distributed=False``); or Accelerate's ``prepare`` shards its
@@ -221,6 +238,10 @@ def make_loader(
                 train_step(images, labels)
         print(loader.tuning)                    # what was chosen, why, and what each candidate measured
     """
+    check_engine(engine, address)
+    if engine == "ray":  # Ray Data loads (autoloader/ray/, imported only here: importing autoloader never imports ray)
+        from .ray.make import make_ray_loader
+        return make_ray_loader(dict(locals()))
     for name, value in (("refresh", refresh), ("retune", retune)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be True or False, got {value!r}")

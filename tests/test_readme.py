@@ -205,7 +205,8 @@ def test_the_torchrun_example_runs_in_a_process_group(tmp_path):
 
 
 INTEGRATION_BLOCKS = ("class Model(L.LightningModule):", "accelerator = Accelerator()", "ds = datasets.load_from_disk",
-                      "ds = (wds.WebDataset(")
+                      "ds = (wds.WebDataset(", "loader = make_loader(train_set, batch_size=64, shuffle=True, drop_last=True, "
+                      "step=0.02,")
 """Run with the real libraries in tests/integrations/test_readme_blocks.py."""
 
 
@@ -459,7 +460,7 @@ def test_the_install_table_lists_every_extra_as_setup_cfg_has_it():
     for row in section.splitlines():
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         if row.startswith("| `"):
-            table[cells[0].strip("`")] = sorted(p.strip() for p in cells[1].split(","))
+            table[cells[0].strip("`")] = sorted(p.strip() for p in cells[1].split(", "))  # ray[data,train] is one
     assert table == extras, "README's Install table and setup.cfg's extras differ"
 
 

@@ -1,4 +1,4 @@
-"""The README's integration recipes (Lightning, Accelerate, Hugging Face ``datasets``, WebDataset), executed as
+"""The README's integration recipes (Lightning, Accelerate, Hugging Face ``datasets``, WebDataset, Ray Data), executed as
 written with the real libraries (tests/test_readme.py runs every other block and checks that these are run here).
 
 Each block runs in a script of its own, after a prelude that defines what the block assumes (``train_set``,
@@ -102,3 +102,12 @@ def test_webdataset_block(tmp_path):
     ''')
     output = _run([sys.executable, str(script)], tmp_path)
     assert "samples 64" in output
+
+
+@pytest.mark.ray
+def test_ray_block(tmp_path):
+    pytest.importorskip("ray")
+    script = _script(tmp_path, "import autoloader.ray\ntrain_step = lambda batch: None\n", INTEGRATION_BLOCKS[4],
+                     "done(loader.tuning.source, type(loader).__name__, loader.stats.batches)\n")
+    output = _run([sys.executable, str(script)], tmp_path)  # a local Ray, started and shut down by autoloader
+    assert "rank done tuned PrefetchLoader 4" in output and "Chosen: ray tasks=" in output, output[-3000:]
