@@ -51,7 +51,7 @@ class Payload:
 
 
 class RaySource(Source):
-    """The epochs of ``frame`` (a plain DataLoader, never iterated) loaded by Ray Data with ``tuning.config``
+    """The epochs of ``frame`` (a plain DataLoader, never iterated) loaded by Ray Data with ``tuning``'s ``RayConfig``
     (NOTE [ Exact batches through Ray ]). ``wait_s``: the most seconds to wait for one batch."""
 
     frame: DataLoader
