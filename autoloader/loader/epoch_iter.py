@@ -64,6 +64,16 @@ class Fetcher:
             self._items = self._make()
             raise
 
+    def close(self) -> None:
+        """Close the items' generator and forget how to make another (its arguments hold the source's iterator): the
+        source's iterator, and so its workers, are released now rather than at the next garbage collection."""
+        self._items.close()
+        self._make = _no_items
+
+
+def _no_items() -> Iterator[Any]:
+    return iter(())
+
 
 @dataclass(frozen=True)
 class Epoch:
@@ -75,7 +85,7 @@ class Epoch:
     stream); ``hold(flag)``: whether an item fetched ahead is held unyielded (a checkpoint reads it)."""
 
     clock: EpochClock
-    fetch: Callable[[], Any]
+    fetch: Fetcher
     first: Callable[[Callable[[], Any]], Any]
     handed: Callable[[Any], None]
     ahead: bool
@@ -86,7 +96,8 @@ class EpochIter:
     """The iterator ``iter(PrefetchLoader)`` returns. ``start()`` opens the epoch at the first ``next()`` (an exception
     there ends it); then each ``next()`` hands out the next batch, raises a failed batch's exception and goes on at
     the next call, or ends the epoch. ``KeyboardInterrupt`` and ``SystemExit`` propagate at once; with reading ahead,
-    the batch due is then handed out by the next ``next()``."""
+    the batch due is then handed out by the next ``next()``. ``close()`` ends the epoch where it is, as closing a
+    generator does."""
 
     def __init__(self, start: Callable[[], Epoch]) -> None:
         self._start = start
@@ -97,6 +108,18 @@ class EpochIter:
 
     def __iter__(self) -> "EpochIter":
         return self
+
+    def close(self) -> None:
+        """End the epoch now: the batch held ahead is dropped, the source's iterator and the workers it holds are
+        released at once (not at a garbage collection), and every later ``next()`` raises ``StopIteration``. A state
+        saved before it resumes after the last batch handed out, as it would have without the close."""
+        if self._done:
+            return
+        self._done = True
+        self._held = _NOTHING
+        if self._epoch is not None:
+            self._epoch.hold(False)
+            self._epoch.fetch.close()
 
     def __next__(self) -> Any:
         if self._done:

@@ -153,3 +153,35 @@ def test_a_workers_error_leaves_no_cycle_holding_the_workers(ahead):
             assert wait_no_children(5) == [], "the workers outlived their loader"
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_close_ends_the_epoch_releases_the_workers_and_a_state_saved_before_resumes(ahead):
+    """``close()`` (a generator's, which ``iter(loader)`` was before it went on after errors): later ``next()`` calls
+    end, the workers go while the loader and the iterator are still referenced, and a state saved before the close
+    resumes after the last batch handed out."""
+    with mock.patch.object(_prefetch, "reads_ahead", lambda stream: ahead):
+        loader = PrefetchLoader(DataLoader(Numbers(20), batch_size=2, num_workers=2))
+        it = iter(loader)
+        assert [next(it).view(-1).tolist() for _ in range(3)] == [[0, 1], [2, 3], [4, 5]]
+        state = loader.state_dict()
+        assert live_children()
+        it.close()
+        it.close()  # twice: nothing more
+        with pytest.raises(StopIteration):
+            next(it)
+        assert wait_no_children(10) == [], "close() left the epoch's workers running"
+        resumed = PrefetchLoader(DataLoader(Numbers(20), batch_size=2, num_workers=2))
+        resumed.load_state_dict(state)
+        assert [b.view(-1).tolist() for b in resumed] == [[2 * i, 2 * i + 1] for i in range(3, 10)]
+        assert [len(b) for b in loader] == [2] * 10  # the next epoch is whole
+
+
+def test_close_before_the_first_batch_opens_nothing():
+    loader = PrefetchLoader(DataLoader(Numbers(4), batch_size=2, num_workers=2))
+    it = iter(loader)
+    it.close()
+    with pytest.raises(StopIteration):
+        next(it)
+    assert live_children() == [], "closed before its first next(), the epoch started workers"
+    assert [len(b) for b in loader] == [2, 2]
