@@ -246,6 +246,7 @@ def served(run: Run, *, until_complete: bool) -> Iterator[Any]:
         finally:
             if error is not None or run.mode != "trial":
                 run.stop(error)
+            error = None  # its traceback holds this frame, which holds the run and its workers: no cycle
 
 
 def of_a_batch(error: BaseException) -> bool:

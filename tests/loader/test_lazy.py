@@ -2,6 +2,9 @@
 iter() ]); what is set on the loader before then reaches the real source; a failed start is tried again."""
 from __future__ import annotations
 
+import gc
+import time
+
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -9,7 +12,7 @@ from torch.utils.data import DataLoader
 import autoloader.factory as _factory
 from autoloader import make_loader
 from conformance_data import Counting, WhoLoads, mark_worker
-from helpers import drain, live_children
+from helpers import drain, live_children, wait_no_children
 
 pytestmark = pytest.mark.filterwarnings("ignore::autoloader.AutoloaderWarning")
 
@@ -70,3 +73,31 @@ def test_set_epoch_and_a_state_loaded_before_the_first_iter():
     resumed.dataset.scale = 1
     resumed.load_state_dict(state)  # before its first iter(): nothing was built yet
     assert state["epoch"] == 4 and seen and [b.view(-1).tolist() for b in resumed] == rest
+
+
+class Waiting(torch.utils.data.Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(0.002)  # waits: the trials choose workers
+        return torch.tensor([i])
+
+
+def test_an_epoch_left_after_one_batch_frees_its_workers_without_a_garbage_collection():
+    """The loop takes one batch of a lazily tuned epoch (the trials' workers serve it) and drops the loader: the
+    workers go with it. The served epoch's driver once kept its GeneratorExit in a local, a cycle through its frame
+    and the run that held the workers until a garbage collection (found by a ``-m slow`` test's teardown)."""
+    gc.collect()
+    gc.disable()
+    try:
+        loader = make_loader(Waiting(400), batch_size=8, max_workers=2, cache=False, budget=2.0, step=0.001)
+        next(iter(loader))
+        assert loader.tuning.num_workers > 0 and live_children()
+        del loader
+        assert wait_no_children(5) == [], "the epoch's workers waited for a garbage collection"
+    finally:
+        gc.enable()
