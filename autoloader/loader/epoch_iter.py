@@ -8,7 +8,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Generator, Iterator, Optional
 
 from .epochs import EpochClock
 
@@ -53,7 +53,7 @@ class Fetcher:
     make a cycle through the loop's frame, and keep the DataLoader iterator and its workers until a garbage collection
     (``release_reraise``); a suspended generator's frame links to no caller."""
 
-    def __init__(self, make: Callable[[], Iterator[Any]]) -> None:
+    def __init__(self, make: Callable[[], Generator[Any, None, None]]) -> None:
         self._make = make
         self._items = make()
 
@@ -71,8 +71,8 @@ class Fetcher:
         self._make = _no_items
 
 
-def _no_items() -> Iterator[Any]:
-    return iter(())
+def _no_items() -> Generator[Any, None, None]:
+    yield from ()
 
 
 @dataclass(frozen=True)

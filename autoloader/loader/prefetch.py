@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import time
 from functools import partial
-from typing import Any, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Generator, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -361,7 +361,7 @@ class PrefetchLoader:
         self._held = held
 
     def _items(self, it: Iterator[Any], stream: Optional[torch.cuda.Stream], dataset: Any,
-               ahead: bool) -> Iterator[Any]:
+               ahead: bool) -> Generator[Any, None, None]:
         """The epoch's items, one per fetch (``Fetcher``: a generator, so a failed batch's traceback makes no cycle).
         ``ahead``: each will be held while the loop works on the previous one (see ``Checkpoints.before_fetch``)."""
         while True:

@@ -225,18 +225,29 @@ class EpochScheduler:
         except BaseException as exc:  # noqa: B036 - classified below; GeneratorExit and Ctrl-C re-raised there
             error = exc
         finally:
-            batch_slice.through = None
-            if error is not None:  # the run stopped already, unless a Ctrl-C landed as its own cleanup began
-                self._abort_started(error, also=run)  # the later slice first: its batches go back behind this one's
-            self.in_force = None
-            batch_slice.delivered(run.record.delivered)
-            self.plan.record_cost(run, time.perf_counter() - began)
+            self._close(stage, error, cost_s=time.perf_counter() - began)
+        if isinstance(error, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+            try:  # raised as they are; no local keeps it (its traceback holds this frame: a cycle through the runs)
+                raise error
+            finally:
+                del error
         outcome = self._after(stage, error, phase=phase, unopened=unopened)
         if error is not None:  # classified and kept from the loop (a raise above would have left)
             forget(error)
         rate = outcome if outcome is not None else run.result
         self.trace.span(span_start, stage.config, rate.samples_per_s if rate is not None and rate.ok else None)
         return "next" if error is not None else phase
+
+    def _close(self, stage: Stage, error: Optional[BaseException], *, cost_s: float) -> None:
+        """A stage's slice ended (``error``: how, if it raised): the started stage aborted, the slice told what it
+        delivered, the stage's cost recorded."""
+        run, batch_slice = stage.run, stage.batch_slice
+        batch_slice.through = None
+        if error is not None:  # the run stopped already, unless a Ctrl-C landed as its own cleanup began
+            self._abort_started(error, also=run)  # the later slice first: its batches go back behind this one's
+        self.in_force = None
+        batch_slice.delivered(run.record.delivered)
+        self.plan.record_cost(run, cost_s)
 
     def _of_a_batch(self, stage: Stage, error: BaseException) -> bool:
         """The dataset's or ``collate_fn``'s error from one batch, which the loop gets in its place (NOTE [ A batch that

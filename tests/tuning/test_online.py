@@ -7,6 +7,7 @@ candidates serve it; failures of a candidate lose nothing; the user's errors sur
 """
 from __future__ import annotations
 
+import gc
 import itertools
 import time
 
@@ -442,3 +443,26 @@ def test_costly_first_samples_start_the_prior_inside_the_first_batch():
     if probe is not None:
         assert probe.config.num_workers == 0 and not probe.steady and (probe.reason or "").startswith("probe")
     del loader
+
+
+@pytest.mark.parametrize("batches", [1, 20])
+def test_an_epoch_left_mid_search_leaves_no_cycle_holding_a_dataloader(batches):
+    """The loop leaves the epoch (its iterator dropped: the generators closed) while a candidate serves: nothing of it
+    waits for a garbage collection. The scheduler once kept the GeneratorExit in a local while re-raising it, a
+    cycle through its frame, the stage and a DataLoader."""
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        loader = make_loader(Indexed(2_000, latency_s=0.002), batch_size=8, tuning="online", cache=False)
+        it = iter(loader)
+        for _ in range(batches):
+            next(it)
+        del it, loader
+        gc.collect()
+        held = [type(o).__name__ for o in gc.garbage if isinstance(o, (DataLoader, BaseException))]
+        assert held == []
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
