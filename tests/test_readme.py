@@ -309,7 +309,7 @@ def test_the_development_map_lists_every_module_and_nothing_else():
             listed.add(package + name)
     actual = {p.relative_to(ROOT / "autoloader").as_posix() for p in (ROOT / "autoloader").glob("*.py")}
     actual |= {p.name + "/" for p in (ROOT / "autoloader").iterdir() if (p / "__init__.py").exists()}
-    actual |= {p.relative_to(ROOT / "autoloader").as_posix() for sub in ("loader", "measure", "search", "tuning")
+    actual |= {p.relative_to(ROOT / "autoloader").as_posix() for sub in ("loader", "measure", "supervise", "search", "tuning")
                for p in (ROOT / "autoloader" / sub).glob("*.py") if p.name != "__init__.py"}
     assert listed == actual
 

@@ -60,13 +60,13 @@ from ..config import LoaderConfig
 from ..errors import TrialTimeout, TuningError
 from ..loader.source import BatchError, consumed
 from ..results import TrialResult
+from ..supervise import procs as _procs
+from ..supervise.serving import END, Serving
+from ..supervise.signals import SignalGuard
 from . import advice as _advice
-from . import procs as _procs
 from .consumer import Consumer
 from .cpuclock import cpu_and_delay
 from .failures import HARD_LIMIT_GRACE_S
-from .serving import END, Serving
-from .signals import SignalGuard
 from .window import Clocks, Tally, Window, WindowSpec
 
 __all__ = ["END", "Mode", "Run", "served"]

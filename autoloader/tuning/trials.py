@@ -12,7 +12,7 @@ from ..errors import TuningError, warn_user
 from ..loader.device import release_cached
 from ..loader.rng import parts_of_kwargs, preserved
 from ..measure.consumer import Consumer, Step
-from ..measure.signals import SignalGuard
+from ..supervise.signals import SignalGuard
 from ..measure.trial import run_trial
 from ..probe import MachineProfile, probe_machine, with_saved_disk
 from ..cache.fingerprint import dataset_length
