@@ -294,24 +294,37 @@ def test_autotune_doctor_output_has_the_shape_shown(tmp_path):
 
 # ---------------------------------------------------------------- the Development map
 
-def test_the_development_map_lists_every_module_and_nothing_else():
+def development_map() -> List[str]:
+    """The modules and packages the README's Development map lists, in its order, as paths under ``autoloader/``
+    (``loader/``, ``loader/prefetch.py``)."""
     block = by_first_line("autoloader/")[0]
-    listed, package = set(), None
+    listed: List[str] = []
+    folders: List[str] = []  # the packages enclosing the current line
     for line in block.text.splitlines()[1:]:
         name = line.split()[0] if line.strip() else ""
         depth = (len(line) - len(line.lstrip())) // 2
-        if not name.endswith((".py", "/")):
+        if not name.endswith((".py", "/")) or depth > len(folders) + 1:  # a description's continuation
             continue
-        if depth == 1:
-            package = name if name.endswith("/") else None
-            listed.add(name)
-        elif depth == 2 and package:
-            listed.add(package + name)
-    actual = {p.relative_to(ROOT / "autoloader").as_posix() for p in (ROOT / "autoloader").glob("*.py")}
-    actual |= {p.name + "/" for p in (ROOT / "autoloader").iterdir() if (p / "__init__.py").exists()}
-    actual |= {p.relative_to(ROOT / "autoloader").as_posix() for sub in ("loader", "measure", "supervise", "search", "tuning")
-               for p in (ROOT / "autoloader" / sub).glob("*.py") if p.name != "__init__.py"}
+        folders = folders[:depth - 1]
+        listed.append("".join(folders) + name)
+        if name.endswith("/"):
+            folders.append(name)
+    return listed
+
+
+def test_the_development_map_lists_every_module_and_nothing_else():
+    package = ROOT / "autoloader"
+    listed = set(development_map())
+    spelled_out = {name for name in listed if name.endswith("/") and any(n.startswith(name) and n != name
+                                                                          for n in listed)}
+    actual = {p.relative_to(package).as_posix() for p in package.glob("*.py")}
+    actual |= {p.name + "/" for p in package.iterdir() if (p / "__init__.py").exists()}
+    for folder in spelled_out:  # a package whose modules the map lists lists all of them, and its subpackages
+        actual |= {p.relative_to(package).as_posix() for p in (package / folder).glob("*.py") if p.name != "__init__.py"}
+        actual |= {p.relative_to(package).as_posix() + "/" for p in (package / folder).iterdir()
+                   if (p / "__init__.py").exists()}
     assert listed == actual
+    assert spelled_out >= {"loader/", "loader/resume/", "measure/", "supervise/", "search/", "tuning/"}
 
 
 NOTE_DEFINITION = re.compile(r"^\s*# NOTE \[ (.+?) \]\s*$", re.MULTILINE)

@@ -10,7 +10,7 @@ import torch
 
 from ..errors import TuningError, warn_user
 from ..loader.device import release_cached
-from ..loader.rng import parts_of_kwargs, preserved
+from ..loader.resume.rng import parts_of_kwargs, preserved
 from ..measure.consumer import Consumer, Step
 from ..supervise.signals import SignalGuard
 from ..measure.trial import run_trial
