@@ -18,7 +18,7 @@ from ..search.budget import resolve_budget, shm_need_bytes
 from ..probe import (THREAD_ENV_VARS, CpuInfo, GpuInfo, MachineProfile, MemoryInfo, ShmInfo, load_profile,
                      open_files_limit, probe_machine)
 from ..probe._pools import NativePool, pools_here
-from ..report import mib
+from .._text import mib
 from ._holders import (DAEMON, INIT, ORPHAN, ORPHAN_NOT_PYTHON, OTHER_USER, RUNNING, DeviceHolder, classify_holder,
                        executable_name, find_nvidia_holders, is_worker)
 
