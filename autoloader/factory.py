@@ -21,7 +21,7 @@ from .errors import TuningError, warn_user
 from .loader.lazy import LazySource, Resolved
 from .loader.prefetch import PrefetchLoader
 from .loader.source import PlainSource, Source
-from .measure.consumer import Step
+from .consumer import Step
 from .probe import MachineProfile, probe_machine, remembered_gpus, with_saved_disk
 from .request import Request
 from .results import TuneResult

@@ -57,6 +57,7 @@ from typing import Any, Iterator, Literal, Optional, Tuple
 from torch.utils.data import IterableDataset
 
 from ..config import LoaderConfig
+from ..consumer import Consumer
 from ..errors import TrialTimeout, TuningError
 from ..loader.source import BatchError, consumed
 from ..results import TrialResult
@@ -64,7 +65,6 @@ from ..supervise import procs as _procs
 from ..supervise.serving import END, Serving
 from ..supervise.signals import SignalGuard
 from . import advice as _advice
-from .consumer import Consumer
 from .cpuclock import cpu_and_delay
 from .failures import HARD_LIMIT_GRACE_S
 from .window import Clocks, Tally, Window, WindowSpec

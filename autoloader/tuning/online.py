@@ -50,7 +50,7 @@ from ..config import LoaderConfig
 from ..coordination import Coordinator
 from ..loader.slices import BatchSlice, EpochSlicer, EpochSource
 from ..loader.source import Source
-from ..measure.consumer import Consumer
+from ..consumer import Consumer
 from ..measure.run import Run, served
 from ..measure.window import WindowSpec
 from ..request import Request
