@@ -62,7 +62,7 @@ from ..errors import TrialTimeout, TuningError
 from ..loader.source import BatchError, consumed
 from ..results import TrialResult
 from ..supervise import procs as _procs
-from ..supervise.serving import END, Serving
+from ..supervise.serving import END, Record, Serving
 from ..supervise.signals import SignalGuard
 from . import advice as _advice
 from .cpuclock import cpu_and_delay
@@ -108,7 +108,7 @@ class Run:
 
     # -- what drivers call --------------------------------------------------------------------------------------------
     @property
-    def record(self) -> Any:
+    def record(self) -> Record:
         return self.serving.record
 
     @property
