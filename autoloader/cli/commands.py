@@ -27,7 +27,8 @@ from ..tuning.trials import tune_with
 from . import plot
 from ._spec import CliError, load_dataset
 from .demo import DemoImages, baselines, format_comparison
-from .doctor import format_findings, run_checks
+from .doctor import run_checks
+from .findings import format_findings
 
 PROG = "autotune"
 
