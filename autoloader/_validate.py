@@ -8,7 +8,7 @@ from typing import Any, Mapping, Optional, Union
 
 from torch.utils.data import DataLoader, IterableDataset, IterDataPipe
 
-from .measure.consumer import check_step
+from .consumer import check_step
 from .config import BY_NAME, check_knobs
 from .errors import warn_user
 from .loader.threads import ThreadedDataset, has_own_getitems, refuse_iterable

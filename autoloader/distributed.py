@@ -48,6 +48,7 @@ from torch.utils.data import IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from .coordination import Coordinator, all_gather
+from .probe.machine import MachineProfile
 from .results import TuneResult
 
 log = logging.getLogger("autoloader.distributed")
@@ -184,7 +185,7 @@ class Group:
                                             shuffle=bool(shuffle), seed=seed, drop_last=drop_last)
         return kwargs, False
 
-    def share_profile(self, profile: Any) -> Any:
+    def share_profile(self, profile: MachineProfile) -> MachineProfile:
         """The node leader's machine profile, with CPUs, memory and /dev/shm divided among the node's ranks.
 
         When the usable CPUs are unknown, the logical count is divided instead (what the tuner would use).

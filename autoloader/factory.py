@@ -21,7 +21,7 @@ from .errors import TuningError, warn_user
 from .loader.lazy import LazySource, Resolved
 from .loader.prefetch import PrefetchLoader
 from .loader.source import PlainSource, Source
-from .measure.consumer import Step
+from .consumer import Step
 from .probe import MachineProfile, probe_machine, remembered_gpus, with_saved_disk
 from .request import Request
 from .results import TuneResult
@@ -66,169 +66,56 @@ def make_loader(
 ) -> PrefetchLoader:
     """Build a DataLoader tuned for this machine, dataset and training step, wrapped in a ``PrefetchLoader``.
 
-    Like a DataLoader's constructor it reads nothing of the dataset and starts no process: the cache lookup and any
-    tuning happen at the first ``iter()`` (with ``tuning="trials"``, here). On a miss (or ``refresh=True``) the
-    configuration (``num_workers``, ``prefetch_factor``, ``pin_memory``, ``persistent_workers``, threads, native
-    thread pools) is found by measuring candidates, each a real DataLoader with your arguments: online, in your own
-    loop during the first epoch, or by short trials (``tuning``). The choice is the fewest workers (then threads,
-    worker memory, ``prefetch_factor``) within 5 % of the best measured rate, within the memory budget, and it is
-    cached per dataset and machine. Tuning leaves your RNG states (torch's, Python's and numpy's global ones, your
-    ``generator``) exactly as they were: the batches equal a plain ``DataLoader``'s with the same arguments and seed.
-
-    How: the machine is probed (usable CPUs under affinity and cgroup quota, cgroup-aware memory, free ``/dev/shm``,
-    GPUs without initialising CUDA, ``ulimit -n``). Online, the first samples' cost starts the prior's workers inside
-    the first batch (the cores rule for CPU-bound loading, more when it waits, no more than meet the step once it is
-    timed), each candidate's window closes when its rate is known or at a few per cent of the epoch, and the search
-    jumps by Little's law, at most three times (NOTE [ Online convergence ] in ``autoloader/search/online_policy.py``);
-    trials start from the ``num_workers=0`` candidate, double while that pays and bisect down. ``prefetch_factor`` is
-    tried only when the step waits on a loader that keeps up on average, ``pin_memory`` only for CUDA;
-    ``persistent_workers`` is on unless the workers would hold more than half the memory budget (or outgrow it in
-    time). Only a candidate's steady state is timed (NOTE [ Trial timing ] in ``autoloader/measure/run.py``). No
-    candidate starts whose measured memory exceeds the budget or whose batches overflow ``/dev/shm``: forked workers
-    are measured at their first batch and stop there when over it. Under ``torch.distributed`` the ranks of a node
-    tune together and agree on one configuration (NOTE [ One decision across ranks ] in distributed.py).
-
-    A candidate that fails (a worker killed by the out-of-memory killer, a bus error from a full ``/dev/shm``, a
-    trial past its time limit, too many open files) is recorded in ``loader.tuning.trials`` with ``status="failed"``
-    and the reason, and the search goes on; if none works you get ``num_workers=0`` and an ``AutoloaderWarning``.
-    Your dataset's and ``collate_fn``'s exceptions reach you unchanged from ``next()``, and the next ``next()`` goes on
-    with the following batch, as a DataLoader's; trials that meet one fall back (not cached) with a warning, except
-    ``tuning="trials"``, which raises it here, as it does your ``step``'s and Ctrl-C.
+    Like a DataLoader's constructor it reads nothing and starts no process: the cache lookup and any tuning happen at
+    the first ``iter()`` (with ``tuning="trials"``, here). On a miss the knobs are found by measuring candidates, each
+    a real DataLoader with your arguments, and the choice is cached per dataset and machine; your RNG states are left
+    as they were, so the batches equal a plain ``DataLoader``'s. How it tunes: README "How it tunes" and the NOTE
+    blocks it names. A candidate that fails is recorded with its reason and the search goes on; your dataset's,
+    ``collate_fn``'s and ``step``'s exceptions reach you unchanged (README "Troubleshooting").
 
     Args:
-        dataset: What to load: a map-style ``torch.utils.data.Dataset`` (``__getitem__`` and ``__len__``; tuned
-            online or with trials, not when empty) or an ``IterableDataset`` (tuned with trials, never re-tuned, never
-            sharded by autoloader: split its stream by ``torch.utils.data.get_worker_info()`` in ``__iter__``; one
-            that says how many shards it reads, such as WebDataset or a streaming ``datasets`` dataset, is never
-            given more workers than shards).
-        batch_size (int): Samples per batch, an int >= 1 (default 1), or None when the dataset yields ready batches,
-            as ``DataLoader``'s. Leave it 1 with ``batch_sampler=``.
-        shuffle (bool): Reshuffle the samples every epoch (default None: no), as ``DataLoader``'s: not with
-            ``sampler=`` nor an ``IterableDataset``; an ``IterDataPipe``'s shufflers follow it.
-        step: What trials are timed against (online tuning needs none: your own loop is the step). None (default):
-            the copy to the device only. A number of seconds >= 0: a simulated step of that long per batch (a
-            GPU-side sleep on CUDA, ``time.sleep`` on the CPU: both leave the host CPU free, as a real GPU step
-            does). A callable: called with each batch already on the device, e.g. your real forward and backward; it
-            runs a few dozen times during tuning. With a ``step``, ``tuning="auto"`` tunes with trials.
-        device: Where batches go: a ``torch.device`` or a name such as ``"cuda"``, ``"cuda:1"`` or ``"cpu"``.
-            Default None: the current CUDA device when CUDA is available, else ``"cpu"``. Resolved once to
-            ``cuda:{index}``; under a process group the current CUDA device must be the one ``LOCAL_RANK`` names
-            (``torch.cuda.set_device(local_rank)`` first).
-        normalize: ``(mean, std)``, one number per channel in the input's own units (0-255 for uint8 images),
-            applied on the device to the input tensor after ``dtype``: ``(x - mean) / std``. Default None: none. An
-            integer input needs a floating ``dtype``.
-        dtype (torch.dtype): The input tensor is converted to it on the device, e.g. ``torch.float32`` for uint8
-            images (which then cross the bus at a quarter of the float32 size). Default None: unchanged.
-        input_key: For mapping (dict) batches, the key of the input tensor that ``normalize`` and ``dtype`` apply
-            to, required with them (e.g. ``"pixel_values"``). Otherwise the input is the batch itself when it is a
-            tensor, else its first element. Every other tensor is moved to the device unchanged.
-        tuning (str): How a configuration is found when the cache holds none: ``"online"``: the first epoch is
-            served by a sequence of candidate DataLoaders, each measured on your own loop, yielding exactly the
-            batches a plain ``DataLoader`` would (same samples, order and boundaries, your RNG untouched); map-style
-            datasets only, not with ``num_workers`` fixed or ``max_workers=0``. ``"trials"``: short trials timed
-            against ``step`` (typically 3-12 s, within ``budget``) before this returns. ``"auto"`` (default):
-            ``"online"`` for a map-style dataset without ``step``, else trials at the first ``iter()``.
-        retune (bool): True (default): after an epoch run with the decision whose rate or stall moved away from the
-            decision's (the loop waited for data 10 % of the epoch or more, or the epoch ran more than 15 % slower
-            or faster), or that hardly waited for data with more than one worker, the next epoch searches again,
-            online, from the configuration in force (``loader.decisions`` says which rule fired). Not with
-            ``tuning="trials"`` nor for an ``IterableDataset``. False freezes the first decision.
-        cache: Where the choice is kept: True (default: ``$AUTOLOADER_CACHE_DIR``, else
-            ``$XDG_CACHE_HOME/autoloader``, else ``~/.cache/autoloader``), False (no cache), or a directory (a str
-            or ``os.PathLike``). One JSON file per key (NOTE [ What the cache key covers ] in
-            ``autoloader/cache/fingerprint.py``: the dataset's fingerprint or ``key``, ``batch_size``, the
-            ``collate_fn``/``sampler``/``batch_sampler`` classes, ``drop_last``, the step, the device type, the knobs
-            you fixed, the transform, and the machine, not its hostname), written atomically, validated on every
-            read, no pickle: a corrupt entry is a miss with an ``AutoloaderWarning``, an unwritable directory costs
-            only the caching. A hit costs a probe; a hit whose first batch looks unlike the entry's (another
-            structure, twice the bytes) is tuned again next run, as is one whose workers no longer fit today's
-            memory or ``/dev/shm``. Each online decision replaces the entry; one where every worker count failed is
-            not cached.
-        refresh (bool): True tunes again and replaces the cached result. Default False.
-        budget (float): Seconds the trials may take, > 0. Default None: 30 s (typically 3-12 s are used). When it
-            runs out the best found so far is chosen, at most one trial's time limit later. Each trial has a
-            wall-clock limit and its stuck workers are terminated (the limit uses ``SIGALRM``: called from another
-            thread than the main one, or under a ``SIGALRM`` handler of yours, a blocking ``num_workers=0`` trial
-            cannot be cut). Online tuning has no limit of its own: a dataset that blocks, blocks your loop.
-        max_workers (int): The most worker processes ever tried, an int >= 0 (0: load in the main process only).
-            Default None: as many as the usable CPUs and the open-files limit (``ulimit -n // 32``) allow.
-        key (str): A name for the dataset in the cache key, instead of its fingerprint (its class, ``len()``, its
-            ``root``). Give two datasets that fingerprint alike (e.g. two Arrow datasets of the same length) their
-            own names. Default None.
-        distributed (bool): None (default) follows ``torch.distributed.is_initialized()``; True requires an
-            initialised process group; False never shards. When distributed, a ``DistributedSampler`` shards the
-            data across every rank (unless you pass a ``sampler``, ``batch_sampler`` or an ``IterableDataset``),
-            seeded from your ``generator`` (else 0); each rank gets its share of its node's CPUs, memory and
-            ``/dev/shm``; the node's ranks tune together and agree on one configuration; the node leader alone
-            reads and writes the cache. Call it on every rank with the same arguments, after
-            ``init_process_group``.
-        threads: Threads fetching each batch's samples inside every loading process (the main one with
-            ``num_workers=0``, else each worker): for data that waits (network, object storage), far less memory
-            than processes. False (default): none. True: the tuner decides; when the serial candidate mostly waits,
-            processes x threads candidates are measured first and kept when they win within 5 %. An int N >= 1: N
-            threads per process (1: none). Map-style datasets only, and ``__getitem__`` must be thread-safe (open a
-            file handle per thread, e.g. in a ``threading.local()``). ``loader.dataset`` is then an
-            ``autoloader.ThreadedDataset``; ``autoloader.unwrap(loader.dataset)`` gives yours back.
-        memory_budget: What the loader may add to memory (its workers' private memory and their growth, batches in
-            flight, pinned copies, thread buffers): bytes as an int >= 1 (e.g. ``8 * 2**30``), or a float fraction
-            in (0, 1] of the memory available to this process (the machine's available memory or the cgroup's
-            headroom, whichever is smaller, divided among the ranks of a node). Default None: 0.5. A candidate that
-            would exceed it is not tried, and the choice stays within it, also as forecast for the end of an epoch
-            when workers grow by copy-on-read (an ``AutoloaderWarning`` then names the fix). NOTE [ Memory budget ]
-            in ``autoloader/search/budget.py``.
-        native_threads: The BLAS, OpenMP, OpenCV and numexpr thread pools inside each worker, never the main
-            process's. None (default): limited to each worker's share of the usable CPUs, one left to the main
-            process (``max(1, (CPUs - 1) // num_workers)``); when the serial candidate shows native threads in use,
-            the choice is also measured without the limit, which is kept only when at least as fast. An int N >= 1:
-            every worker's pools limited to N threads, never measured without. False: the pools are left alone.
-            Your ``worker_init_fn`` runs after the limit, so its own limits win. The BLAS and OpenMP pools are seen and
-            limited with ``threadpoolctl`` (a dependency). NOTE [ Native thread pools ] in
-            ``autoloader/loader/native.py``.
-        engine (str): Who loads the batches: ``"dataloader"`` (default: DataLoader worker processes on this
-            machine) or ``"ray"``: Ray Data tasks, on this machine or a Ray cluster (``pip install
-            "autoloader[ray]"``), the order still autoloader's (the same batches as a plain DataLoader, exact
-            resume), the pool tuned against ``step`` with trials and cached under the cluster's shape (NOTE [ Exact
-            batches through Ray ] in ``autoloader/ray/source.py``; README "Ray Data"). Not with ``tuning="online"``,
-            ``threads``, ``native_threads``, ``memory_budget``, an ``IterableDataset`` or worker-process keywords;
-            ``max_workers`` caps the tasks, ``timeout`` the seconds to wait for one batch. ``loader.tuning`` is then
-            an ``autoloader.ray.records.RayTuning``.
-        address (str): With ``engine="ray"``: the Ray cluster to join (``"HOST:6379"``, ``"auto"``). Default None:
-            ``RAY_ADDRESS``, else a Ray already initialised in this process, else a local Ray that autoloader starts
-            and shuts down (``autoloader.ray.shutdown()``, or at exit). Required under torchrun (one cluster, one
-            driver per rank).
-        **dataloader_kwargs: Every other ``torch.utils.data.DataLoader`` argument (``collate_fn``, ``sampler``,
-            ``batch_sampler``, ``drop_last``, ``worker_init_fn``, ``generator``, ``multiprocessing_context``,
-            ``timeout``, ...), passed unchanged to every DataLoader built. ``num_workers``, ``prefetch_factor``,
-            ``pin_memory`` or ``persistent_workers`` given here are never overridden; the other knobs are still
-            tuned.
+        dataset: A map-style ``Dataset`` (tuned online or with trials) or an ``IterableDataset`` (trials only, sharded
+            by you: ``autoloader/_shards.py`` reads how many shards it has).
+        batch_size (int): Samples per batch, >= 1 (default 1), or None for a dataset of ready batches, as DataLoader's.
+        shuffle (bool): Reshuffle every epoch, as DataLoader's (default None: no).
+        step: What trials are timed against: None (the copy to the device), seconds per batch, or your step, a
+            callable (``autoloader/consumer.py``); with a ``step``, ``tuning="auto"`` tunes with trials.
+        device: Where batches go (``"cuda:1"``, a ``torch.device``); default the current CUDA device, else the CPU.
+        normalize: ``(mean, std)`` per channel in the input's units, applied on the device after ``dtype``.
+        dtype (torch.dtype): What the input tensor becomes on the device (e.g. ``torch.float32``). Default unchanged.
+        input_key: The key of the input tensor in dict batches, required with ``normalize`` or ``dtype``.
+        tuning (str): ``"online"`` (your first epoch, exactly a DataLoader's batches; NOTE [ Online switching ]),
+            ``"trials"`` (before training, within ``budget``) or ``"auto"`` (default: online unless a ``step``,
+            an ``IterableDataset`` or a fixed ``num_workers``).
+        retune (bool): Search again, online, after an epoch that moved away from the decision (the rule:
+            ``autoloader/search/retune.py``). Default True; False freezes the first decision.
+        cache: True (default directory: README "Use it"), False, or a directory; the key: NOTE [ What the cache key
+            covers ]; what a hit re-checks: ``autoloader/cache/slot.py``.
+        refresh (bool): Tune again and replace the cached result. Default False.
+        budget (float): Seconds the trials may take, > 0 (default 30; NOTE [ Candidate time limit ]).
+        max_workers (int): The most worker processes tried, >= 0 (default: ``autoloader/search/bounds.py``).
+        key (str): The dataset's name in the cache key, instead of its fingerprint. Default None.
+        distributed (bool): None follows ``torch.distributed.is_initialized()``; True requires a process group;
+            False never shards (NOTE [ One decision across ranks ]). Call it on every rank alike.
+        threads: Threads per loading process: False (default), True (tuned) or an int (NOTE [ Threads inside workers ]).
+        memory_budget: Bytes, or a fraction in (0, 1] of the available memory (default 0.5; NOTE [ Memory budget ]).
+        native_threads: Each worker's native thread pools: None (tuned), an int N, or False (NOTE [ Native thread
+            pools ]).
+        engine (str): ``"dataloader"`` (default) or ``"ray"`` (README "Ray Data"; NOTE [ Exact batches through Ray ]).
+        address (str): With ``engine="ray"``, the cluster to join (default: ``autoloader/ray/session.py``).
+        **dataloader_kwargs: Every other DataLoader argument, passed unchanged; a knob you set is never overridden.
 
     Returns:
-        PrefetchLoader: The loader. Iterate it as a DataLoader: batches come already on ``device``, converted and
-        normalised. ``loader.tuning`` is the ``TuneResult`` in force (``source="pending"`` before the first ``iter()``;
-        ``print`` it for what was chosen, why, each candidate's measurements); ``loader.decisions`` every online
-        decision; ``loader.stats`` and ``loader.history`` how long the loop waited for data; ``loader.loader`` the
-        DataLoader in force; ``loader.cache_key`` the cache entry; ``state_dict()`` and ``load_state_dict()``
-        checkpoint and resume it exactly. ``help(autoloader.PrefetchLoader)`` describes each.
+        PrefetchLoader: Iterate it as a DataLoader, batches on ``device``; ``loader.tuning`` (the ``TuneResult`` in
+        force), ``decisions``, ``stats``, ``state_dict()``: ``help(autoloader.PrefetchLoader)``.
 
     Raises:
-        TypeError: An argument of the wrong type, before any work: e.g. ``step="fast"``, ``threads="8"``,
-            ``cache=1``, ``timeout="5"``, a ``dataset`` without ``__getitem__`` and ``__len__``, or a keyword that is
-            neither make_loader's nor a DataLoader argument (``num_worker=``). The message names the argument, its
-            value and the fix. DataLoader's own rules raise the type DataLoader raises.
-        ValueError: A bad value, before any work: ``batch_size=0`` or ``8.0``, ``budget<=0``, ``max_workers<0``, a
-            negative ``step`` or ``timeout``, ``shuffle=True`` with a ``sampler``, a ``batch_sampler`` with
-            ``batch_size``/``shuffle``/``sampler``/``drop_last``, a ``tuning`` not in ``("auto", "online",
-            "trials")``, ``tuning="online"`` for a loader that cannot be tuned online, ``memory_budget`` or
-            ``native_threads`` out of range, ``threads`` with an ``IterableDataset``; with ``spawn``/``forkserver``
-            workers, a dataset, ``collate_fn`` or ``worker_init_fn`` that cannot be pickled (named down to the
-            attribute); ``distributed=True`` without a process group; ranks that disagree on ``batch_size``, the
-            dataset's length, ``shuffle`` or ``drop_last``; a current CUDA device other than ``LOCAL_RANK``'s.
+        TypeError: An argument of the wrong type, before any work; the message names it, its value and the fix.
+        ValueError: A bad value or combination, before any work (README "Troubleshooting" lists them).
         ImportError: ``engine="ray"`` without Ray Data installed (``pip install "autoloader[ray]"``).
-        ConnectionError: ``engine="ray"`` and no Ray cluster answers at ``address`` (the message names the fix).
-        RuntimeError: Later, from iterating the loader: it was made before ``torch.distributed`` was initialised
-            (so it is not sharded) and is iterated by several processes (call ``make_loader`` after
-            ``init_process_group``, or pass ``distributed=False``); or Accelerate's ``prepare`` shards its
-            ``.loader`` a second time (prepare the ``PrefetchLoader`` itself).
+        ConnectionError: ``engine="ray"`` and no Ray cluster answers at ``address``.
+        RuntimeError: Later, from iterating: made before ``torch.distributed`` was initialised and iterated by several
+            processes, or a ``.loader`` sharded again by Accelerate's ``prepare``.
 
     Example:
         loader = make_loader(train_set, batch_size=64, shuffle=True, drop_last=True)

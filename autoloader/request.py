@@ -17,7 +17,7 @@ from .loader.build import build
 from .loader.device import resolve_device
 from .loader.native import worker_init
 from .loader.threads import fixed_threads, loader_dataset
-from .measure.consumer import Step
+from .consumer import Step
 from .probe import start_method
 
 SAMPLING = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")

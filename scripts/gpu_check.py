@@ -645,7 +645,7 @@ def check_tuner_vs_sweep(ctx: Ctx) -> Outcome:
     rate."""
     from autoloader import tune
     from autoloader.config import LoaderConfig
-    from autoloader.measure.consumer import Consumer
+    from autoloader.consumer import Consumer
     from autoloader.measure.trial import run_trial
     from autoloader.request import Request
 
@@ -740,7 +740,7 @@ def check_stall_fraction(ctx: Ctx) -> Outcome:
     """PrefetchLoader.stats.stall_fraction is < 0.10 when the GPU is the limit (fast in-memory data, a 50 ms
     simulated step, the loop reading one value back per batch as loss.item() does) and > 0.90 when data is the
     limit (5 ms per sample, no step). The same GPU-bound loop without any read-back is shown for information."""
-    from autoloader.measure.consumer import Consumer
+    from autoloader.consumer import Consumer
     from autoloader.loader.prefetch import PrefetchLoader
 
     fast = data.Pool(20 * 32, (3, 64, 64), torch.uint8, distinct=32)
@@ -891,7 +891,7 @@ def check_simulated_step_device(ctx: Ctx) -> Outcome:
     """The simulated step runs on the device it names: Consumer(0.02, device).seconds_per_batch
     is 20 ms +-10 % for cuda:0, for index-less cuda and, with 2+ GPUs, for cuda:1 without set_device; one step is
     20 ms +-10 % of GPU time (events) and < 1 ms of host time, and the current device is unchanged."""
-    from autoloader.measure.consumer import Consumer
+    from autoloader.consumer import Consumer
 
     v = Verdict()
     names = ["cuda:0", "cuda"] + (["cuda:1"] if ctx.cuda and torch.cuda.device_count() > 1 else []) \
@@ -975,8 +975,8 @@ def check_sleep_calibration(ctx: Ctx) -> Outcome:
     """The simulated step's calibration (torch.cuda._sleep cycles per second, warmed then a median) is stable: two
     calibrations in a fresh process agree within 5 %, and a spin of 50 ms worth of cycles takes 50 ms +-5 % by
     CUDA events."""
-    import autoloader.measure.consumer as consumer_module
-    from autoloader.measure.consumer import Consumer
+    import autoloader.consumer as consumer_module
+    from autoloader.consumer import Consumer
 
     def calibrate() -> float:
         cache = getattr(consumer_module, "_CYCLES_PER_S", None)

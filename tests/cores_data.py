@@ -12,7 +12,7 @@ only (and the workers it forks):
 
 - the CPU probe: ``probe_machine().cpu.usable`` (and ``logical``, ``affinity``) read ``cores``;
 - the CPU clocks the tuner reads: ``time.process_time()`` (the main process's CPU time, ``measure/cpuclock.py`` and
-  ``measure/window.py``), ``psutil.Process.cpu_times()`` (a worker's, ``measure/procs.WorkerTracker``) and
+  ``measure/window.py``), ``psutil.Process.cpu_times()`` (a worker's, ``supervise/procs.WorkerTracker``) and
   ``procs._children_cpu_s()`` (the workers already waited for) each add the seconds the process held a slot: the
   *virtual CPU clock*. Each process adds its held seconds to its own record in a table of shared memory (mapped
   before any worker forks), so a worker busy 100 % of the time on the emulated host reads 100 % CPU;
@@ -184,7 +184,8 @@ class VirtualHost:
     def emulate(self) -> Iterator["VirtualHost"]:
         """autoloader sees this host while the block runs (see the module's docstring); everything is put back."""
         global _HOOKED
-        from autoloader.measure import cpuclock, procs
+        from autoloader.measure import cpuclock
+        from autoloader.supervise import procs
         from autoloader.probe import machine
 
         real_probe, real_process_time = machine._probe_cpu, time.process_time

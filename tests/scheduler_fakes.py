@@ -16,7 +16,7 @@ from autoloader.config import LoaderConfig
 from autoloader.coordination import BatchVerdict, Coordinator
 from autoloader.loader.slices import EpochSlicer, EpochSource
 from autoloader.measure.run import END
-from autoloader.measure.signals import SignalGuard
+from autoloader.supervise.signals import SignalGuard
 from autoloader.results import EpochTrace, TrialResult
 from autoloader.tuning import scheduler as scheduler_module
 from autoloader.tuning.handover import Stage

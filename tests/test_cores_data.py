@@ -11,7 +11,8 @@ import psutil
 import pytest
 from torch.utils.data import DataLoader
 
-from autoloader.measure import cpuclock, procs
+from autoloader.measure import cpuclock
+from autoloader.supervise import procs
 from autoloader.probe import probe_machine
 from cores_data import CoresDataset, VirtualHost
 

@@ -32,7 +32,7 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Set
 
 import pytest
 import torch
@@ -294,24 +294,82 @@ def test_autotune_doctor_output_has_the_shape_shown(tmp_path):
 
 # ---------------------------------------------------------------- the Development map
 
-def test_the_development_map_lists_every_module_and_nothing_else():
+def development_map() -> List[str]:
+    """The modules and packages the README's Development map lists, in its order, as paths under ``autoloader/``
+    (``loader/``, ``loader/prefetch.py``)."""
     block = by_first_line("autoloader/")[0]
-    listed, package = set(), None
+    listed: List[str] = []
+    folders: List[str] = []  # the packages enclosing the current line
     for line in block.text.splitlines()[1:]:
         name = line.split()[0] if line.strip() else ""
         depth = (len(line) - len(line.lstrip())) // 2
-        if not name.endswith((".py", "/")):
+        if not name.endswith((".py", "/")) or depth > len(folders) + 1:  # a description's continuation
             continue
-        if depth == 1:
-            package = name if name.endswith("/") else None
-            listed.add(name)
-        elif depth == 2 and package:
-            listed.add(package + name)
-    actual = {p.relative_to(ROOT / "autoloader").as_posix() for p in (ROOT / "autoloader").glob("*.py")}
-    actual |= {p.name + "/" for p in (ROOT / "autoloader").iterdir() if (p / "__init__.py").exists()}
-    actual |= {p.relative_to(ROOT / "autoloader").as_posix() for sub in ("loader", "measure", "search", "tuning")
-               for p in (ROOT / "autoloader" / sub).glob("*.py") if p.name != "__init__.py"}
+        folders = folders[:depth - 1]
+        listed.append("".join(folders) + name)
+        if name.endswith("/"):
+            folders.append(name)
+    return listed
+
+
+def test_the_development_map_lists_every_module_and_nothing_else():
+    package = ROOT / "autoloader"
+    listed = set(development_map())
+    spelled_out = {name for name in listed if name.endswith("/") and any(n.startswith(name) and n != name
+                                                                          for n in listed)}
+    actual = {p.relative_to(package).as_posix() for p in package.glob("*.py")}
+    actual |= {p.name + "/" for p in package.iterdir() if (p / "__init__.py").exists()}
+    for folder in spelled_out:  # a package whose modules the map lists lists all of them, and its subpackages
+        actual |= {p.relative_to(package).as_posix() for p in (package / folder).glob("*.py") if p.name != "__init__.py"}
+        actual |= {p.relative_to(package).as_posix() + "/" for p in (package / folder).iterdir()
+                   if (p / "__init__.py").exists()}
     assert listed == actual
+    assert spelled_out >= {"loader/", "loader/resume/", "measure/", "supervise/", "search/", "tuning/", "results/"}
+
+
+def _entry_of(module: str, entries: List[str]) -> str:
+    """The map's entry for an autoloader module: its own line, else its nearest package's (``ray/``)."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "__init__.py"
+    for k in range(len(parts), 0, -1):
+        for entry in ("/".join(parts[:k]) + ".py", "/".join(parts[:k]) + "/"):
+            if entry in entries and (k == len(parts) or entry.endswith("/")):
+                return entry
+    raise AssertionError(f"{module} is not in the Development map")
+
+
+def upward_imports(entries: List[str], graph: Dict[str, Set[str]]) -> List[str]:
+    """The imports that go up the map: a module importing one listed above it (or one listed as its own package's
+    entry, below which it sits)."""
+    where = {entry: i for i, entry in enumerate(entries)}
+    found = []
+    for module, imported in graph.items():
+        for other in imported:
+            a, b = _entry_of(module, entries), _entry_of(other, entries)
+            if a != b and where[b] < where[a]:
+                found.append(f"{module} ({a}) imports {other} ({b}), listed above it")
+    return sorted(found)
+
+
+def test_the_development_map_is_in_dependency_order():
+    from test_imports import _graph  # the import graph, type-checking imports included
+
+    assert upward_imports(development_map(), _graph(type_checking=True)) == []
+
+
+def test_the_order_check_finds_an_upward_import():
+    entries = ["factory.py", "loader/", "loader/prefetch.py", "loader/epochs.py", "ray/", "config.py"]
+    graph = {"autoloader.factory": {"autoloader.loader.prefetch"}, "autoloader.loader.prefetch":
+             {"autoloader.loader.epochs", "autoloader.config"}, "autoloader.ray.make": {"autoloader.ray.plan"},
+             "autoloader.ray.plan": set(), "autoloader.loader.epochs": set(), "autoloader.config": set()}
+    assert upward_imports(entries, graph) == []
+    graph["autoloader.config"] = {"autoloader.ray.plan"}
+    graph["autoloader.loader.epochs"] = {"autoloader.loader.prefetch"}
+    assert upward_imports(entries, graph) == [
+        "autoloader.config (config.py) imports autoloader.ray.plan (ray/), listed above it",
+        "autoloader.loader.epochs (loader/epochs.py) imports autoloader.loader.prefetch (loader/prefetch.py), "
+        "listed above it"]
 
 
 NOTE_DEFINITION = re.compile(r"^\s*# NOTE \[ (.+?) \]\s*$", re.MULTILINE)

@@ -20,13 +20,15 @@ from ..cache import resolve_cache
 from ..factory import make_loader
 from ..loader.device import resolve_device
 from ..probe import load_profile, probe_machine, save_profile
-from ..report import format_entries, format_profile, format_tune_result
+from ..report import format_entries, format_profile
+from ..results.tune_result import format_tune_result
 from ..request import Request
 from ..tuning.trials import tune_with
 from . import plot
 from ._spec import CliError, load_dataset
 from .demo import DemoImages, baselines, format_comparison
-from .doctor import format_findings, run_checks
+from .doctor import run_checks
+from .findings import format_findings
 
 PROG = "autotune"
 

@@ -14,9 +14,9 @@ import torch
 from torch.utils.data import Dataset
 
 from ..config import LoaderConfig, make_config
-from ..measure.consumer import Consumer
+from ..consumer import Consumer
 from ..measure.trial import run_trial
-from ..report import grid, rate
+from .._text import grid, rate
 from ..request import Request
 from ..results import TrialResult, TuneResult
 

@@ -9,42 +9,29 @@ from __future__ import annotations
 import glob
 import os
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Literal, Mapping, Optional, Sequence
+from typing import Iterable, List, Mapping, Optional, Sequence
 
 import torch.multiprocessing
 
 from ..cache import CacheEntry, resolve_cache
 from ..search.budget import resolve_budget, shm_need_bytes
-from ..probe import (THREAD_ENV_VARS, CpuInfo, GpuInfo, MachineProfile, MemoryInfo, ShmInfo, load_profile,
+from ..probe import (THREAD_ENV_VARS, CpuInfo, MachineProfile, MemoryInfo, ShmInfo, load_profile,
                      open_files_limit, probe_machine)
 from ..probe._pools import NativePool, pools_here
-from ..report import mib
-from ._holders import (DAEMON, INIT, ORPHAN, ORPHAN_NOT_PYTHON, OTHER_USER, RUNNING, DeviceHolder, classify_holder,
-                       executable_name, find_nvidia_holders, is_worker)
+from .._text import mib
+from ._holders import find_nvidia_holders
+from .doctor_gpu import check_gpu_holders, check_gpus
+from .findings import Finding
 
-__all__ = ["Finding", "DeviceHolder", "ShmNeed", "run_checks", "check_shm", "check_open_files", "check_cpus",
-           "check_start_method", "check_thread_env", "check_native_pools", "check_memory_budget", "check_gpu_holders",
-           "check_gpus", "check_saved_profile", "check_cache", "shm_needs", "find_nvidia_holders", "classify_holder",
-           "format_findings"]
+__all__ = ["ShmNeed", "run_checks", "check_shm", "check_open_files", "check_cpus", "check_start_method",
+           "check_thread_env", "check_native_pools", "check_memory_budget", "check_saved_profile", "check_cache",
+           "shm_needs"]
 
-Status = Literal["ok", "warn", "fail", "info"]
 MIB = 1 << 20
 SMALL_SHM_BYTES = 256 * MIB
 LOW_NOFILE = 4096
 GOOD_NOFILE = 65536
 
-
-@dataclass(frozen=True)
-class Finding:
-    """One check's verdict: ``detail`` says what was found, ``fix`` what to do about it (empty when nothing)."""
-
-    name: str
-    status: Status
-    detail: str
-    fix: str = ""
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "status": self.status, "detail": self.detail, "fix": self.fix}
 
 
 @dataclass(frozen=True)
@@ -224,78 +211,6 @@ def check_native_pools(pools: Optional[Sequence[NativePool]], *, usable_cpus: Op
     return Finding(name, "ok", detail)
 
 
-# -- processes holding NVIDIA device files ------------------------------------------------------------------------
-def _count(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"
-
-
-def _display(holder: DeviceHolder) -> str:
-    """The name, or the executable's when the kernel cut the name to 15 characters (``nvidia-persiste``)."""
-    exe = executable_name(holder)
-    return exe if len(holder.name) == 15 and exe.startswith(holder.name) else holder.name
-
-
-def _shown(holders: Sequence[DeviceHolder]) -> str:
-    return ", ".join(f"{_display(h)} (pid {h.pid})" for h in holders[:8]) + (", ..." if len(holders) > 8 else "")
-
-
-def _label(holder: DeviceHolder, kind: str) -> str:
-    if kind == RUNNING:
-        return f"pid {holder.pid} {_display(holder)}"
-    parent = "parent is pid 1" if holder.ppid == 1 else f"adopted by {holder.parent_name} (pid {holder.ppid})"
-    worker = "DataLoader worker, " if is_worker(holder) else ""
-    return (f"pid {holder.pid} {_display(holder)} ({worker}orphaned: {parent}"
-            f"{'' if kind == ORPHAN else ', not Python: left alone'})")
-
-
-def check_gpu_holders(holders: Sequence[DeviceHolder], *, device_files: Sequence[str], denied: int = 0,
-                      uid: Optional[int] = None) -> Finding:
-    """The processes holding the GPUs, sorted by ``classify_holder`` (``uid``: ours; None: unknown, nobody is
-    skipped as another user's). Warns, and offers ``kill``, only for our orphaned Python processes; says which system
-    daemons and init processes it skipped and how many processes of other users."""
-    name = "GPU device holders"
-    if not device_files:
-        return Finding(name, "info", "no NVIDIA device files (/dev/nvidia*) on this machine")
-    kinds: Dict[str, List[DeviceHolder]] = {}
-    for holder in holders:
-        kinds.setdefault(classify_holder(holder, uid=uid), []).append(holder)
-    skipped = [f"{_count(len(kinds[kind]), one, many)}: {_shown(kinds[kind])}"
-               for kind, one, many in ((DAEMON, "system daemon", "system daemons"),
-                                       (INIT, "container init process", "container init processes"))
-               if kind in kinds]
-    if OTHER_USER in kinds:
-        skipped.append(_count(len(kinds[OTHER_USER]), "process of another user", "processes of other users")
-                       + f": {_shown(kinds[OTHER_USER])}")
-    if denied:
-        skipped.append(f"{_count(denied, 'process', 'processes')} of other users could not be inspected")
-    unseen = f"; skipped {'; '.join(skipped)}" if skipped else ""
-    ours = [(kind, h) for kind in (ORPHAN, ORPHAN_NOT_PYTHON, RUNNING) for h in kinds.get(kind, [])]
-    if not ours:
-        files = f"{', '.join(device_files[:3])}{', ...' if len(device_files) > 3 else ''}"
-        return Finding(name, "ok", f"no other process {'of yours ' if skipped else ''}holds {files}{unseen}")
-    shown = "; ".join(_label(h, kind) for kind, h in ours[:8]) + ("; ..." if len(ours) > 8 else "")
-    detail = (f"{_count(len(ours), 'process', 'processes')} of yours {'holds' if len(ours) == 1 else 'hold'} NVIDIA "
-              f"device files: {shown}{unseen}. "
-              f"A leftover DataLoader worker or crashed run keeps its GPU memory until it exits")
-    look = "check them with `fuser -v /dev/nvidia*` or `nvidia-smi`"
-    if ORPHAN in kinds:
-        return Finding(name, "warn", detail,
-                       f"{look}, then `kill {' '.join(str(h.pid) for h in kinds[ORPHAN])}` for any that is a leftover "
-                       f"(a job started directly by the container's init also has parent pid 1)")
-    return Finding(name, "info", detail, f"{look} if GPU memory is missing; none of them looks like a leftover")
-
-
-def check_gpus(gpus: Optional[Sequence[GpuInfo]]) -> Finding:
-    name = "GPUs"
-    if gpus is None:
-        return Finding(name, "info", "could not tell which GPUs are usable (the probe failed)")
-    if not gpus:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        return Finding(name, "info", "no CUDA GPU visible: loaders deliver to the CPU and pin_memory stays off"
-                       + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""))
-    return Finding(name, "ok", "; ".join(f"cuda:{g.index} {g.name}, {g.total_bytes / (1 << 30):.0f} GiB"
-                                         for g in gpus))
-
 
 # -- saved profile and cache ----------------------------------------------------------------------------------------
 def check_saved_profile(saved: Optional[MachineProfile], current: MachineProfile) -> Finding:
@@ -350,14 +265,3 @@ def run_checks(*, profile: Optional[MachineProfile] = None,
         check_saved_profile(load_profile(), profile),
         check_cache(entries),
     ]
-
-
-def format_findings(findings: Sequence[Finding]) -> str:
-    """Doctor findings: one block per check with its status, what was found and the fix."""
-    counts = {s: sum(1 for f in findings if f.status == s) for s in ("fail", "warn")}
-    lines = [f"autotune doctor: {counts['fail']} problem(s), {counts['warn']} warning(s)"]
-    for finding in findings:
-        lines.append(f"  {('[' + finding.status + ']').ljust(6)} {finding.name}: {finding.detail}")
-        if finding.fix:
-            lines.append(f"  {' ' * 6} fix: {finding.fix}")
-    return "\n".join(lines)

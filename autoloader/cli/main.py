@@ -9,7 +9,7 @@ import argparse
 import os
 import re
 import sys
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 
@@ -20,7 +20,7 @@ DEMO_BUDGET_S = 20.0
 DEMO_BATCH_SIZE = 32
 
 
-def _int_at_least(minimum: int) -> Any:
+def _int_at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type: a whole number >= ``minimum``."""
     def parse(text: str) -> int:
         try:

@@ -27,13 +27,13 @@ from ..errors import quiet_worker_count_warning
 from ..results import TuneResult
 from .batch import iter_tensors, map_tensors
 from .device import resolve_device, side_stream
-from .epochs import EpochClock, EpochStats, advance_epochs, samplers
 from .epoch_iter import END, Epoch, EpochIter, Failed, Fetcher
-from .checkpoint import Checkpoints, ends_epoch
+from .epochs import EpochClock, EpochStats, advance_epochs, samplers
 from .native import rewrap, users_init
-from .resume import stream_rule
+from .resume.checkpoint import Checkpoints, ends_epoch
+from .resume.redraw import stream_rule
+from .resume.state import FORMAT, epochs_of
 from .source import BatchError, as_source, consumed
-from .state import FORMAT, epochs_of
 from .transform import InputTransform
 
 
@@ -240,7 +240,7 @@ class PrefetchLoader:
         self._sampler_epochs = advance_epochs(self._frame, self._sampler_epochs, epoch_set=self._epoch_set)
         self._epoch_set = False
 
-    # -- checkpoint and resume (NOTE [ Exact resume ] in state.py) ----------------------------------------------
+    # -- checkpoint and resume (NOTE [ Exact resume ] in resume/state.py) ----------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
         """A checkpoint of where the loop is, to resume exactly with ``load_state_dict`` (torchdata's
         ``StatefulDataLoader`` protocol, which Lightning 2.x checkpoints; Accelerate:
@@ -249,7 +249,7 @@ class PrefetchLoader:
 
         Under a ``torch.distributed`` group of several processes it is a collective (call it on every rank, as
         Lightning and Accelerate do): it holds every rank's state, so the one file rank 0 writes resumes each rank.
-        How it resumes exactly: NOTE [ Exact resume ] in ``autoloader/loader/state.py``.
+        How it resumes exactly: NOTE [ Exact resume ] in ``autoloader/loader/resume/state.py``.
 
         Returns:
             dict: A small dict of ints, lists and strings (20-45 KB: the RNG states), safe for ``torch.save`` and
@@ -327,7 +327,7 @@ class PrefetchLoader:
     # On the CPU the same loop runs with ``contextlib.nullcontext()`` in place of the stream context, no copy, and
     # nothing read ahead (``reads_ahead``): the next batch is fetched when the loop asks for it. Reading ahead loads
     # batch i+1 (and makes its RNG draws, with num_workers=0) before the loop's draws after batch i; a checkpoint
-    # taken then keeps what it needs to load that batch again (NOTE [ Exact resume ], ``ahead``, in state.py).
+    # taken then keeps what it needs to load that batch again (NOTE [ Exact resume ], ``ahead``, in resume/state.py).
 
     def _tuned_workers(self) -> bool:
         """True when the loader's worker count is one autoloader measured (see quiet_worker_count_warning)."""

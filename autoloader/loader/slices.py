@@ -303,7 +303,7 @@ class EpochSource:
 
     def skip(self, k: int, *, drawn: Optional[int] = None) -> None:
         """Fast-forward a fresh epoch past its first ``k`` batches, as if delivered, without loading a sample: only
-        the index sampler is iterated (NOTE [ Exact resume ] in loader/state.py). ``drawn``: then ask the sampler for
+        the index sampler is iterated (NOTE [ Exact resume ] in loader/resume/state.py). ``drawn``: then ask the sampler for
         more, until it was asked that many times in all (or ran out), and keep them for the next slices: the pulls the
         saver's DataLoader had made ahead of what it yielded, so their draws happen now."""
         if self._open or self.position or self._records:

@@ -3,7 +3,7 @@ an interrupted epoch. A user's DataLoader is wrapped in ``PlainSource``, any oth
 ``IterableSource``; online tuning's ``OnlineLoader`` is a source of its own (tuning/online.py), and ``make_loader``'s
 ``LazySource`` (lazy.py) builds one of those at the first ``iter()``. The prefetcher only copies, converts and times
 what a source hands out, and composes its checkpoint from what the source says (``Checkpoints``, NOTE [ Exact resume ]
-in state.py). A batch whose loading raised is ``BatchError`` (NOTE [ A batch that raises ]).
+in resume/state.py). A batch whose loading raised is ``BatchError`` (NOTE [ A batch that raises ]).
 
 # NOTE [ A batch that raises ]
 # A DataLoader's iterator survives an exception from the dataset, the ``collate_fn`` or a worker: ``next()`` raises

@@ -1,2 +1,3 @@
-"""Measuring one candidate configuration: the one measured loop (``run``), its window, the consumer step, the signal
-guard, worker processes, failures, and the dataset advice a trial gives; ``trial`` drives one before training."""
+"""Measuring one candidate configuration: the one measured loop (``run``), its window, the consumer step, the CPU
+clocks, failures, and the dataset advice a trial gives; ``trial`` drives one before training. The worker processes it
+measures are started, guarded and reaped by ``autoloader.supervise``."""

@@ -57,16 +57,16 @@ from typing import Any, Iterator, Literal, Optional, Tuple
 from torch.utils.data import IterableDataset
 
 from ..config import LoaderConfig
+from ..consumer import Consumer
 from ..errors import TrialTimeout, TuningError
 from ..loader.source import BatchError, consumed
 from ..results import TrialResult
+from ..supervise import procs as _procs
+from ..supervise.serving import END, Record, Serving
+from ..supervise.signals import SignalGuard
 from . import advice as _advice
-from . import procs as _procs
-from .consumer import Consumer
 from .cpuclock import cpu_and_delay
 from .failures import HARD_LIMIT_GRACE_S
-from .serving import END, Serving
-from .signals import SignalGuard
 from .window import Clocks, Tally, Window, WindowSpec
 
 __all__ = ["END", "Mode", "Run", "served"]
@@ -108,7 +108,7 @@ class Run:
 
     # -- what drivers call --------------------------------------------------------------------------------------------
     @property
-    def record(self) -> Any:
+    def record(self) -> Record:
         return self.serving.record
 
     @property

@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from ..config import LoaderConfig
+from ..consumer import Consumer
 from ..errors import quiet_worker_count_warning
 from ..loader.native import worker_pools
 from ..loader.prefetch import PrefetchLoader
@@ -22,7 +23,6 @@ from ..probe import start_method
 from ..request import Request
 from ..results import TrialResult
 from . import advice as _advice
-from .consumer import Consumer
 from .failures import classify
 from .run import Run, served
 from .window import MemoryCheck

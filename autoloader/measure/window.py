@@ -18,7 +18,7 @@ from ..loader.epochs import stall_fraction
 from ..results import TrialResult
 from . import cow, window_rule
 from .cpuclock import spent
-from .procs import WorkerSample, WorkerTracker
+from ..supervise.procs import WorkerSample, WorkerTracker
 
 Rule = Literal["trial", "candidate", "probe"]
 """How a window opens and closes: a trial's fixed rule (NOTE [ Trial timing ] in run.py), an online candidate's

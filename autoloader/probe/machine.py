@@ -5,25 +5,24 @@ Every figure is measured or read from the system; one that cannot be is None, ne
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import AbstractSet, Dict, Literal, Optional, Tuple, overload
+from typing import Dict, Optional, Tuple
 
 import psutil
 import torch
 
+from .._fs import default_cache_dir
 from . import _cgroup
 from ._disk import DiskInfo, measure_disk
-from .._fs import PROFILE_FILE, atomic_write_json, default_cache_dir
+from ._fields import int_field, json_object, num_field, str_field
 from ._gpu import GpuInfo, probe_gpus
 from ._process import THREAD_ENV_VARS, start_method
-from ..errors import warn_user
 
 logger = logging.getLogger("autoloader.probe")
 
@@ -252,135 +251,45 @@ def _probe_disk(data_dir: "str | os.PathLike[str] | None", seconds: float) -> Di
     return measure_disk(data_dir, seconds=seconds)
 
 
-def save_profile(profile: MachineProfile, cache_dir: "str | os.PathLike[str] | None" = None) -> Path:
-    """Write ``profile`` to ``machine.json`` in ``cache_dir`` (default: the autoloader cache) atomically."""
-    if not isinstance(profile, MachineProfile):
-        raise TypeError(f"profile must be a MachineProfile, got {type(profile).__name__}")
-    path = Path(cache_dir if cache_dir is not None else default_cache_dir()) / PROFILE_FILE
-    atomic_write_json(path, profile.to_dict())
-    return path
-
-
-def load_profile(cache_dir: "str | os.PathLike[str] | None" = None) -> Optional[MachineProfile]:
-    """The saved profile, or None when there is none; an unreadable or corrupt one also gives None, with an
-    ``AutoloaderWarning``."""
-    path = Path(cache_dir if cache_dir is not None else default_cache_dir()) / PROFILE_FILE
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        warn_user(f"cannot read the machine profile {path}: {exc}")
-        return None
-    try:
-        return MachineProfile.from_dict(json.loads(text))
-    except ValueError as exc:  # json.JSONDecodeError is a ValueError
-        warn_user(f"ignoring the corrupt machine profile {path} ({exc}); run `autotune probe` to redo it")
-        return None
-
-
-def with_saved_disk(profile: MachineProfile) -> MachineProfile:
-    """``profile`` with the disk figures of the saved profile (``autotune`` / ``autotune probe`` measured them) when it
-    has none of its own: the disk is never measured here, it takes seconds."""
-    if profile.disk is not None:
-        return profile
-    saved = load_profile()
-    if saved is None or saved.disk is None:
-        return profile
-    return replace(profile, disk=saved.disk)
-
-
 def _from_dict(data: object) -> MachineProfile:
-    d = _mapping(data, "profile", {"cpu", "memory", "shm", "disk", "gpus", "start_method", "torch_version",
+    d = json_object(data, "profile", {"cpu", "memory", "shm", "disk", "gpus", "start_method", "torch_version",
                                    "python_version", "thread_env", "created", "schema"})
     if d["schema"] != SCHEMA or isinstance(d["schema"], bool):
         raise ValueError(f"unsupported machine profile schema {d['schema']!r} (expected {SCHEMA})")
-    cpu = _mapping(d["cpu"], "cpu", {"usable", "logical", "physical", "model", "affinity", "quota"})
+    cpu = json_object(d["cpu"], "cpu", {"usable", "logical", "physical", "model", "affinity", "quota"})
     mem = d["memory"]
     old = isinstance(mem, dict) and "headroom_bytes" not in mem  # saved before the field existed: still readable
-    mem = _mapping(mem, "memory", _MEMORY_KEYS - ({"headroom_bytes"} if old else set()))
-    shm = _mapping(d["shm"], "shm", {"path", "total_bytes", "free_bytes"})
+    mem = json_object(mem, "memory", _MEMORY_KEYS - ({"headroom_bytes"} if old else set()))
+    shm = json_object(d["shm"], "shm", {"path", "total_bytes", "free_bytes"})
     disk = None
     if d["disk"] is not None:
-        dd = _mapping(d["disk"], "disk", {"path", "seq_read_mb_s", "rand_read_iops", "cached_seq_read_mb_s",
+        dd = json_object(d["disk"], "disk", {"path", "seq_read_mb_s", "rand_read_iops", "cached_seq_read_mb_s",
                                           "bypass"})
         if dd["bypass"] not in (None, "o_direct", "fadvise"):
             raise ValueError(f"disk.bypass must be 'o_direct', 'fadvise' or null, got {dd['bypass']!r}")
-        disk = DiskInfo(_str(dd, "path", "disk", optional=False), _num(dd, "seq_read_mb_s", "disk"),
-                        _num(dd, "rand_read_iops", "disk"), _num(dd, "cached_seq_read_mb_s", "disk"), dd["bypass"])
+        disk = DiskInfo(str_field(dd, "path", "disk", optional=False), num_field(dd, "seq_read_mb_s", "disk"),
+                        num_field(dd, "rand_read_iops", "disk"), num_field(dd, "cached_seq_read_mb_s", "disk"), dd["bypass"])
     gpus = None
     if d["gpus"] is not None:
         if not isinstance(d["gpus"], list):
             raise ValueError(f"gpus must be a list or null, got {type(d['gpus']).__name__}")
         gpus = tuple(
-            GpuInfo(_int(g, "index", "gpu", optional=False), _str(g, "name", "gpu", optional=False),
-                    _int(g, "total_bytes", "gpu", optional=False))
-            for g in (_mapping(item, "gpu", {"index", "name", "total_bytes"}) for item in d["gpus"]))
+            GpuInfo(int_field(g, "index", "gpu", optional=False), str_field(g, "name", "gpu", optional=False),
+                    int_field(g, "total_bytes", "gpu", optional=False))
+            for g in (json_object(item, "gpu", {"index", "name", "total_bytes"}) for item in d["gpus"]))
     env = d["thread_env"]
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise ValueError("thread_env must map variable names to strings")
     return MachineProfile(
-        cpu=CpuInfo(_int(cpu, "usable", "cpu"), _int(cpu, "logical", "cpu"), _int(cpu, "physical", "cpu"),
-                    _str(cpu, "model", "cpu"), _int(cpu, "affinity", "cpu"), _num(cpu, "quota", "cpu")),
-        memory=MemoryInfo(**{k: _int(mem, k, "memory") for k in _MEMORY_KEYS if k in mem}),
-        shm=ShmInfo(_str(shm, "path", "shm", optional=False), _int(shm, "total_bytes", "shm"),
-                    _int(shm, "free_bytes", "shm")),
-        disk=disk, gpus=gpus, start_method=_str(d, "start_method", "profile"),
-        torch_version=_str(d, "torch_version", "profile", optional=False),
-        python_version=_str(d, "python_version", "profile", optional=False),
-        thread_env=dict(env), created=_num(d, "created", "profile", optional=False))
+        cpu=CpuInfo(int_field(cpu, "usable", "cpu"), int_field(cpu, "logical", "cpu"), int_field(cpu, "physical", "cpu"),
+                    str_field(cpu, "model", "cpu"), int_field(cpu, "affinity", "cpu"), num_field(cpu, "quota", "cpu")),
+        memory=MemoryInfo(**{k: int_field(mem, k, "memory") for k in _MEMORY_KEYS if k in mem}),
+        shm=ShmInfo(str_field(shm, "path", "shm", optional=False), int_field(shm, "total_bytes", "shm"),
+                    int_field(shm, "free_bytes", "shm")),
+        disk=disk, gpus=gpus, start_method=str_field(d, "start_method", "profile"),
+        torch_version=str_field(d, "torch_version", "profile", optional=False),
+        python_version=str_field(d, "python_version", "profile", optional=False),
+        thread_env=dict(env), created=num_field(d, "created", "profile", optional=False))
 
 
 _MEMORY_KEYS = frozenset({"total_bytes", "available_bytes", "limit_bytes", "budget_bytes", "headroom_bytes"})
-
-
-def _mapping(value: object, where: str, keys: AbstractSet[str]) -> dict:
-    if not isinstance(value, dict):
-        raise ValueError(f"{where} must be a JSON object, got {type(value).__name__}")
-    if set(value) != keys:
-        raise ValueError(f"{where} has keys {sorted(value)}, expected {sorted(keys)}")
-    return value
-
-
-@overload
-def _int(d: dict, key: str, where: str, *, optional: Literal[False]) -> int: ...
-@overload
-def _int(d: dict, key: str, where: str, *, optional: bool = ...) -> Optional[int]: ...
-
-
-def _int(d: dict, key: str, where: str, *, optional: bool = True) -> Optional[int]:
-    value = d[key]
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{where}.{key} must be an int >= 0{' or null' if optional else ''}, got {value!r}")
-    return value
-
-
-@overload
-def _num(d: dict, key: str, where: str, *, optional: Literal[False]) -> float: ...
-@overload
-def _num(d: dict, key: str, where: str, *, optional: bool = ...) -> Optional[float]: ...
-
-
-def _num(d: dict, key: str, where: str, *, optional: bool = True) -> Optional[float]:
-    value = d[key]
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-        raise ValueError(f"{where}.{key} must be a finite number >= 0{' or null' if optional else ''}, "
-                         f"got {value!r}")
-    return float(value)
-
-
-@overload
-def _str(d: dict, key: str, where: str, *, optional: Literal[False]) -> str: ...
-@overload
-def _str(d: dict, key: str, where: str, *, optional: bool = ...) -> Optional[str]: ...
-
-
-def _str(d: dict, key: str, where: str, *, optional: bool = True) -> Optional[str]:
-    value = d[key]
-    if (value is None and optional) or isinstance(value, str):
-        return value
-    raise ValueError(f"{where}.{key} must be a string{' or null' if optional else ''}, got {value!r}")

@@ -14,7 +14,7 @@ from ..cache.fingerprint import dataset_fingerprint
 from ..config import LoaderConfig
 from ..coordination import all_gather
 from ..loader.prefetch import PrefetchLoader
-from ..measure.consumer import Consumer
+from ..consumer import Consumer
 from ..request import Request
 from .cluster import RayCache, ray_key, shape_of
 from .records import RayTuning

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Literal, Mapping, Optional, Tuple
 
-from ..report import grid, rate
+from .._text import grid, rate
 
 RaySource = Literal["tuned", "cache", "fixed"]
 RAY_SOURCES: Tuple[str, ...] = ("tuned", "cache", "fixed")

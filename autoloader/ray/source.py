@@ -7,7 +7,7 @@
 # epochs across candidates ]), all of its index batches at the epoch's start (the samplers draw then, as they draw
 # at a plain epoch's first batch). Ray Data gets them as rows (place, indices), loads and collates each in a task
 # (work.py), and gives them back with ``preserve_order``; the driver checks every batch's place. A resume hands the
-# redrawn epoch with its served batches skipped (NOTE [ Exact resume ] in loader/state.py), so the rest of the epoch
+# redrawn epoch with its served batches skipped (NOTE [ Exact resume ] in loader/resume/state.py), so the rest of the epoch
 # is fed and no skipped sample is loaded. What cannot be exact: random augmentation inside the dataset (it runs in
 # Ray's workers, whose RNGs autoloader neither seeds nor restores), and nothing survives the driver: a rank that dies
 # takes its place in the epoch with it (resume from its last state_dict()).

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
-from ..measure.consumer import Consumer
+from ..consumer import Consumer
 from . import plan
 from .pipeline import Feed
 from .records import RayConfig, RayTrial, RayTuning

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from ..config import LoaderConfig
-from ..report import mib
+from .._text import mib
 from ..results import TrialResult
 from .footprint import Footprint, footprint, shm_need_bytes
 

@@ -13,6 +13,10 @@ of a node by ``Coordinator.outcome``), and the budget rules both trials and onli
 # prediction. The budget still holds: a candidate whose predicted start-up and least window (``MIN_LIMIT_S``) do not
 # fit in what is left of it is not started, and is recorded as skipped with the budget named (``admit``: recorded, so
 # that the search proposes another); one that fits is started with its window's share cut to what is left, as before.
+# So when the budget (``make_loader``'s ``budget=``, default 30 s) runs out, the best found so far is chosen at most
+# one candidate's limit later. The hard limit is ``SIGALRM`` (measure/run.py): from a thread other than the main one,
+# or under a ``SIGALRM`` handler of the user's, a blocking ``num_workers=0`` trial cannot be cut. Online tuning has no
+# limit of its own: a dataset that blocks, blocks the user's loop.
 """
 from __future__ import annotations
 

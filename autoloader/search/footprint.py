@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..config import LoaderConfig
-from ..report import mib
+from .._text import mib
 
 __all__ = ["Footprint", "footprint", "shm_need_bytes"]
 

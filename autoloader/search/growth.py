@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import Optional, Sequence, Tuple
 
 from ..config import LoaderConfig
-from ..report import mib
+from .._text import mib
 from ..results import TrialResult
 from .footprint import footprint
 

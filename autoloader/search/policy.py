@@ -14,7 +14,7 @@ from .capacity import DEFAULT_TOLERANCE, HEADROOM, cpu_saturated
 from .budget import SHM_MARGIN, budget_guard, shm_need_bytes, trial_footprint
 from .growth import forecast_bytes, growth_per_sample
 from .threads_policy import fewest_near, least_memory, rate
-from ..report import mib
+from .._text import mib
 from ..results import Bottleneck, TrialResult, TuneResult
 
 __all__ = [

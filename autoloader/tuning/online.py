@@ -50,7 +50,7 @@ from ..config import LoaderConfig
 from ..coordination import Coordinator
 from ..loader.slices import BatchSlice, EpochSlicer, EpochSource
 from ..loader.source import Source
-from ..measure.consumer import Consumer
+from ..consumer import Consumer
 from ..measure.run import Run, served
 from ..measure.window import WindowSpec
 from ..request import Request
@@ -143,7 +143,7 @@ class OnlineLoader(DataLoaderStandIn, Source):
 
     @property
     def epoch_source(self) -> Optional[EpochSource]:
-        """The redrawn epoch serving this epoch's slices (NOTE [ Exact resume ] in loader/state.py: a checkpoint counts
+        """The redrawn epoch serving this epoch's slices (NOTE [ Exact resume ] in loader/resume/state.py: a checkpoint counts
         its sampler's pulls there); None between epochs."""
         return self._scheduler.source if self._scheduler is not None else self._steady_source
 
@@ -167,7 +167,7 @@ class OnlineLoader(DataLoaderStandIn, Source):
 
     def resume(self, source: EpochSource) -> Iterator[Any]:
         """The rest of an epoch that ``source`` (``slicer.epoch()``, fast-forwarded by ``skip``) holds: candidates
-        while searching, else the decision (NOTE [ Exact resume ] in loader/state.py)."""
+        while searching, else the decision (NOTE [ Exact resume ] in loader/resume/state.py)."""
         return self._in_slices(source, self._begin())
 
     def _begin(self) -> int:

@@ -39,7 +39,7 @@ measurement is complete, and what happens then (``EpochScheduler``; the search b
 # failure anywhere), whether their tails match and whether the window opened, so every rank makes the same move at
 # the same batch; a probe's early switch and a deferred switch are a single process's only (each rank's clock would
 # say otherwise). A single process makes the same moves without the exchange.
-# Signals: each stage's run guards its own batches (NOTE [ Asynchronous exceptions ] in measure/signals.py); a guard
+# Signals: each stage's run guards its own batches (NOTE [ Asynchronous exceptions ] in supervise/signals.py); a guard
 # spanning the epoch, worker deaths held, covers the moves between two stages, when the stage a switch started runs
 # its workers before its own guard is entered: a death there is taken over by that guard and raised as its failure.
 """
@@ -55,7 +55,7 @@ from ..loader.slices import BatchSlice, EpochSource
 from ..measure.failures import classify, failure_reason, forget
 from ..measure.run import END, Run, of_a_batch
 from ..measure.sample_clock import BatchEstimate, SampleClock, times_samples
-from ..measure.signals import SignalGuard
+from ..supervise.signals import SignalGuard
 from ..measure.window import samples_in
 from ..results import EpochTrace, TrialResult
 from ..search.candidates import Candidate

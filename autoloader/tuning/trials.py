@@ -10,9 +10,9 @@ import torch
 
 from ..errors import TuningError, warn_user
 from ..loader.device import release_cached
-from ..loader.rng import parts_of_kwargs, preserved
-from ..measure.consumer import Consumer, Step
-from ..measure.signals import SignalGuard
+from ..loader.resume.rng import parts_of_kwargs, preserved
+from ..consumer import Consumer, Step
+from ..supervise.signals import SignalGuard
 from ..measure.trial import run_trial
 from ..probe import MachineProfile, probe_machine, with_saved_disk
 from ..cache.fingerprint import dataset_length

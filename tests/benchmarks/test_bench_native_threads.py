@@ -41,7 +41,7 @@ from threadpoolctl import threadpool_info
 
 from autoloader import tune
 from autoloader.config import LoaderConfig
-from autoloader.measure.consumer import Consumer
+from autoloader.consumer import Consumer
 from autoloader.measure.trial import run_trial
 from autoloader.probe import probe_machine
 from autoloader.request import Request

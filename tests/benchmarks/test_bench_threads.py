@@ -44,7 +44,7 @@ import pytest
 import torch
 
 from autoloader import tune
-from autoloader.measure.consumer import Consumer
+from autoloader.consumer import Consumer
 from autoloader.search.threads_policy import busy_fraction
 from autoloader.probe import probe_machine
 from autoloader.config import LoaderConfig

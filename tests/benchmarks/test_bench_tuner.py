@@ -16,7 +16,7 @@ import statistics
 import pytest
 
 from autoloader import tune
-from autoloader.measure.consumer import Consumer
+from autoloader.consumer import Consumer
 from autoloader.probe import probe_machine
 from autoloader.config import LoaderConfig
 from autoloader.measure.trial import run_trial

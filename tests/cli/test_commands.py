@@ -15,7 +15,7 @@ from autoloader.cli.main import main
 from autoloader.cli.demo import cores_rule_workers
 from autoloader.cache.fingerprint import machine_fingerprint
 from autoloader.probe import MachineProfile, load_profile, probe_machine, save_profile
-from autoloader.report import BOTTLENECK_WORDS
+from autoloader.results.tune_result import BOTTLENECK_WORDS
 from autoloader.results import TuneResult
 from helpers import USER_MODULE, one_line_error, probe_files, run_cli, tuned_result
 

@@ -28,7 +28,7 @@ from autoloader import AutoloaderWarning, LoaderConfig, TrialResult, make_loader
 from autoloader.search.growth import copied_per_sample
 from autoloader.measure.advice import COPY_ON_READ_MIN_BYTES, copy_on_read_advice, warn_once
 from autoloader.cache import TuneCache
-from autoloader.measure.consumer import Consumer
+from autoloader.consumer import Consumer
 from autoloader.measure.failures import failure_reason
 from autoloader.measure.trial import run_trial
 from autoloader.request import Request
@@ -224,7 +224,7 @@ _SHM_SCRIPT = """
 import json, warnings, torch
 import fault_data as fd
 from autoloader import LoaderConfig, make_loader, probe_machine
-from autoloader.measure.consumer import Consumer
+from autoloader.consumer import Consumer
 from autoloader.measure.trial import run_trial
 from autoloader.request import Request
 
@@ -296,7 +296,7 @@ _SPAWN_TRIAL_SCRIPT = """
 import json, time, psutil, torch
 import fault_data as fd
 from autoloader import LoaderConfig
-from autoloader.measure.consumer import Consumer
+from autoloader.consumer import Consumer
 from autoloader.measure.trial import run_trial
 from autoloader.request import Request
 
@@ -411,7 +411,7 @@ _NOFILE_SCRIPT = """
 import json, logging, resource, warnings, torch
 import fault_data as fd
 from autoloader import LoaderConfig, make_loader
-from autoloader.measure.consumer import Consumer
+from autoloader.consumer import Consumer
 from autoloader.measure.trial import run_trial
 from autoloader.request import Request
 

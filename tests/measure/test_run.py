@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 import fault_data as fd
 from autoloader.config import LoaderConfig
-from autoloader.measure.consumer import Consumer
+from autoloader.consumer import Consumer
 from autoloader.measure.failures import classify
 from autoloader.measure.window import MIN_OPENED
 from autoloader.measure.run import END, Run, served

@@ -6,7 +6,7 @@ import torch
 from torch.utils.data import DataLoader, SequentialSampler
 
 from autoloader.config import LoaderConfig
-from autoloader.measure.consumer import Consumer
+from autoloader.consumer import Consumer
 from autoloader.measure.trial import _Cycle, run_trial, trial_loader
 from autoloader.measure.window import MIN_WINDOW_S
 from autoloader.request import Request

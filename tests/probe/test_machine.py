@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from autoloader import probe
-from autoloader.errors import AutoloaderWarning
-from autoloader.probe import MachineProfile, load_profile, probe_machine, save_profile
+from autoloader.probe import MachineProfile, probe_machine
 from helpers import full_profile
 
 G = 1 << 30
@@ -131,21 +130,3 @@ def _garbage_profiles():
 def test_from_dict_rejects_garbage(data):
     with pytest.raises(ValueError):
         MachineProfile.from_dict(data)
-
-
-def test_save_and_load_profile(tmp_path, cache_dir):
-    profile = full_profile()
-    path = save_profile(profile, tmp_path)
-    assert path == tmp_path / "machine.json"
-    assert load_profile(tmp_path) == profile
-    assert load_profile(tmp_path / "nothing-here") is None
-    assert save_profile(profile) == cache_dir / "machine.json"   # default: AUTOLOADER_CACHE_DIR
-    assert load_profile() == profile
-
-
-@pytest.mark.parametrize("text", ["{not json", json.dumps({"schema": 1}), "\xff\xfe"])
-def test_load_corrupt_profile_warns_and_returns_none(tmp_path, text):
-    (tmp_path / "machine.json").write_text(text, encoding="latin-1")
-    with pytest.warns(AutoloaderWarning, match="machine profile") as record:
-        assert load_profile(tmp_path) is None
-    assert record[0].filename == __file__                       # stacklevel points at the caller

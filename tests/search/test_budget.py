@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 
 from autoloader import AutoloaderWarning
 from autoloader.config import LoaderConfig
-from autoloader.measure.consumer import Consumer
+from autoloader.consumer import Consumer
 from autoloader.measure.trial import run_trial
 from autoloader.probe import MemoryInfo
 from autoloader.request import Request

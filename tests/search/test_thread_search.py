@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from autoloader import make_loader, tune
 from autoloader.probe import DiskInfo, probe_machine, save_profile
-from autoloader.report import format_tune_result
+from autoloader.results.tune_result import format_tune_result
 from autoloader.config import LoaderConfig
 from autoloader.results import TrialResult, TuneResult
 from autoloader.loader.threads import ThreadedDataset, threads_of, unwrap

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from autoloader.measure.torch_watch import install_first
+from autoloader.supervise.torch_watch import install_first
 from autoloader.tuning import scheduler as scheduler_module
 from autoloader.tuning.scheduler import TRANSITIONS, transition
 from scheduler_fakes import BATCHES, Agreeing, ScriptedPlan, Step, config_of, serve

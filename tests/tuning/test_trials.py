@@ -11,7 +11,7 @@ from torch.utils.data import Dataset
 
 from autoloader import make_loader, tune
 from autoloader.config import LoaderConfig
-from autoloader.measure.consumer import Consumer
+from autoloader.consumer import Consumer
 from autoloader.measure.trial import run_trial
 from autoloader.request import Request
 from autoloader.results import TuneResult

@@ -10,8 +10,8 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 from torch.utils.data import DataLoader
 
-from .epochs import EpochClock, numbered_samplers, pulls_made, samplers
-from .resume import check_next_order, ended_at, redrawn, stream_rule
+from ..epochs import EpochClock, numbered_samplers, pulls_made, samplers
+from .redraw import check_next_order, ended_at, redrawn, stream_rule
 from .rng import Ambient, RngState, parts_of
 from .state import LoaderState, check, epoch_length, epochs_of, own_rank, ranks, sampling_of
 

@@ -9,8 +9,8 @@ from typing import Any, Optional, Tuple
 import torch
 from torch.utils.data import IterableDataset
 
+from ..slices import EpochSource
 from .rng import RngState, parts_of, preserved
-from .slices import EpochSource
 
 log = logging.getLogger("autoloader.prefetch")
 

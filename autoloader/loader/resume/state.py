@@ -35,7 +35,7 @@ field by field and against a digest when loaded, then against the loader it resu
 # A state saved after an epoch's last batch (``batches == length``) resumes at the next epoch's start, as Lightning
 # expects; the pulls the saver had not made yet (the sampler asked past its end) are made first, after ``now``.
 # Without a len() (a sampler or batch sampler that has none) the saver cannot tell its last batch: ``load`` redraws
-# the epoch from ``start`` (``resume.ended_at``, every RNG then put back) and, when no batch follows, takes
+# the epoch from ``start`` (``redraw.ended_at``, every RNG then put back) and, when no batch follows, takes
 # ``length = batches``, so the first pass is the next epoch there too, not an empty one.
 # What cannot be exact: random augmentation inside workers (worker seeds come from a private generator, and skipped
 # batches are not loaded, so a worker's RNG is elsewhere), an RNG that none of the above reaches (a sampler's private

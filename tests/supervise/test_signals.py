@@ -1,4 +1,4 @@
-"""autoloader.measure.signals: exceptions from signal handlers land only where they cannot leak a lock (issue 11).
+"""autoloader.supervise.signals: exceptions from signal handlers land only where they cannot leak a lock (issue 11).
 
 The root cause of the killed-worker hang, reproduced deterministically: a profile hook plays the signal's part and
 runs the SIGCHLD handler at the exact moment ``multiprocessing.Queue.put`` holds the queue's lock outside its
@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from autoloader.measure.signals import SignalGuard
-from autoloader.measure.torch_watch import install_first
-from autoloader.measure.unsafe import unsafe_to_raise
+from autoloader.supervise.signals import SignalGuard
+from autoloader.supervise.torch_watch import install_first
+from autoloader.supervise.unsafe import unsafe_to_raise
 from autoloader.errors import TrialTimeout
 
 
@@ -333,7 +333,7 @@ def test_a_retry_firing_inside_the_handler_does_not_lose_the_ctrl_c(monkeypatch)
     fires at that point every time: as the handler arms its line trap."""
     import inspect
 
-    import autoloader.measure.redelivery as redelivery
+    import autoloader.supervise.redelivery as redelivery
 
     arm = redelivery.LineTrap.arm
 
@@ -375,7 +375,7 @@ def test_a_ctrl_c_python_swallows_anyway_is_kept_and_raised_at_the_next_safe_lin
     guard takes the Ctrl-C back from sys.unraisablehook and raises it at the next safe line."""
     import weakref
 
-    import autoloader.measure.redelivery as redelivery
+    import autoloader.supervise.redelivery as redelivery
 
     class Target:
         pass

@@ -23,7 +23,7 @@ from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSamp
                               Sampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler)
 
 from autoloader import PrefetchLoader, make_loader, with_threads
-from autoloader.loader.state import _digest
+from autoloader.loader.resume.state import _digest
 from helpers import live_children, round_trip, wait_no_children
 
 pytestmark = [pytest.mark.filterwarnings("ignore::autoloader.AutoloaderWarning", "ignore::UserWarning"),

@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from autoloader.measure import procs
-from autoloader.measure.serving import Serving
-from autoloader.measure.signals import SignalGuard
+from autoloader.supervise import procs
+from autoloader.supervise.serving import Serving
+from autoloader.supervise.signals import SignalGuard
 from workloads import LatencyBound
 
 

@@ -1,4 +1,4 @@
-"""Exact resume (autoloader.loader.state, NOTE [ Exact resume ]): ``PrefetchLoader.state_dict()`` taken after k
+"""Exact resume (autoloader.loader.resume.state, NOTE [ Exact resume ]): ``PrefetchLoader.state_dict()`` taken after k
 batches, saved with torch.save or JSON, loaded into a new loader (maybe another configuration) in a fresh RNG state:
 the new loader yields exactly what the uninterrupted run yields after batch k, this epoch and the next.
 
