@@ -119,12 +119,12 @@ def record_epoch(loader, epoch: int) -> dict:
 
 
 def _online(args: argparse.Namespace, rank: int) -> int:
-    """Epochs of an online-tuned loader until it decided (at most 10): per epoch, the sample indices this rank got and
-    the configuration in force at each batch."""
+    """Epochs of an online-tuned loader until it decided, and at least two (a decision often comes within the first),
+    at most 10: per epoch, the sample indices this rank got and the configuration in force at each batch."""
     loader = make_loader(Work(400), batch_size=8, shuffle=True, device="cpu", cache=args.cache_dir, max_workers=4,
                          tuning="online")
     epochs = []
-    while not loader.decisions and len(epochs) < 10:
+    while (not loader.decisions or len(epochs) < 2) and len(epochs) < 10:
         epochs.append(record_epoch(loader, len(epochs)))
     report = {"rank": rank, "epochs": epochs, "decisions": [repr(d.config) for d in loader.decisions],
               "result": json.dumps(loader.tuning.to_dict(), sort_keys=True)}
