@@ -1,5 +1,5 @@
 """Readable text for what is not a record of its own: the machine profile and the cache listing (a tuning's text is
-``TuneResult``'s: ``results.tune_result``)."""
+``TuneResult``'s: results/tune_result.py)."""
 from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple

@@ -7,7 +7,7 @@ functions of what its window measured (tested on tables), in the footprint of NO
 # grew 1.5-2.5 MiB in a trial (4 KiB, one page, per sample), a worker reading tensors 0.1-1 MiB (allocator, batches),
 # and a noise floor above the second hid the first: 32 workers were chosen under a 700 MiB budget and their epoch
 # peaked at 1,343 MiB. So the window also reads which pages one worker shares with this process, at its first batch
-# and at its end (``measure.cow``, Linux pagemap; with two workers or more): a page shared then and its own now is a
+# and at its end (measure/cow.py, Linux pagemap; with two workers or more): a page shared then and its own now is a
 # copy, whatever else its USS does. ``copied_per_sample``: those copies over the samples it made (``samples_made``: its share of the window's
 # batches and the burst), 0 below ``COPY_NOISE_BYTES`` or ``COPY_NOISE_PER_SAMPLE`` (what any worker copies: its
 # allocator reusing inherited heap pages). A dataset that copies less than that per sample (small objects read in

@@ -2,7 +2,7 @@
 which searches again when the regime changes. ``PrefetchLoader`` wraps it as it wraps a DataLoader.
 
 # NOTE [ Online switching ]
-# While a search runs (``search.online_plan``: where it starts, where it jumps, NOTE [ Online convergence ]), an epoch
+# While a search runs (search/online_plan.py: where it starts, where it jumps, NOTE [ Online convergence ]), an epoch
 # is served by a sequence of candidate DataLoaders, each over the next consecutive slice of that epoch's batch order
 # (``loader.slices.EpochSlicer``, NOTE [ Exact epochs across candidates ]): the loop gets exactly the batches the plain
 # DataLoader would give for the epoch. Each candidate is one ``measure.run.Run`` (NOTE [ Trial timing ]) in

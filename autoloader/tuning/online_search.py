@@ -1,5 +1,5 @@
 """The search behind an online loader (``OnlineSearch``): the ``scheduler.Plan`` its epochs follow. It runs the online
-search (``search.online_plan``; with ``threads=True`` the trials' ``search.Search``), one candidate at a time as the
+search (search/online_plan.py; with ``threads=True`` the trials' ``search.Search``), one candidate at a time as the
 epochs measure them, owns the decision in force, and starts again when the re-tune rule says so
 (search/retune.py)."""
 from __future__ import annotations
