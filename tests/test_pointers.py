@@ -94,15 +94,19 @@ class Index:
                                                                self._in_class(rest[0], rest[1:])))
 
 
+def _assigned(node: ast.stmt) -> Iterator[ast.AST]:
+    """Every node inside the targets of an assignment (``a = ``, ``a: int = ``, ``self.a, b = ``)."""
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    for target in targets:
+        yield from ast.walk(target)
+
+
 def _top_level(tree: ast.Module) -> Iterator[str]:
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             yield node.name
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                for name in ast.walk(target):
-                    if isinstance(name, ast.Name):
-                        yield name.id
+            yield from (name.id for name in _assigned(node) if isinstance(name, ast.Name))
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
                 yield (alias.asname or alias.name).split(".")[0]
@@ -115,13 +119,11 @@ def _class_attributes(node: ast.ClassDef) -> Iterator[str]:
         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield item.name
         elif isinstance(item, (ast.Assign, ast.AnnAssign)):
-            for target in item.targets if isinstance(item, ast.Assign) else [item.target]:
-                for name in ast.walk(target):
-                    if isinstance(name, ast.Name):
-                        yield name.id
-                    elif isinstance(name, ast.Attribute) and isinstance(name.value, ast.Name) and \
-                            name.value.id == "self":
-                        yield name.attr
+            for name in _assigned(item):
+                if isinstance(name, ast.Name):
+                    yield name.id
+                elif isinstance(name, ast.Attribute) and isinstance(name.value, ast.Name) and name.value.id == "self":
+                    yield name.attr
 
 
 def _texts(path: Path) -> Iterator[Tuple[int, str]]:
