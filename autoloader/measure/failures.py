@@ -18,6 +18,9 @@ from ..results import TrialResult
 
 log = logging.getLogger("autoloader.trial")
 
+CONTROL = (KeyboardInterrupt, SystemExit, GeneratorExit)
+"""What ends a candidate without being its failure: Ctrl-C, ``SystemExit`` and a closed generator, always re-raised
+as they are."""
 HARD_LIMIT_GRACE_S = 2.0
 """A trial is cut this long after its soft limit (checked after each batch), when a batch or a step never returns."""
 
@@ -102,7 +105,7 @@ def classify(error: BaseException, config: LoaderConfig, *, user: bool, threads_
     as they are, the user's own error unchanged (``user``: it came from the dataset, the collate_fn or the step),
     autoloader's own as a ``TuningError``. A thread candidate the tuner chose to try (``threads_tuned``) that raised
     the user's error failed (``thread_failure``): the search goes on without threads."""
-    if isinstance(error, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+    if isinstance(error, CONTROL):
         raise error
     reason = str(error) if isinstance(error, TuningError) else \
         failure_reason(error, workers=config.num_workers, stream=stream)

@@ -52,7 +52,7 @@ from typing import Any, Callable, Dict, Generator, Optional, Protocol, Tuple
 from ..coordination import Coordinator
 from ..errors import TuningError
 from ..loader.slices import BatchSlice, EpochSource
-from ..measure.failures import classify, failure_reason, forget
+from ..measure.failures import CONTROL, classify, failure_reason, forget
 from ..measure.run import END, Run, of_a_batch
 from ..measure.sample_clock import BatchEstimate, SampleClock, times_samples
 from ..supervise.signals import SignalGuard
@@ -226,7 +226,7 @@ class EpochScheduler:
             error = exc
         finally:
             self._close(stage, error, cost_s=time.perf_counter() - began)
-        if isinstance(error, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+        if isinstance(error, CONTROL):
             try:  # raised as they are; no local keeps it (its traceback holds this frame: a cycle through the runs)
                 raise error
             finally:
