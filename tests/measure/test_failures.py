@@ -204,8 +204,11 @@ def test_make_loader_survives_a_dataset_that_hangs_in_workers(cache_dir):
         loader = make_loader(fd.Hang("workers"), batch_size=4, step=0.001, budget=3, max_workers=4, tuning="trials")
     assert time.monotonic() - started < 25
     assert loader.tuning.num_workers == 0
-    failed = [t for t in loader.tuning.trials if t.config.num_workers > 0]
-    assert failed and all(t.status == "failed" and "timed out" in t.reason for t in failed)
+    workers = [t for t in loader.tuning.trials if t.config.num_workers > 0]
+    timed_out = [t for t in workers if t.status == "failed" and "timed out" in t.reason]
+    # the candidates after a timed-out one may find the budget spent (how many depends on the machine's pace)
+    over_budget = [t for t in workers if t.status == "skipped" and t.reason.startswith("budget:")]
+    assert timed_out and len(timed_out) + len(over_budget) == len(workers), [(t.status, t.reason) for t in workers]
     assert any("num_workers=0" in m and "timed out" in m for m in _autoloader_warnings(record))
 
 
