@@ -52,7 +52,7 @@ class FakeServing:
 
     def __init__(self, config: LoaderConfig) -> None:
         self.loader = f"DataLoader({config.label()})"
-        self.crew = types.SimpleNamespace(current=list)
+        self.processes = types.SimpleNamespace(current=list)
 
     def keep_workers(self) -> None:
         pass

@@ -180,7 +180,7 @@ def test_every_note_referred_to_is_written():
     ("online_policy.jump", True), ("search.online_policy.jump", True), ("autoloader.search.online_policy", True),
     ("Run.measure", True), ("Run.record", True), ("Run.settled", False), ("online.OnlineSearch", False),
     ("Window.skip", True), ("handover.hand_over", False), ("torch.utils.data.DataLoader", True),
-    ("EpochSlicer.epoch", True), ("OnlineLoader.frame", True), ("procs.retire", True), ("handover.nothing", False),
+    ("EpochSlicer.epoch", True), ("OnlineLoader.template", True), ("procs.retire", True), ("handover.nothing", False),
     ("slicer.epoch", True), ("slicer.loader", False), ("Event.set", True)])
 def test_the_resolver_tells_a_living_name_from_a_dead_one(ref, ok):
     assert Index().resolves(ref) is ok

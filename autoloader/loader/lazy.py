@@ -64,14 +64,14 @@ class LazySource(Source):
 
     # -- what it answers as the DataLoader ----------------------------------------------------------------------
     @property
-    def frame(self) -> "LazySource":
-        """This source itself: it answers as the stand-in, then as the real source's frame."""
+    def template(self) -> "LazySource":
+        """This source itself: it answers as the stand-in, then as the real source's template."""
         return self
 
     @property
     def current(self) -> Any:
-        """What answers as the DataLoader now: the stand-in before the first epoch, then the real source's frame."""
-        return self._resolved.source.frame if self._resolved is not None else self._stand_in
+        """What answers as the DataLoader now: the stand-in before the first epoch, then the real source's template."""
+        return self._resolved.source.template if self._resolved is not None else self._stand_in
 
     @property
     def resolved(self) -> bool:
@@ -153,8 +153,8 @@ class LazySource(Source):
         if self._epoch is not None:
             source.set_epoch(self._epoch)
         if self._init is not _UNSET:
-            frame = source.frame
-            setattr(frame, "worker_init_fn", rewrap(getattr(frame, "worker_init_fn", None), users_init(self._init)))
+            template = source.template
+            setattr(template, "worker_init_fn", rewrap(getattr(template, "worker_init_fn", None), users_init(self._init)))
         self._resolved, self._first, self._slicer = resolved, resolved.first_batch, None
 
     def set_epoch(self, epoch: int) -> None:

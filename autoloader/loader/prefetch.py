@@ -117,9 +117,9 @@ class PrefetchLoader:
         return self._source.in_force
 
     @property
-    def _frame(self) -> Any:
+    def _template(self) -> Any:
         """What the user and frameworks see as the DataLoader (samplers, settings): the object wrapped."""
-        return self._source.frame
+        return self._source.template
 
     @property
     def tuning(self) -> Optional[TuneResult]:
@@ -145,18 +145,18 @@ class PrefetchLoader:
         return tuple(self._source.traces)
 
     def __len__(self) -> int:
-        return len(self._frame)
+        return len(self._template)
 
     @property
     def dataset(self) -> Any:
         """The wrapped DataLoader's dataset (an ``autoloader.ThreadedDataset`` around yours when the configuration
         uses threads: ``autoloader.unwrap`` gives yours back); None for an iterable without one."""
-        return getattr(self._frame, "dataset", None)
+        return getattr(self._template, "dataset", None)
 
     @property
     def batch_size(self) -> Optional[int]:
         """The wrapped DataLoader's ``batch_size``; None for an iterable without one."""
-        return getattr(self._frame, "batch_size", None)
+        return getattr(self._template, "batch_size", None)
 
     @property
     def stream(self) -> Optional["torch.cuda.Stream"]:
@@ -178,33 +178,33 @@ class PrefetchLoader:
     def sampler(self) -> Any:
         """The wrapped DataLoader's sampler (the ``DistributedSampler`` autoloader shards with, when it does), for
         frameworks that call its ``set_epoch``; None for an iterable without one."""
-        return getattr(self._frame, "sampler", None)
+        return getattr(self._template, "sampler", None)
 
     @property
     def batch_sampler(self) -> Any:
         """The wrapped DataLoader's batch sampler; None for an iterable without one."""
-        return getattr(self._frame, "batch_sampler", None)
+        return getattr(self._template, "batch_sampler", None)
 
     @property
     def worker_init_fn(self) -> Any:
         """The ``worker_init_fn`` you passed (None when none): autoloader's limit of the native pools, which runs
         before it, is not shown. Settable (Lightning's ``seed_everything(workers=True)`` sets it): the new function
         replaces yours and still runs after the limit."""
-        return users_init(getattr(self._frame, "worker_init_fn", None))
+        return users_init(getattr(self._template, "worker_init_fn", None))
 
     @worker_init_fn.setter
     def worker_init_fn(self, value: Any) -> None:
-        setattr(self._frame, "worker_init_fn", rewrap(getattr(self._frame, "worker_init_fn", None), value))
+        setattr(self._template, "worker_init_fn", rewrap(getattr(self._template, "worker_init_fn", None), value))
 
     @property
     def _iterator(self) -> Any:
         """The DataLoader's persistent-workers iterator (Lightning shuts its workers down through it)."""
-        return getattr(self._frame, "_iterator", None)
+        return getattr(self._template, "_iterator", None)
 
     @_iterator.setter
     def _iterator(self, value: Any) -> None:
-        if hasattr(self._frame, "_iterator"):
-            self._frame._iterator = value
+        if hasattr(self._template, "_iterator"):
+            self._template._iterator = value
 
     @property
     def stats(self) -> Optional[EpochStats]:
@@ -233,11 +233,11 @@ class PrefetchLoader:
         self._next_epoch = epoch
         self._epoch_set = True
         self._source.set_epoch(epoch)
-        for sampler in samplers(self._frame):
+        for sampler in samplers(self._template):
             sampler.set_epoch(epoch)
 
     def _advance_epoch(self) -> None:
-        self._sampler_epochs = advance_epochs(self._frame, self._sampler_epochs, epoch_set=self._epoch_set)
+        self._sampler_epochs = advance_epochs(self._template, self._sampler_epochs, epoch_set=self._epoch_set)
         self._epoch_set = False
 
     # -- checkpoint and resume (NOTE [ Exact resume ] in resume/state.py) ----------------------------------------------
@@ -341,7 +341,7 @@ class PrefetchLoader:
         self._source.prepare()
         pending = self._checkpoints.pending
         if pending is not None and pending.in_epoch and not ends_epoch(pending):
-            self._sampler_epochs, self._epoch_set = epochs_of(samplers(self._frame)), False
+            self._sampler_epochs, self._epoch_set = epochs_of(samplers(self._template)), False
         else:
             self._advance_epoch()
         stream = side_stream(self.device)
@@ -349,7 +349,7 @@ class PrefetchLoader:
         clock = EpochClock(self._next_epoch, time.perf_counter())
         self._next_epoch += 1
         self._clocks.append(clock)
-        dataset = stream_rule(self._frame)[0]
+        dataset = stream_rule(self._template)[0]
         with quiet_worker_count_warning(self._tuned_workers()):
             it = self._checkpoints.begin(self._source, stream_dataset=dataset)
         self._held = False
@@ -424,7 +424,7 @@ them."""
 
 def _setting(name: str) -> property:
     def read(self: PrefetchLoader) -> Any:
-        return getattr(self._frame, name, None)
+        return getattr(self._template, name, None)
 
     read.__doc__ = f"The wrapped DataLoader's ``{name}`` (read-only; None for an iterable without one)."
     return property(read)

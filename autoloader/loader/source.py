@@ -82,7 +82,7 @@ class Source(Protocol):
     # only for it: a property here would be inherited by the implementations at run time.
     if TYPE_CHECKING:
         @property
-        def frame(self) -> Any:
+        def template(self) -> Any:
             """What the user and frameworks read as the DataLoader (its length, dataset, samplers, settings: NOTE
             [ What frameworks read ] in prefetch.py)."""
 
@@ -133,7 +133,7 @@ class PlainSource(Source):
     """A DataLoader as a ``Source``: its own epochs; the rest of an interrupted one from a DataLoader with its
     settings over the redrawn order (``build.rebuilt``)."""
 
-    frame: DataLoader
+    template: DataLoader
     in_force: DataLoader
     tuning = None
     decisions: Tuple[Any, ...] = ()
@@ -141,23 +141,23 @@ class PlainSource(Source):
     epoch_source = None
 
     def __init__(self, loader: DataLoader) -> None:
-        self.frame = self.in_force = loader
+        self.template = self.in_force = loader
         self._slicer: Optional[EpochSlicer] = None
 
     @property
     def slicer(self) -> EpochSlicer:
         if self._slicer is None:
-            self._slicer = EpochSlicer(self.frame)
+            self._slicer = EpochSlicer(self.template)
         return self._slicer
 
     def set_epoch(self, epoch: int) -> None:
         """A DataLoader numbers no epoch itself: its samplers' ``set_epoch`` is the prefetcher's to call."""
 
     def epoch(self) -> Iterator[Any]:
-        return epoch_iter(self.frame)
+        return epoch_iter(self.template)
 
     def resume(self, source: EpochSource) -> Iterator[Any]:
-        loader = self.frame
+        loader = self.template
         part = source.take(None)
         part.expect(in_flight(loader.num_workers, loader.prefetch_factor))
         return iter(rebuilt(loader, sampling=part.sampling(), generator=part.private_generator()))
@@ -167,7 +167,7 @@ class IterableSource(Source):
     """Any other iterable of batches (a generator, a list, another library's loader): iterated as it is; a state
     saved mid-epoch cannot resume it (its order is not autoloader's to redraw)."""
 
-    frame: Iterable[Any]
+    template: Iterable[Any]
     in_force: Iterable[Any]
     tuning = None
     decisions: Tuple[Any, ...] = ()
@@ -176,16 +176,16 @@ class IterableSource(Source):
     slicer = None
 
     def __init__(self, batches: Iterable[Any]) -> None:
-        self.frame = self.in_force = batches
+        self.template = self.in_force = batches
 
     def set_epoch(self, epoch: int) -> None:
         """Nothing to number: the prefetcher calls ``set_epoch`` on whatever samplers the iterable has."""
 
     def epoch(self) -> Iterator[Any]:
-        return iter(self.frame)
+        return iter(self.template)
 
     def resume(self, source: EpochSource) -> Iterator[Any]:
-        raise TypeError(f"load_state_dict(state): a wrapped {type(self.frame).__name__} cannot be resumed mid-epoch; "
+        raise TypeError(f"load_state_dict(state): a wrapped {type(self.template).__name__} cannot be resumed mid-epoch; "
                         f"wrap a torch.utils.data.DataLoader (or use make_loader), or start without the state")
 
 

@@ -204,7 +204,7 @@ class Run:
     @property
     def rate_and_stall(self) -> Tuple[Optional[float], Optional[float]]:
         return self.tally.rate_and_stall(time.perf_counter() if not self.serving.stopped else
-                                         self.serving.crew.stopped_at)
+                                         self.serving.processes.stopped_at)
 
     def stop(self, error: Optional[BaseException] = None) -> None:
         self.serving.stop(error)
@@ -212,7 +212,7 @@ class Run:
     def _first(self, batch: Any, t_got: float) -> None:
         self.record.startup_s = t_got - self.serving.started
         if self.measuring:
-            workers = _procs.new_children(self.serving.crew.before) if self.config.num_workers else ()
+            workers = _procs.new_children(self.serving.processes.before) if self.config.num_workers else ()
             self.window.first_batch(batch, t_got, workers=workers, memory=True)
 
 

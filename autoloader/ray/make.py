@@ -42,12 +42,12 @@ def make_ray_loader(arguments: Mapping[str, Any]) -> PrefetchLoader:
     if group is not None and group.world_size > 1 and address is None and not os.environ.get("RAY_ADDRESS"):
         raise ValueError("engine='ray' under torchrun: every rank joins one Ray cluster as its own driver; start it "
                          "with `ray start --head --port=6379` and pass address='HOST:6379' (or set RAY_ADDRESS)")
-    frame = request.data_loader(LoaderConfig(0))
+    template = request.data_loader(LoaderConfig(0))
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     open_session(address, num_cpus=cpus)
     ray = import_ray()
     shape = shape_of(ray.nodes())
-    source = RaySource(frame, _placeholder(shape), address=address, num_cpus=cpus, wait_s=WAIT_S,
+    source = RaySource(template, _placeholder(shape), address=address, num_cpus=cpus, wait_s=WAIT_S,
                        pin=request.device.type == "cuda")
     tuning, key = _decide(request, arguments, source, shape, wait_s=float(timeout) if timeout else None)
     source.use(tuning, wait_s=float(timeout) if timeout else WAIT_S + 20 * (tuning.serial_s_per_batch or 0.0)
@@ -110,8 +110,8 @@ def _tune(request: Request, source: RaySource, shape: Dict[str, Any], *, drivers
     ray = import_ray()
     session = open_session(source.address, num_cpus=source.num_cpus)
     consumer = Consumer(request.step, request.device)
-    costs, _ = measure_costs(source.frame, consumer, request.device)
-    bench = Bench(ray, source.payload.ref(ray, session), source.frame, consumer,
+    costs, _ = measure_costs(source.template, consumer, request.device)
+    bench = Bench(ray, source.payload.ref(ray, session), source.template, consumer,
                   wait_s if wait_s is not None else WAIT_S + 20 * costs.serial_s)
     return tune_pool(bench, costs=costs, cluster=shape, drivers=drivers, budget=request.budget or BUDGET_S,
                      max_tasks=request.max_workers)

@@ -1,7 +1,7 @@
 """``RaySource``: a ``loader.source.Source`` whose batches come from Ray Data, in the order autoloader draws.
 
 # NOTE [ Exact batches through Ray ]
-# The order is autoloader's, never Ray's. ``frame`` is the plain DataLoader the user asked for (their sampler, batch
+# The order is autoloader's, never Ray's. ``template`` is the plain DataLoader the user asked for (their sampler, batch
 # sampler, drop_last, generator, collate_fn; under torchrun autoloader's DistributedSampler), never iterated: each
 # epoch is drawn from it by ``loader.slices.EpochSlicer`` exactly as ``iter(DataLoader)`` draws it (NOTE [ Exact
 # epochs across candidates ]), all of its index batches at the epoch's start (the samplers draw then, as they draw
@@ -51,21 +51,21 @@ class Payload:
 
 
 class RaySource(Source):
-    """The epochs of ``frame`` (a plain DataLoader, never iterated) loaded by Ray Data with ``tuning``'s ``RayConfig``
+    """The epochs of ``template`` (a plain DataLoader, never iterated) loaded by Ray Data with ``tuning``'s ``RayConfig``
     (NOTE [ Exact batches through Ray ]). ``wait_s``: the most seconds to wait for one batch."""
 
-    frame: DataLoader
+    template: DataLoader
     in_force: DataLoader
     slicer: EpochSlicer
     decisions: Tuple[Any, ...] = ()
     traces: Tuple[Any, ...] = ()
 
-    def __init__(self, frame: DataLoader, tuning: RayTuning, *, address: Optional[str], num_cpus: Optional[int],
+    def __init__(self, template: DataLoader, tuning: RayTuning, *, address: Optional[str], num_cpus: Optional[int],
                  wait_s: float, pin: bool) -> None:
-        self.frame = self.in_force = frame
-        self.slicer = EpochSlicer(frame)
+        self.template = self.in_force = template
+        self.slicer = EpochSlicer(template)
         self._tuning, self.address, self.num_cpus, self.wait_s, self.pin = tuning, address, num_cpus, wait_s, pin
-        self.payload = Payload(frame.dataset, frame.collate_fn)
+        self.payload = Payload(template.dataset, template.collate_fn)
         self._current: Optional[EpochSource] = None
 
     def use(self, tuning: RayTuning, *, wait_s: float) -> None:
@@ -86,7 +86,7 @@ class RaySource(Source):
         return self._current
 
     def set_epoch(self, epoch: int) -> None:
-        """Nothing to number here: the prefetcher tells the frame's samplers."""
+        """Nothing to number here: the prefetcher tells the template's samplers."""
 
     def epoch(self) -> Iterator[Any]:
         return self._serve(self.slicer.epoch())
@@ -110,7 +110,7 @@ class RaySource(Source):
                 session = open_session(self.address, num_cpus=self.num_cpus)
                 ray = import_ray()
                 feed = Feed(ray, self.payload.ref(ray, session), batches, self.config,
-                            batched=self.frame.batch_sampler is not None, wait_s=self.wait_s, pin=self.pin)
+                            batched=self.template.batch_sampler is not None, wait_s=self.wait_s, pin=self.pin)
                 while True:
                     try:
                         _, batch = feed.next()

@@ -34,30 +34,30 @@ class Costs:
     step_s: float
 
 
-def private_batches(frame: DataLoader, count: int, *, seed: int = 0) -> List[Any]:
-    """``count`` index batches in a random order of the frame's dataset, from a generator of their own."""
+def private_batches(template: DataLoader, count: int, *, seed: int = 0) -> List[Any]:
+    """``count`` index batches in a random order of the template's dataset, from a generator of their own."""
     generator = torch.Generator()
     generator.manual_seed(seed)
-    size = frame.batch_size or 1
-    length = len(frame.dataset)  # type: ignore[arg-type]  # map-style: make_loader checked its len()
+    size = template.batch_size or 1
+    length = len(template.dataset)  # type: ignore[arg-type]  # map-style: make_loader checked its len()
     sampler = BatchSampler(RandomSampler(range(length), generator=generator), size, drop_last=False)
     out: List[Any] = []
     while len(out) < count:
-        out.extend(batch if frame.batch_sampler is not None else batch[0] for batch in sampler)
+        out.extend(batch if template.batch_sampler is not None else batch[0] for batch in sampler)
     return out[:count]
 
 
-def measure_costs(frame: DataLoader, consumer: Consumer, device: torch.device) -> Tuple[Costs, Any]:
+def measure_costs(template: DataLoader, consumer: Consumer, device: torch.device) -> Tuple[Costs, Any]:
     """One batch's cost in this process (wall and CPU time, over ``SERIAL_S`` at most, a first one not timed) and the
     step's on it; returns the costs and a batch."""
-    batched = frame.batch_sampler is not None
-    batches = private_batches(frame, 6, seed=1)
-    batch = fetch(frame.dataset, frame.collate_fn, batches[0], batched)
+    batched = template.batch_sampler is not None
+    batches = private_batches(template, 6, seed=1)
+    batch = fetch(template.dataset, template.collate_fn, batches[0], batched)
     wall = cpu = 0.0
     done = 0
     for index in batches[1:]:
         start, start_cpu = time.perf_counter(), time.process_time()
-        fetch(frame.dataset, frame.collate_fn, index, batched)
+        fetch(template.dataset, template.collate_fn, index, batched)
         wall += time.perf_counter() - start
         cpu += time.process_time() - start_cpu
         done += 1
@@ -77,12 +77,12 @@ def _to(batch: Any, device: torch.device) -> Any:
 
 @dataclass(frozen=True)
 class Bench:
-    """What every trial runs on: Ray, the payload's reference, the frame (the user's plain DataLoader), the step
+    """What every trial runs on: Ray, the payload's reference, the template (the user's plain DataLoader), the step
     and the most seconds to wait for one batch."""
 
     ray: Any
     payload: Any
-    frame: DataLoader
+    template: DataLoader
     consumer: Consumer
     wait_s: float
 
@@ -90,11 +90,11 @@ class Bench:
 def run_trial(bench: Bench, config: RayConfig, *, deadline: float) -> RayTrial:
     """One candidate through the step: its first batch's delay, then the rate over the batches after its start-up
     burst (the blocks in flight), the step waiting for data ``stall_fraction`` of that window."""
-    frame, consumer = bench.frame, bench.consumer
+    template, consumer = bench.template, bench.consumer
     burst = config.batches_per_task * (config.tasks + config.prefetch)
     total = min(MAX_TRIAL_BATCHES, burst + max(8, 3 * config.tasks * config.batches_per_task))
-    feed = Feed(bench.ray, bench.payload, private_batches(frame, total, seed=2), config,
-                batched=frame.batch_sampler is not None, wait_s=bench.wait_s)
+    feed = Feed(bench.ray, bench.payload, private_batches(template, total, seed=2), config,
+                batched=template.batch_sampler is not None, wait_s=bench.wait_s)
     start = time.perf_counter()
     first: Optional[float] = None
     opened = waited = 0.0
@@ -110,7 +110,7 @@ def run_trial(bench: Bench, config: RayConfig, *, deadline: float) -> RayTrial:
             elif k > burst:
                 waited += got - asked
                 window += 1
-                samples += frame.batch_size or 1
+                samples += template.batch_size or 1
             consumer(batch)
             if got > deadline and window >= 3:
                 break
@@ -136,8 +136,8 @@ def tune_pool(bench: Bench, *, costs: Costs, cluster: Dict[str, Any], drivers: i
         raise ValueError(f"engine='ray': the Ray cluster has {cluster['cpus']:g} CPUs, none left for a pool of "
                          f"loading tasks after the {plan.RESERVE_CPUS:g} kept for Ray Data's own stages; add CPU "
                          f"nodes (ray start --address=... --num-cpus=N) or use engine='dataloader'")
-    frame = bench.frame
-    epoch = len(frame)
+    template = bench.template
+    epoch = len(template)
     trials: List[RayTrial] = []
     rates: Dict[int, Optional[float]] = {}
     count: Optional[int] = plan.first_pool(serial_s=costs.serial_s, step_s=costs.step_s, cap=cap)
@@ -150,7 +150,7 @@ def tune_pool(bench: Bench, *, costs: Costs, cluster: Dict[str, Any], drivers: i
         rates[count] = trial.samples_per_s
         count = plan.next_pool(rates, cap=cap)
     chosen = plan.choose(trials)
-    size = frame.batch_size or 1
+    size = template.batch_size or 1
     step_rate = size / costs.step_s if costs.step_s > 0 else None
     if chosen is None:
         config = plan.config_for(1, cpus=cpus, serial_s=costs.serial_s, epoch_batches=epoch)

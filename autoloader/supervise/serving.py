@@ -53,7 +53,7 @@ class Record:
         return self.start_s + self.first_wait_s + self.stop_s
 
 
-class Crew:
+class WorkerProcesses:
     """The worker processes a DataLoader started: those that appeared after ``before`` (or the set fixed by ``keep``),
     and the helper thread retiring them."""
 
@@ -85,7 +85,7 @@ class Serving:
         self.loader, self.guard, self.owned, self.retire, self.before_stop = loader, guard, owned, retire, before_stop
         self.started = time.perf_counter()
         self.record = Record()
-        self.crew = Crew()
+        self.processes = WorkerProcesses()
         self._it: Optional[Iterator[Any]] = None
         self._start_error: Optional[Exception] = None
 
@@ -124,20 +124,20 @@ class Serving:
 
     def keep_workers(self) -> None:
         """Fix the workers a stop stops as those running now (once: another DataLoader is about to start its own)."""
-        if self.crew.fixed is None:
-            self.crew.fixed = _procs.new_children(self.crew.before) if self.owned else []
+        if self.processes.fixed is None:
+            self.processes.fixed = _procs.new_children(self.processes.before) if self.owned else []
 
     def settled(self) -> bool:
-        return self.crew.settled()
+        return self.processes.settled()
 
     @cleanup
     def stop(self, error: Optional[BaseException] = None) -> None:
         """NOTE [ Process cleanup ]: this DataLoader's workers, once; a failure's at once, an orderly stop's in a helper
         thread when ``retire``. A signal landing as it starts waits until it is done (``unsafe.cleanup``)."""
         with self.guard.shield():
-            if not math.isinf(self.crew.stopped_at):
+            if not math.isinf(self.processes.stopped_at):
                 return
-            stopping = self.crew.stopped_at = time.perf_counter()
+            stopping = self.processes.stopped_at = time.perf_counter()
             if error is not None and error.__traceback__ is not None:
                 with quiet_half_built_iterators():  # a frame may hold the only reference to one (Ctrl-C in iter())
                     traceback.clear_frames(error.__traceback__)
@@ -151,22 +151,22 @@ class Serving:
     def release(self) -> None:
         """Let go of the iterator without stopping the workers: its DataLoader keeps them (persistent workers) for a
         later epoch, which serves them on (the decision an online epoch ended with, NOTE [ Online switching ])."""
-        self.crew.stopped_at = time.perf_counter()
+        self.processes.stopped_at = time.perf_counter()
         self._it = None
         self.record.elapsed = time.perf_counter() - self.started
 
     @property
     def stopped(self) -> bool:
-        return not math.isinf(self.crew.stopped_at)
+        return not math.isinf(self.processes.stopped_at)
 
     def _stop_workers(self, error: Optional[BaseException]) -> None:
         references = [self._it, self.loader]
         self._it = self.loader = None
-        workers = self.crew.current()
+        workers = self.processes.current()
         if not self.retire:
             self.before_stop()
         if error is None and self.retire:
-            self.crew.retiring = _procs.retire(references, workers)
+            self.processes.retiring = _procs.retire(references, workers)
             return
         with quiet_half_built_iterators():
             if error is None:

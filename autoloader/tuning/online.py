@@ -110,7 +110,7 @@ class OnlineLoader(DataLoaderStandIn, Source):
         """The run that served last (the next epoch's first window waits for its workers to be reaped)."""
 
     @property
-    def frame(self) -> "OnlineLoader":
+    def template(self) -> "OnlineLoader":
         """Frameworks read this loader itself as the DataLoader (``DataLoaderStandIn``)."""
         return self
 

@@ -82,7 +82,7 @@ def test_a_failed_stop_terminates_workers_only_after_their_shutdown_began(monkey
     serving = Serving(loader, guard=SignalGuard(limit_s=None), retire=False)
     assert [serving.next()[0] for _ in range(2)] == [torch.tensor([0]), torch.tensor([1])]
     done = serving._it._workers_done_event  # private, read only to check the order (the iterator is not held)
-    workers = serving.crew.current()
+    workers = serving.processes.current()
     assert len(workers) == 2
     seen = []
     real = procs.terminate

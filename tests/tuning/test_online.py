@@ -351,7 +351,7 @@ def _recording_hand_overs(monkeypatch, *, kill_tail=False):
         records.append((stage.config.num_workers, in_flight, tail,
                         following.config.num_workers if following else None))
         if kill_tail and tail and following is not None and stage.config.num_workers:
-            workers = stage.run.serving.crew.current()
+            workers = stage.run.serving.processes.current()
             for proc in workers:
                 proc.kill()
             _until_dead(workers)

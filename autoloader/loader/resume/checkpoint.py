@@ -43,10 +43,10 @@ class Checkpoints:
               sampler_record: Any, epoch_set: bool, decision: Optional[str]) -> Dict[str, Any]:
         """This rank's state, JSON-safe. ``source`` is what PrefetchLoader wraps (its ``in_force`` the DataLoader
         serving: online, a candidate's), ``held`` whether a batch was fetched ahead and not yet yielded."""
-        frame = source.frame
+        template = source.template
         if self._pending_json is not None:
             return self._pending_json  # loaded, not iterated yet: the loaded position (torchdata's rule)
-        dataset, why = stream_rule(frame)
+        dataset, why = stream_rule(template)
         if why:
             raise ValueError(f"state_dict(): this loader cannot be resumed exactly: {why}")
         in_epoch = clock is not None and not clock.done
@@ -57,10 +57,10 @@ class Checkpoints:
             stream = self._ahead_stream if in_epoch and held else copy.deepcopy(dataset.state_dict())
         return LoaderState(
             epoch=clock.epoch if in_epoch and clock is not None else next_epoch, batches=batches, in_epoch=in_epoch,
-            length=epoch_length(frame), sampling=sampling_of(frame), ranks=ranks(frame),
-            sampler_epochs=epochs_of(samplers(frame)), sampler_record=sampler_record, epoch_set=epoch_set,
+            length=epoch_length(template), sampling=sampling_of(template), ranks=ranks(template),
+            sampler_epochs=epochs_of(samplers(template)), sampler_record=sampler_record, epoch_set=epoch_set,
             start=self._start if in_epoch and dataset is None else None,
-            now=RngState.take(parts_of(frame), samplers=not in_epoch), ahead=self._ahead_rng if held else None,
+            now=RngState.take(parts_of(template), samplers=not in_epoch), ahead=self._ahead_rng if held else None,
             drawn=self._drawn(source, passed + held) if in_epoch else None,
             stream=stream, decision=decision).to_json()
 
@@ -82,16 +82,16 @@ class Checkpoints:
     # -- loading ----------------------------------------------------------------------------------------------------
     def load(self, state: Any, source: Any) -> LoaderState:
         """Check ``state`` (this rank's part) against ``source`` and keep it for the next ``iter()``."""
-        frame = source.frame
+        template = source.template
         own = own_rank(state)
         parsed = LoaderState.from_json(own)
-        check(parsed, frame)
+        check(parsed, template)
         if parsed.stream is not None:
-            dataset, why = stream_rule(frame)
+            dataset, why = stream_rule(template)
             if dataset is None:
                 raise ValueError(f"load_state_dict(state): the state resumes an IterableDataset's stream, but this "
                                  f"loader cannot: {why or 'its dataset is not an IterableDataset'}")
-        for sampler, epoch in zip(numbered_samplers(frame), parsed.sampler_epochs):
+        for sampler, epoch in zip(numbered_samplers(template), parsed.sampler_epochs):
             sampler.set_epoch(epoch)
         if parsed.rest_of_epoch and parsed.length is None and parsed.start is not None and parsed.drawn is not None \
                 and ended_at(source, start=parsed.start, batches=parsed.batches, drawn=parsed.drawn):
@@ -102,11 +102,11 @@ class Checkpoints:
     def begin(self, source: Any, *, stream_dataset: Any) -> Iterator[Any]:
         """The epoch's raw batches from ``source``: the rest of a loaded epoch, or a fresh one with its starting RNG
         states kept."""
-        frame = source.frame
+        template = source.template
         pending, self._pending, self._pending_json = self._pending, None, None
         self._skipped, self._source, self._replay = 0, None, None
         self._ahead_rng = self._ahead_stream = None
-        parts = parts_of(frame)
+        parts = parts_of(template)
         if pending is not None and pending.rest_of_epoch and not ends_epoch(pending):
             self._skipped, self._start = pending.batches, pending.start
             self._source = _redrawn(source, pending)

@@ -20,9 +20,9 @@ def redrawn(source: Any, *, start: RngState, batches: int, drawn: int, now: RngS
     in state.py. ``source``: what PrefetchLoader wraps."""
     slicer = source.slicer
     if slicer is None:
-        raise TypeError(f"load_state_dict(state): a wrapped {type(source.frame).__name__} cannot be resumed mid-epoch; "
+        raise TypeError(f"load_state_dict(state): a wrapped {type(source.template).__name__} cannot be resumed mid-epoch; "
                         f"wrap a torch.utils.data.DataLoader (or use make_loader), or start without the state")
-    parts = parts_of(source.frame)
+    parts = parts_of(source.template)
     epoch = same_order(slicer, parts, start, min(2, batches, drawn))
     epoch.skip(batches, drawn=drawn)
     now.put(parts, samplers=False)
@@ -35,7 +35,7 @@ def ended_at(source: Any, *, start: RngState, batches: int, drawn: int) -> bool:
     epoch's last batch resumes at the next epoch). ``source``: what PrefetchLoader wraps (a ``source.Source``)."""
     if source.slicer is None:
         return False
-    parts = parts_of(source.frame)
+    parts = parts_of(source.template)
     with preserved(parts):
         start.put(parts)
         epoch = source.slicer.epoch()
@@ -77,8 +77,8 @@ def _listed(value: Any) -> Any:
 def check_next_order(source: Any, now: RngState) -> None:
     """For a state saved between epochs: the next epoch's first batches, drawn twice from the saved ``now``
     (``same_order``), then every RNG put back as saved."""
-    parts = parts_of(source.frame)
-    if isinstance(getattr(source.frame, "dataset", None), IterableDataset) or source.slicer is None:
+    parts = parts_of(source.template)
+    if isinstance(getattr(source.template, "dataset", None), IterableDataset) or source.slicer is None:
         now.put(parts)
         return
     same_order(source.slicer, parts, now, 2)
