@@ -304,12 +304,12 @@ def _overlap(copies: Sequence[Tuple[float, float]], steps: Sequence[Tuple[float,
 
 @contextlib.contextmanager
 def traced_side_copies(ctx: Ctx, sink: List[Tuple[Any, Any, Any]]) -> Iterator[bool]:
-    """Events around each copy PrefetchLoader queues: ``prefetch._fetch`` calls ``map_tensors`` inside the side
+    """Events around each copy PrefetchLoader queues: ``stream_copy.load`` calls ``map_tensors`` inside the side
     stream's context, after ``stream.wait_stream(consumer)``, so events recorded around that call time the copy itself
-    on the side stream. Yields False when prefetch.py no longer calls ``map_tensors`` (update this tracer)."""
-    from autoloader.loader import prefetch
+    on the side stream. Yields False when stream_copy.py no longer calls ``map_tensors`` (update this tracer)."""
+    from autoloader.loader import stream_copy
 
-    original = getattr(prefetch, "map_tensors", None)
+    original = getattr(stream_copy, "map_tensors", None)
     if original is None:
         yield False
         return
@@ -323,11 +323,11 @@ def traced_side_copies(ctx: Ctx, sink: List[Tuple[Any, Any, Any]]) -> Iterator[b
         sink.append((start, end, stream))
         return out
 
-    prefetch.map_tensors = traced
+    stream_copy.map_tensors = traced
     try:
         yield True
     finally:
-        prefetch.map_tensors = original
+        stream_copy.map_tensors = original
 
 
 @check(limit_s=40, cpu="dry")

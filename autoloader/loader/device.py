@@ -6,7 +6,7 @@
 # and reserved memory grows with every new one (timm issue 2781, one level up: per trial). So the process has one side
 # stream per device, made on first use and shared by every trial, the loader make_loader returns, and any
 # PrefetchLoader the user builds. Sharing is safe: each consumer waits on the side stream before using a batch, so a
-# batch copied for another loader can only add a wait, never a race (NOTE [ Stream synchronisation ] in prefetch.py).
+# batch copied for another loader can only add a wait, never a race (NOTE [ Stream synchronisation ] in stream_copy.py).
 """
 from __future__ import annotations
 

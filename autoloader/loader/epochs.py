@@ -1,5 +1,5 @@
 """Epochs as ``PrefetchLoader`` counts them: their statistics (``EpochStats``), the loader's samplers that take
-``set_epoch`` and the rule that advances them when nobody did (see NOTE [ What frameworks read ] in prefetch.py), and
+``set_epoch`` and the rule that advances them when nobody did (see NOTE [ What frameworks read ] in mirror.py), and
 what starting an epoch of a DataLoader draws (``epoch_iter``) and pulls (``pulls_made``).
 
 # NOTE [ One base seed per epoch ]

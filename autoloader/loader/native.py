@@ -30,7 +30,7 @@ user's own), and what each worker found (``worker_pools``). The share each worke
 # what we limited: their explicit choice). Their exceptions reach the DataLoader unchanged; ours never raise (a pool
 # that refuses is logged at debug level and the worker goes on). ``loader.worker_init_fn`` reads as theirs (None when
 # they gave none, so that Lightning's ``seed_everything(workers=True)`` still installs its own) and setting it keeps
-# the limit (``users_init``, ``rewrap``; NOTE [ What frameworks read ] in prefetch.py).
+# the limit (``users_init``, ``rewrap``; NOTE [ What frameworks read ] in mirror.py).
 # Facts: the workers of a measured loader (trials, online candidates) append what they found and kept, one JSON line
 # each, to a file of the parent's (``worker_pools`` reads it); the served loader's workers report nothing.
 """

@@ -10,11 +10,11 @@ nothing ahead, so the loop sees what the plain DataLoader gives, in the same ord
         print(loader.stats.stall_fraction)  # share of the epoch spent waiting for data
 
 It also answers what training frameworks read from a DataLoader (``sampler``, ``batch_sampler``, ``dataset``,
-``batch_size``, ``worker_init_fn``, ``_iterator``: see NOTE [ What frameworks read ]).
+``batch_size``, ``worker_init_fn``, ``_iterator``: ``DataLoaderMirror``, NOTE [ What frameworks read ] in
+loader/mirror.py); how a batch reaches the device is loader/stream_copy.py's (NOTE [ Stream synchronisation ]).
 """
 from __future__ import annotations
 
-import contextlib
 import time
 from functools import partial
 from typing import Any, Dict, Generator, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -25,31 +25,31 @@ import torch.distributed as dist
 from ..distributed import gather_states
 from ..errors import quiet_worker_count_warning
 from ..results import TuneResult
-from .batch import iter_tensors, map_tensors
 from .device import resolve_device, side_stream
-from .epoch_iter import END, Epoch, EpochIter, Failed, Fetcher
-from .epochs import EpochClock, EpochStats, advance_epochs, samplers
-from .native import rewrap, users_init
+from .epoch_iter import Epoch, EpochIter, Fetcher
+from .epochs import EpochClock, EpochStats, samplers
+from .mirror import DataLoaderMirror
 from .resume.checkpoint import Checkpoints, ends_epoch
 from .resume.redraw import stream_rule
 from .resume.state import FORMAT, epochs_of
-from .source import BatchError, as_source, consumed
+from .source import as_source
+from .stream_copy import handed, load, reads_ahead
 from .transform import InputTransform
 
 
-class PrefetchLoader:
+class PrefetchLoader(DataLoaderMirror):
     """Yields the batches of ``loader`` already on ``device``: what ``make_loader`` returns, or a wrapper of your own.
 
     On CUDA, batch i+1 is copied with ``non_blocking=True`` on one side stream per device while your step runs on
-    batch i, converted and normalised there (NOTE [ Stream synchronisation ] below, NOTE [ One side stream per
-    device ] in ``autoloader/loader/device.py``). Batches of any nesting (tuples, lists, namedtuples, dicts) are
-    moved; other objects pass through. On the CPU it reads nothing ahead: the loop gets the DataLoader's own objects
-    in the DataLoader's order and RNG draws. It answers what training frameworks read of a DataLoader (``len()``,
-    ``dataset``, ``batch_size``, ``sampler``, ``batch_sampler``, ``worker_init_fn``; the other DataLoader attributes,
-    ``num_workers``, ``drop_last``, ..., read-only: ``SETTINGS``), and when nothing called
-    ``set_epoch`` between two epochs it advances its samplers' epoch itself, so a ``DistributedSampler``
-    reshuffles every epoch in Accelerate-style loops too (NOTE [ What frameworks read ] below). A ``break``
-    mid-epoch and a new epoch after it are fine.
+    batch i, converted and normalised there (NOTE [ Stream synchronisation ] in ``autoloader/loader/stream_copy.py``,
+    NOTE [ One side stream per device ] in ``autoloader/loader/device.py``). Batches of any nesting (tuples, lists,
+    namedtuples, dicts) are moved; other objects pass through. On the CPU it reads nothing ahead: the loop gets the
+    DataLoader's own objects in the DataLoader's order and RNG draws. It answers what training frameworks read of a
+    DataLoader (``len()``, ``dataset``, ``batch_size``, ``sampler``, ``batch_sampler``, ``worker_init_fn``; the other
+    DataLoader attributes, ``num_workers``, ``drop_last``, ..., read-only: ``mirror.SETTINGS``), and when nothing
+    called ``set_epoch`` between two epochs it advances its samplers' epoch itself, so a ``DistributedSampler``
+    reshuffles every epoch in Accelerate-style loops too (NOTE [ What frameworks read ] in
+    ``autoloader/loader/mirror.py``). A ``break`` mid-epoch and a new epoch after it are fine.
 
     Example:
         loader = PrefetchLoader(DataLoader(ds, batch_size=64, pin_memory=True, num_workers=4), device="cuda",
@@ -89,15 +89,12 @@ class PrefetchLoader:
                  dtype: Optional[torch.dtype] = None, input_key: Optional[Hashable] = None,
                  tuning: Optional[TuneResult] = None, cache_key: Optional[str] = None,
                  single_process: bool = False) -> None:
-        self._source = as_source(loader)
+        super().__init__(as_source(loader))
         self._transform = InputTransform(normalize=normalize, dtype=dtype, input_key=input_key)
         self.device = resolve_device(device)
         self._tuning = tuning
         self._cache_key = cache_key
         self._single_process = single_process
-        self._next_epoch = 0
-        self._epoch_set = False
-        self._sampler_epochs: Optional[List[Any]] = None
         self._clocks: List[EpochClock] = []
         self._checkpoints = Checkpoints()
         self._held = False  # a batch fetched ahead, not yet yielded (with a side stream)
@@ -115,11 +112,6 @@ class PrefetchLoader:
         while the loop holds a batch this is the DataLoader serving the next one. Never pass it to a framework that
         shards (Accelerate's ``prepare``): pass the ``PrefetchLoader``."""
         return self._source.in_force
-
-    @property
-    def _template(self) -> Any:
-        """What the user and frameworks see as the DataLoader (samplers, settings): the object wrapped."""
-        return self._source.template
 
     @property
     def tuning(self) -> Optional[TuneResult]:
@@ -144,67 +136,11 @@ class PrefetchLoader:
         online tuning."""
         return tuple(self._source.traces)
 
-    def __len__(self) -> int:
-        return len(self._template)
-
-    @property
-    def dataset(self) -> Any:
-        """The wrapped DataLoader's dataset (an ``autoloader.ThreadedDataset`` around yours when the configuration
-        uses threads: ``autoloader.unwrap`` gives yours back); None for an iterable without one."""
-        return getattr(self._template, "dataset", None)
-
-    @property
-    def batch_size(self) -> Optional[int]:
-        """The wrapped DataLoader's ``batch_size``; None for an iterable without one."""
-        return getattr(self._template, "batch_size", None)
-
     @property
     def stream(self) -> Optional["torch.cuda.Stream"]:
         """The side CUDA stream batches are copied on (one per device, see NOTE [ One side stream per device ]);
         None on the CPU."""
         return side_stream(self.device)
-
-    # NOTE [ What frameworks read ]
-    # Training frameworks take the loader they are given and read DataLoader attributes off it. Lightning (2.6) calls
-    # ``set_epoch`` on ``loader.sampler`` and ``loader.batch_sampler.sampler`` at every epoch, never on the loader
-    # itself, and shuts persistent workers down at the end of ``fit`` through ``loader._iterator``; it sets
-    # ``worker_init_fn`` for ``seed_everything(workers=True)``. Accelerate leaves any object that is not a DataLoader
-    # alone, and its loops never call ``set_epoch`` (its own loaders advance the epoch themselves). So a PrefetchLoader
-    # forwards these to the DataLoader it wraps, and advances the samplers' epoch itself when nobody else did
-    # between two epochs (``_advance_epoch``). It is not a DataLoader subclass: a framework that rebuilds loaders
-    # (Lightning's ``overfit_batches``, Accelerate's ``prepare`` on ``.loader``) cannot rebuild it, and says so.
-
-    @property
-    def sampler(self) -> Any:
-        """The wrapped DataLoader's sampler (the ``DistributedSampler`` autoloader shards with, when it does), for
-        frameworks that call its ``set_epoch``; None for an iterable without one."""
-        return getattr(self._template, "sampler", None)
-
-    @property
-    def batch_sampler(self) -> Any:
-        """The wrapped DataLoader's batch sampler; None for an iterable without one."""
-        return getattr(self._template, "batch_sampler", None)
-
-    @property
-    def worker_init_fn(self) -> Any:
-        """The ``worker_init_fn`` you passed (None when none): autoloader's limit of the native pools, which runs
-        before it, is not shown. Settable (Lightning's ``seed_everything(workers=True)`` sets it): the new function
-        replaces yours and still runs after the limit."""
-        return users_init(getattr(self._template, "worker_init_fn", None))
-
-    @worker_init_fn.setter
-    def worker_init_fn(self, value: Any) -> None:
-        setattr(self._template, "worker_init_fn", rewrap(getattr(self._template, "worker_init_fn", None), value))
-
-    @property
-    def _iterator(self) -> Any:
-        """The DataLoader's persistent-workers iterator (Lightning shuts its workers down through it)."""
-        return getattr(self._template, "_iterator", None)
-
-    @_iterator.setter
-    def _iterator(self, value: Any) -> None:
-        if hasattr(self._template, "_iterator"):
-            self._template._iterator = value
 
     @property
     def stats(self) -> Optional[EpochStats]:
@@ -216,29 +152,6 @@ class PrefetchLoader:
     def history(self) -> Tuple[EpochStats, ...]:
         """Every epoch's ``EpochStats``, oldest first."""
         return tuple(clock.snapshot() for clock in self._clocks)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Number the next epoch and pass ``epoch`` to every sampler of the loader that has ``set_epoch`` (its
-        sampler, batch sampler and the batch sampler's sampler), so a ``DistributedSampler`` reshuffles. Optional:
-        without it, each epoch advances the samplers' epoch by one.
-
-        Args:
-            epoch (int): The next epoch's number.
-
-        Raises:
-            TypeError: ``epoch`` is not an int.
-        """
-        if isinstance(epoch, bool) or not isinstance(epoch, int):
-            raise TypeError(f"epoch must be an int, got {epoch!r}")
-        self._next_epoch = epoch
-        self._epoch_set = True
-        self._source.set_epoch(epoch)
-        for sampler in samplers(self._template):
-            sampler.set_epoch(epoch)
-
-    def _advance_epoch(self) -> None:
-        self._sampler_epochs = advance_epochs(self._template, self._sampler_epochs, epoch_set=self._epoch_set)
-        self._epoch_set = False
 
     # -- checkpoint and resume (NOTE [ Exact resume ] in resume/state.py) ----------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
@@ -313,22 +226,6 @@ class PrefetchLoader:
         the next call, as a DataLoader's does (NOTE [ A batch that raises ] in ``autoloader/loader/source.py``)."""
         return EpochIter(self._open_epoch)
 
-    # NOTE [ Stream synchronisation ]
-    # Batch i+1 is copied (and converted) on one side stream while the consumer's stream runs its step on batch i.
-    # Three rules keep that correct, with no host-device synchronisation:
-    # 1. Before the side stream writes batch i+1, it waits on the consumer's current stream
-    #    (``side.wait_stream(consumer)``): work the consumer queued (e.g. on tensors that feed the batch) is done.
-    # 2. Before batch i is handed out, the consumer stream waits on the side stream. This happens before batch i+1's
-    #    copy is queued, so the consumer waits for batch i's copy only and the copy of i+1 overlaps its step.
-    # 3. Each handed-out tensor was allocated on the side stream; ``record_stream(consumer)`` tells the caching
-    #    allocator not to reuse its memory until the consumer's queued work on it has finished.
-    # The side stream is the device's one (NOTE [ One side stream per device ] in device.py): a stream per epoch or
-    # per loader strands each one's cached blocks in a pool no later stream can use (timm issue 2781).
-    # On the CPU the same loop runs with ``contextlib.nullcontext()`` in place of the stream context, no copy, and
-    # nothing read ahead (``reads_ahead``): the next batch is fetched when the loop asks for it. Reading ahead loads
-    # batch i+1 (and makes its RNG draws, with num_workers=0) before the loop's draws after batch i; a checkpoint
-    # taken then keeps what it needs to load that batch again (NOTE [ Exact resume ], ``ahead``, in resume/state.py).
-
     def _tuned_workers(self) -> bool:
         """True when the loader's worker count is one autoloader measured (see quiet_worker_count_warning)."""
         workers = getattr(self.loader, "num_workers", None)
@@ -354,7 +251,7 @@ class PrefetchLoader:
             it = self._checkpoints.begin(self._source, stream_dataset=dataset)
         self._held = False
         fetch = Fetcher(partial(self._items, it, stream, dataset, ahead))
-        return Epoch(clock, fetch=fetch, first=self._checkpoints.fetched, handed=partial(_handed, stream, self.device),
+        return Epoch(clock, fetch=fetch, first=self._checkpoints.fetched, handed=partial(handed, stream, self.device),
                      ahead=ahead, hold=self._hold)
 
     def _hold(self, held: bool) -> None:
@@ -367,68 +264,4 @@ class PrefetchLoader:
         while True:
             if ahead:
                 self._checkpoints.before_fetch(self._source, dataset)
-            yield self._load(it, stream)
-
-    def _load(self, it: Iterator[Any], stream: Optional[torch.cuda.Stream]) -> Any:
-        """The next batch, copied (see NOTE [ Stream synchronisation ]) and transformed; ``END`` when exhausted,
-        ``Failed`` when its loading, copy or transform raised (NOTE [ A batch that raises ] in source.py)."""
-        try:
-            batch = next(it)
-        except StopIteration:
-            return END
-        except Exception as exc:  # noqa: B036 - raised at the loop's next(); the epoch goes on if the source does
-            return Failed(exc, consumed(exc))
-        if isinstance(batch, BatchError):
-            return Failed(batch.exception, True)
-        if stream is None and not self._transform.active:
-            return batch
-        consumer = torch.cuda.current_stream(self.device) if stream is not None else None
-        context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-        try:
-            with context:
-                if stream is not None and consumer is not None:  # both or neither
-                    stream.wait_stream(consumer)
-                    batch = map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
-                if self._transform.active:
-                    batch = self._transform(batch)
-        except Exception as exc:  # noqa: B036 - this batch's failure (e.g. normalize on a malformed batch)
-            return Failed(exc, True)
-        return batch
-
-
-def _handed(stream: Optional["torch.cuda.Stream"], device: torch.device, batch: Any) -> None:
-    """Before batch i is handed out: the consumer's stream waits for its copy, and its tensors are recorded on the
-    consumer's stream (NOTE [ Stream synchronisation ], rules 2 and 3)."""
-    if stream is None:
-        return
-    consumer = torch.cuda.current_stream(device)
-    consumer.wait_stream(stream)
-    for tensor in iter_tensors(batch):
-        if tensor.is_cuda:
-            tensor.record_stream(consumer)
-
-
-def reads_ahead(stream: Optional["torch.cuda.Stream"]) -> bool:
-    """Whether the prefetcher fetches the next batch before handing out the current one: only with a side stream,
-    so that its copy overlaps the consumer's step (NOTE [ Stream synchronisation ]); on the CPU nothing would overlap,
-    and reading ahead would load (and draw for) a batch before the loop's own draws, unlike a plain DataLoader."""
-    return stream is not None
-
-
-SETTINGS = ("num_workers", "collate_fn", "drop_last", "pin_memory", "timeout", "prefetch_factor", "persistent_workers",
-            "generator", "multiprocessing_context", "in_order", "pin_memory_device")
-"""The DataLoader's other public attributes, read-only on a ``PrefetchLoader`` as the wrapped DataLoader's (tuned:
-the configuration in force, the stand-in's before ``make_loader``'s first ``iter()``); None for an iterable without
-them."""
-
-
-def _setting(name: str) -> property:
-    def read(self: PrefetchLoader) -> Any:
-        return getattr(self._template, name, None)
-
-    read.__doc__ = f"The wrapped DataLoader's ``{name}`` (read-only; None for an iterable without one)."
-    return property(read)
-
-
-for _name in SETTINGS:
-    setattr(PrefetchLoader, _name, _setting(_name))
+            yield load(it, stream, self.device, self._transform)

@@ -84,7 +84,7 @@ class Source(Protocol):
         @property
         def template(self) -> Any:
             """What the user and frameworks read as the DataLoader (its length, dataset, samplers, settings: NOTE
-            [ What frameworks read ] in prefetch.py)."""
+            [ What frameworks read ] in mirror.py)."""
 
         @property
         def in_force(self) -> Any:

@@ -34,80 +34,17 @@ from __future__ import annotations
 import logging
 import numbers
 import os
-import queue
-import threading
-import weakref
-from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
+from typing import TYPE_CHECKING, Any, Sequence, Union
 
 from torch.utils.data import Dataset, IterableDataset, Subset
 
 from ..errors import warn_user
+from .thread_pool import DaemonPool, pool_lock
 
 if TYPE_CHECKING:
     from ..config import LoaderConfig
 
 logger = logging.getLogger("autoloader.threads")
-
-# NOTE [ Threads inside workers ]
-# Threads do not survive fork: a forked worker inherits the parent's pool object but none of its threads, so a
-# wrapper never uses a pool it did not make in this process. The pool is created on the first batch, keyed by
-# os.getpid() (after fork, or after unpickling in a spawn/forkserver worker, where it is never pickled) under a
-# lock that is renewed in every forked child (it may have been held by a parent thread at the fork).
-# Order: every sample of the batch is submitted, then the results are read in batch order, so the batch is in
-# sampler order and the exception raised is the first failing sample's in batch order, even if a later one failed
-# sooner; the samples not started yet are cancelled before it propagates (those running finish on their own).
-# Shutdown: the threads are daemon threads (as torch's pin-memory thread). ThreadPoolExecutor's are not, and the
-# interpreter joins them at exit: a process (the main one after Ctrl-C, or a worker told to stop after a sample
-# raised) would wait for every sample still running, minutes for a hung request. Idle threads block on the task
-# queue; dropping the pool (the wrapper collected, or replaced after a fork) or exiting queues one stop per thread.
-
-_STOP = None
-_pool_lock = threading.Lock()
-
-
-def _renew_lock_in_child() -> None:
-    global _pool_lock
-    _pool_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_renew_lock_in_child)
-
-
-def _serve(tasks: queue.SimpleQueue) -> None:
-    while True:  # one pool thread: run tasks until told to stop
-        task = tasks.get()
-        if task is _STOP:
-            return
-        future, fn, arg = task
-        if future.set_running_or_notify_cancel():
-            try:
-                future.set_result(fn(arg))
-            except BaseException as exc:  # handed to the caller of __getitems__, which re-raises it
-                future.set_exception(exc)
-        del task, future, fn, arg  # no reference to the sample or the exception while idle
-
-
-def _stop_threads(tasks: queue.SimpleQueue, threads: int) -> None:
-    for _ in range(threads):
-        tasks.put(_STOP)
-
-
-class _Pool:
-    """``threads`` daemon threads of the process that made it; they stop when it is dropped or at exit."""
-
-    def __init__(self, threads: int) -> None:
-        self.pid = os.getpid()
-        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
-        for i in range(threads):
-            threading.Thread(target=_serve, args=(self._tasks,), name=f"autoloader-threads-{i}", daemon=True).start()
-        weakref.finalize(self, _stop_threads, self._tasks, threads)
-
-    def submit(self, fn: Callable[[Any], Any], arg: Any) -> Future:
-        future: Future = Future()
-        self._tasks.put((future, fn, arg))
-        return future
-
 
 _OWN = frozenset({"_autoloader_dataset", "_autoloader_threads", "_autoloader_pool"})
 
@@ -122,7 +59,7 @@ class ThreadedDataset(Dataset):
     keeps sampler order, and the first error in batch order is raised unchanged. ``make_loader(..., threads=...)``
     wraps your dataset in it; ``loader.dataset`` is then the wrapper: attribute reads and writes go to your dataset,
     ``len()``, ``[i]`` and ``iter()`` behave as yours, ``isinstance(loader.dataset, YourClass)`` is False and
-    ``autoloader.unwrap(loader.dataset)`` gives yours back (NOTE [ Threads inside workers ] in this module).
+    ``autoloader.unwrap(loader.dataset)`` gives yours back (NOTE [ Threads inside workers ] in loader/thread_pool.py).
 
     Thread safety is yours: ``__getitem__`` runs in several threads at once. Reading files you open per call,
     ``requests``/``boto3`` sessions per thread, PIL decoding, numpy on arrays you only read are safe; one ``h5py``
@@ -160,6 +97,10 @@ class ThreadedDataset(Dataset):
                       f"in threads, or use threads=1")
 
     def __getitems__(self, indices: Sequence[Any]) -> Any:
+        """The samples at ``indices``, fetched by this process's pool. Every sample is submitted, then the results are
+        read in batch order, so the batch is in sampler order and the exception raised is the first failing sample's
+        in batch order, even if a later one failed sooner; the samples not started yet are cancelled before it
+        propagates (those running finish on their own)."""
         dataset = self._autoloader_dataset
         if has_own_getitems(dataset):
             return dataset.__getitems__(indices)
@@ -213,12 +154,12 @@ class ThreadedDataset(Dataset):
         object.__setattr__(self, "_autoloader_pool", None)
 
 
-def _pool_of(wrapper: ThreadedDataset) -> _Pool:
+def _pool_of(wrapper: ThreadedDataset) -> DaemonPool:
     """The wrapper's pool in this process, made on first use here (see NOTE [ Threads inside workers ])."""
-    with _pool_lock:
+    with pool_lock():
         pool = wrapper._autoloader_pool
         if pool is None or pool.pid != os.getpid():
-            pool = _Pool(wrapper._autoloader_threads)
+            pool = DaemonPool(wrapper._autoloader_threads)
             object.__setattr__(wrapper, "_autoloader_pool", pool)
             logger.debug("process %d: %d threads for %s", pool.pid, wrapper._autoloader_threads,
                          type(wrapper._autoloader_dataset).__name__)

@@ -51,7 +51,8 @@ from typing import Any, Callable, Dict, Generator, Optional, Protocol, Tuple
 
 from ..coordination import Coordinator
 from ..errors import TuningError
-from ..loader.slices import BatchSlice, EpochSource
+from ..loader.batch_slice import BatchSlice
+from ..loader.slices import EpochSource
 from ..measure.failures import CONTROL, classify, failure_reason, forget
 from ..measure.run import END, Run, of_a_batch
 from ..measure.sample_clock import BatchEstimate, SampleClock, times_samples

@@ -21,7 +21,8 @@ from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, Sequ
 
 from autoloader.config import LoaderConfig, in_flight
 from autoloader.request import Request
-from autoloader.loader.slices import BatchSlice, EpochSlicer, EpochSource
+from autoloader.loader.batch_slice import BatchSlice
+from autoloader.loader.slices import EpochSlicer, EpochSource
 from slice_data import CountingSampler, DieInWorker, EagerChunks, Indices, Stream
 
 EPOCHS = 3

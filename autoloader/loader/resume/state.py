@@ -20,7 +20,7 @@ field by field and against a digest when loaded, then against the loader it resu
 #   have.
 # - ``now``: every RNG when ``state_dict()`` was called: the loop's own draws continue from there.
 # - ``ahead``: the ambient RNGs just before the batch the prefetcher held unyielded was loaded in the main process
-#   (only with a side stream, which reads one batch ahead: NOTE [ Stream synchronisation ] in prefetch.py). A dataset
+#   (only with a side stream, which reads one batch ahead: NOTE [ Stream synchronisation ] in stream_copy.py). A dataset
 #   that augments in the main process drew for that batch before ``now``; the resumer loads it again from ``ahead``,
 #   then puts ``now`` back, so the batch and the loop's draws match. Without a side stream nothing is read ahead.
 # - ``stream``: an IterableDataset's own ``state_dict()`` before the next batch (it resumes through it, read by the
