@@ -7,6 +7,10 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+Batch = Any
+"""A batch as the user's ``collate_fn`` (or iterable) makes it: a tensor, tuples, lists, namedtuples and mappings of
+them nested at will, or any other object (passed through untouched)."""
+
 
 def _is_namedtuple(obj: Any) -> bool:
     return isinstance(obj, tuple) and hasattr(obj, "_fields")
@@ -34,7 +38,7 @@ def rebuild_mapping(original: Mapping, items: dict) -> Mapping:
         return items
 
 
-def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Any) -> Any:
+def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Batch) -> Batch:
     """Apply ``fn`` to every tensor in ``batch``; containers keep their type, other objects pass through."""
     if isinstance(batch, torch.Tensor):
         return fn(batch)
@@ -49,7 +53,7 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Any) -> Any:
     return batch
 
 
-def iter_tensors(batch: Any) -> Iterator[torch.Tensor]:
+def iter_tensors(batch: Batch) -> Iterator[torch.Tensor]:
     """Every tensor in ``batch``, depth first, in container order."""
     if isinstance(batch, torch.Tensor):
         yield batch
@@ -61,6 +65,6 @@ def iter_tensors(batch: Any) -> Iterator[torch.Tensor]:
             yield from iter_tensors(value)
 
 
-def batch_nbytes(batch: Any) -> int:
+def batch_nbytes(batch: Batch) -> int:
     """Bytes held by the tensors of ``batch`` (``element_size() * nelement()`` summed)."""
     return sum(t.element_size() * t.nelement() for t in iter_tensors(batch))

@@ -12,6 +12,10 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Protoco
 import torch
 from torch.utils.data import Sampler
 
+Indices = Any
+"""What an epoch's index sampler yields: a batch of indices (a DataLoader's ``batch_sampler``), or one index (its
+``sampler``, with ``batch_size=None``)."""
+
 
 class SlicedEpoch(Protocol):
     """What a slice asks of the epoch it was taken from (``slices.EpochSource`` is one)."""
@@ -23,9 +27,9 @@ class SlicedEpoch(Protocol):
 
     def _remaining_at(self, position: int) -> Optional[int]: ...
 
-    def _pull(self) -> Any: ...
+    def _pull(self) -> Optional[Indices]: ...
 
-    def _close(self, part: BatchSlice, record: SliceRecord, undelivered: List[Any]) -> SliceRecord: ...
+    def _close(self, part: BatchSlice, record: SliceRecord, undelivered: List[Indices]) -> SliceRecord: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,17 +58,17 @@ class BatchSlice(Sampler):
         self._source: Optional[SlicedEpoch] = None
         self._binding = 0
         self.lookahead: Optional[int] = None
-        self.through: Optional[Callable[[Any], Any]] = None
+        self.through: Optional[Callable[[Indices], Indices]] = None
         """What each batch of indices passes through on its way to the DataLoader (an online probe's sample clock,
         measure/sample_clock.py); the slice keeps, and re-issues, the batches themselves."""
 
     def _bind(self, source: SlicedEpoch, number: int, limit: Optional[int]) -> None:
         self._source, self._number, self._limit, self._start = source, number, limit, source._next_start()
         self._pulled, self._binding, self._closed = 0, self._binding + 1, False
-        self._reserved: Deque[Any] = collections.deque()
+        self._reserved: Deque[Indices] = collections.deque()
         self.capped = False
         keep = None if self.lookahead is None else self.lookahead + 2
-        self._recent: Deque[Any] = collections.deque(maxlen=keep)
+        self._recent: Deque[Indices] = collections.deque(maxlen=keep)
 
     @property
     def source(self) -> SlicedEpoch:
@@ -134,7 +138,7 @@ class BatchSlice(Sampler):
             raise TypeError("this epoch's sampler has no len(), so neither has its slice")
         return remaining if self._limit is None else min(self._limit, remaining)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Indices]:
         source, binding = self.source, self._binding
         while self._limit is None or self._pulled < self._limit:
             if self._closed or binding != self._binding:

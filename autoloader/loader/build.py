@@ -3,7 +3,9 @@ or serves (``Request.data_loader`` decides the arguments), ``rebuilt`` for the r
 user built (``source.PlainSource.resume``)."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
+
+import torch
 
 from torch.utils.data import DataLoader
 
@@ -23,7 +25,7 @@ def build(dataset: Any, *, tuned_workers: bool, **kwargs: Any) -> DataLoader:
         return DataLoader(dataset, **kwargs)
 
 
-def rebuilt(loader: DataLoader, *, sampling: Mapping[str, Any], generator: Any) -> DataLoader:
+def rebuilt(loader: DataLoader, *, sampling: Mapping[str, Any], generator: Optional[torch.Generator]) -> DataLoader:
     """A DataLoader with ``loader``'s settings over ``sampling`` (a resumed epoch's rest: ``BatchSlice.sampling()``)
     with its ``generator``, in order, not persistent."""
     kwargs = {name: getattr(loader, name) for name in _SETTINGS}

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Generator, Iterator, Optional
+from typing import Any, Callable, Generator, Optional
 
 from .epochs import EpochClock
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional, Sequence
 
 import torch
+from torch.utils.data import DataLoader
 
 from ..config import in_flight
 
@@ -113,7 +114,7 @@ def reuses_iterator(loader: Any) -> bool:
                 and getattr(loader, "_iterator", None) is not None)
 
 
-def epoch_iter(loader: Any) -> Iterator[Any]:
+def epoch_iter(loader: DataLoader) -> Iterator[Any]:
     """``iter(loader)`` for a new epoch, one base seed drawn whether or not persistent workers are reused (NOTE [ One
     base seed per epoch ])."""
     if reuses_iterator(loader):

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Optional, Tuple
 
 from torch.utils.data import DataLoader
 
+from ..results import Decision, EpochTrace, TuneResult
 from .native import rewrap, users_init
 from .slices import EpochSlicer, EpochSource
 from .source import BatchError, Source
@@ -43,7 +44,7 @@ class Resolved:
     once with the first batch the loop gets (the cache entry's check)."""
 
     source: Source
-    tuning: Any = None
+    tuning: Optional[TuneResult] = None
     cache_key: Optional[str] = None
     first_batch: Optional[Callable[[Any], None]] = None
 
@@ -54,7 +55,7 @@ class LazySource(Source):
     and answers every question (NOTE [ Nothing before iter() ]). An exception from ``resolve()`` leaves it
     unresolved: the next epoch tries again."""
 
-    def __init__(self, stand_in: DataLoader, resolve: Callable[[], Resolved], *, pending: Any = None) -> None:
+    def __init__(self, stand_in: DataLoader, resolve: Callable[[], Resolved], *, pending: Optional[TuneResult] = None) -> None:
         self._stand_in, self._resolve, self._pending = stand_in, resolve, pending
         self._resolved: Optional[Resolved] = None
         self._epoch: Optional[int] = None
@@ -112,7 +113,7 @@ class LazySource(Source):
         return self._resolved.source.in_force if self._resolved is not None else self._stand_in
 
     @property
-    def tuning(self) -> Any:
+    def tuning(self) -> Optional[TuneResult]:
         """The real source's decision in force, else the result it was built with; ``pending`` (the stand-in's
         configuration, ``source="pending"``) before the first epoch."""
         if self._resolved is None:
@@ -125,11 +126,11 @@ class LazySource(Source):
         return self._resolved.cache_key if self._resolved is not None else None
 
     @property
-    def decisions(self) -> Tuple[Any, ...]:
+    def decisions(self) -> Tuple[Decision, ...]:
         return tuple(self._resolved.source.decisions) if self._resolved is not None else ()
 
     @property
-    def traces(self) -> Tuple[Any, ...]:
+    def traces(self) -> Tuple[EpochTrace, ...]:
         return tuple(self._resolved.source.traces) if self._resolved is not None else ()
 
     @property

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from ..distributed import gather_states
 from ..errors import quiet_worker_count_warning
-from ..results import TuneResult
+from ..results import Decision, EpochTrace, TuneResult
 from .device import resolve_device, side_stream
 from .epoch_iter import Epoch, EpochIter, Fetcher
 from .epochs import EpochClock, EpochStats, samplers
@@ -122,7 +122,7 @@ class PrefetchLoader(DataLoaderMirror):
         return self._tuning if self._tuning is not None else self._source.tuning
 
     @property
-    def decisions(self) -> Tuple[Any, ...]:
+    def decisions(self) -> Tuple[Decision, ...]:
         """Every online decision, oldest first; () without online tuning. Each is a ``Decision(epoch, config,
         samples_per_s, stall_fraction, why, candidates, search_s, switch_s)``: the configuration that served from
         ``epoch`` on, what it measured, why its search ran (first tuning, or the re-tune rule that fired), and the
@@ -130,7 +130,7 @@ class PrefetchLoader(DataLoaderMirror):
         return tuple(self._source.decisions)
 
     @property
-    def online_traces(self) -> Tuple[Any, ...]:
+    def online_traces(self) -> Tuple[EpochTrace, ...]:
         """Every epoch that searched online (``autoloader.results.EpochTrace``), oldest first: when each batch
         reached the loop and each candidate's slice (``autoloader.cli.plot.plot_online_epoch`` draws one); () without
         online tuning."""

@@ -64,7 +64,7 @@ from typing import Any, Deque, Iterable, List, Optional, Sequence
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from .batch_slice import BatchSlice, SliceRecord
+from .batch_slice import BatchSlice, Indices, SliceRecord
 
 log = logging.getLogger("autoloader.online")
 
@@ -89,7 +89,7 @@ class EpochSource:
             self._len: Optional[int] = len(index_sampler)
         except TypeError:
             self._len = None
-        self._reissue: Deque[Any] = collections.deque()
+        self._reissue: Deque[Indices] = collections.deque()
         self._exhausted = False
         self._open: List[BatchSlice] = []
         """Open slices, oldest first: one, or a capped one and the slice after it (a hidden switch)."""
@@ -180,12 +180,12 @@ class EpochSource:
             if batch is not None:
                 self._reissue.append(batch)
 
-    def draw(self, n: int) -> List[Any]:
+    def draw(self, n: int) -> List[Optional[Indices]]:
         """The index sampler's next ``n`` batches, drawn fresh (None for each asked past its end); ``hold`` keeps
         them for the next slices (``resume`` draws twice from the same RNG states to compare)."""
         return [self._fresh() for _ in range(n)]
 
-    def hold(self, batches: Iterable[Any]) -> None:
+    def hold(self, batches: Iterable[Optional[Indices]]) -> None:
         """Serve ``batches``, drawn ahead, before any fresh one (the Nones past the sampler's end left out)."""
         self._reissue.extend(batch for batch in batches if batch is not None)
 
@@ -193,10 +193,10 @@ class EpochSource:
         """No batch is held and the sampler has none left: asks it once more (for an epoch redrawn only to tell)."""
         return not self._reissue and self._fresh() is None
 
-    def _pull(self) -> Any:
+    def _pull(self) -> Optional[Indices]:
         return self._reissue.popleft() if self._reissue else self._fresh()
 
-    def _fresh(self) -> Any:
+    def _fresh(self) -> Optional[Indices]:
         """The index sampler's next batch; None once it ran out."""
         if self._exhausted:
             return None
@@ -207,7 +207,7 @@ class EpochSource:
             self._exhausted = True
         return None
 
-    def _close(self, part: BatchSlice, record: SliceRecord, undelivered: List[Any]) -> SliceRecord:
+    def _close(self, part: BatchSlice, record: SliceRecord, undelivered: List[Indices]) -> SliceRecord:
         later = self._open[self._open.index(part) + 1:]
         if later and (undelivered or record.delivered < (record.limit or 0)):
             raise RuntimeError(f"slice {record.number} cannot give batches back while slice {later[0].number}, taken "
@@ -239,7 +239,7 @@ class EpochSlicer:
         self.reference = reference
 
     @property
-    def index_sampler(self) -> Any:
+    def index_sampler(self) -> Iterable[Indices]:
         """What a plain DataLoader iterates: its batch_sampler, or its sampler when ``batch_size=None``."""
         ref = self.reference
         return ref.batch_sampler if ref.batch_sampler is not None else ref.sampler

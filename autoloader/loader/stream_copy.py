@@ -25,13 +25,13 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from .batch import iter_tensors, map_tensors
+from .batch import Batch, iter_tensors, map_tensors
 from .epoch_iter import END, Failed
 from .source import BatchError, consumed
 from .transform import InputTransform
 
 
-def load(it: Iterator[Any], stream: Optional["torch.cuda.Stream"], device: torch.device,
+def load(it: Iterator[Batch], stream: Optional["torch.cuda.Stream"], device: torch.device,
          transform: InputTransform) -> Any:
     """The next batch of ``it``, copied to ``device`` on ``stream`` (rule 1 of NOTE [ Stream synchronisation ]; None:
     not copied) and transformed; ``END`` when ``it`` is exhausted, ``Failed`` when its loading, copy or transform
@@ -60,7 +60,7 @@ def load(it: Iterator[Any], stream: Optional["torch.cuda.Stream"], device: torch
     return batch
 
 
-def handed(stream: Optional["torch.cuda.Stream"], device: torch.device, batch: Any) -> None:
+def handed(stream: Optional["torch.cuda.Stream"], device: torch.device, batch: Batch) -> None:
     """Before a batch is handed out: the consumer's stream waits for its copy, and its tensors are recorded on the
     consumer's stream (NOTE [ Stream synchronisation ], rules 2 and 3). Nothing without a side stream."""
     if stream is None:

@@ -6,7 +6,7 @@ from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import torch
 
-from .batch import _is_namedtuple, rebuild_mapping
+from .batch import Batch, _is_namedtuple, rebuild_mapping
 
 _EXAMPLE = "e.g. normalize=((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))"
 
@@ -54,7 +54,7 @@ class InputTransform:
     def active(self) -> bool:
         return self.normalize is not None or self.dtype is not None
 
-    def __call__(self, batch: Any) -> Any:
+    def __call__(self, batch: Batch) -> Batch:
         if isinstance(batch, torch.Tensor):
             return self._convert(batch)
         if isinstance(batch, Mapping):

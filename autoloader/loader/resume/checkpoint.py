@@ -6,11 +6,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from torch.utils.data import DataLoader
 
 from ..epochs import EpochClock, numbered_samplers, pulls_made, samplers
+from ..slices import EpochSource
 from .redraw import check_next_order, ended_at, redrawn, stream_rule
 from .rng import Ambient, RngState, parts_of
 from .state import LoaderState, check, epoch_length, epochs_of, own_rank, ranks, sampling_of
@@ -26,7 +27,7 @@ class Checkpoints:
     def __init__(self) -> None:
         self._start: Optional[RngState] = None
         self._skipped = 0
-        self._source: Any = None
+        self._source: Optional[EpochSource] = None
         self._ahead_rng: Optional[Ambient] = None
         self._ahead_stream: Any = None
         self._pending: Optional[LoaderState] = None
@@ -40,7 +41,7 @@ class Checkpoints:
 
     # -- saving -----------------------------------------------------------------------------------------------------
     def state(self, source: Any, *, clock: Optional[EpochClock], next_epoch: int, held: bool,
-              sampler_record: Any, epoch_set: bool, decision: Optional[str]) -> Dict[str, Any]:
+              sampler_record: Optional[List[int]], epoch_set: bool, decision: Optional[str]) -> Dict[str, Any]:
         """This rank's state, JSON-safe. ``source`` is what PrefetchLoader wraps (its ``in_force`` the DataLoader
         serving: online, a candidate's), ``held`` whether a batch was fetched ahead and not yet yielded."""
         template = source.template
@@ -141,7 +142,7 @@ class Checkpoints:
             replay.now.ambient.put()
 
 
-def _redrawn(source: Any, state: LoaderState) -> Any:
+def _redrawn(source: Any, state: LoaderState) -> EpochSource:
     if state.start is None or state.drawn is None:
         raise ValueError("load_state_dict(state): the state holds no epoch to redraw; start without the state")
     log.info("resuming epoch %d after batch %d of %s", state.epoch, state.batches, state.length)

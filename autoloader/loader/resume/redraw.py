@@ -4,15 +4,16 @@ through its own ``state_dict()``."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 import torch
 from torch.utils.data import IterableDataset
 
-from ..slices import EpochSource
+from ..slices import EpochSlicer, EpochSource
 from .rng import RngState, parts_of, preserved
 
 log = logging.getLogger("autoloader.prefetch")
+
 
 def redrawn(source: Any, *, start: RngState, batches: int, drawn: int, now: RngState) -> EpochSource:
     """The saved epoch drawn again from its starting RNG states ``start``, its first ``batches`` skipped and the
@@ -43,7 +44,7 @@ def ended_at(source: Any, *, start: RngState, batches: int, drawn: int) -> bool:
         return epoch.ends_here()
 
 
-def same_order(slicer: Any, parts: Any, states: RngState, pulls: int) -> EpochSource:
+def same_order(slicer: EpochSlicer, parts: Mapping[str, Any], states: RngState, pulls: int) -> EpochSource:
     """An epoch drawn from ``states`` whose first ``pulls`` batches were drawn twice (``states`` put back before each
     draw); they wait in it for the next slices. An order that differs between two draws from the same states comes
     from an RNG the state does not hold (a sampler's private ``random.Random`` without ``state_dict()``), and resuming
