@@ -34,7 +34,7 @@ def test_the_dataloaders_attributes_read_through():
         assert getattr(mirror, name) is getattr(loader, name), name
     assert mirror.drop_last is True and mirror.generator is generator
     with pytest.raises(AttributeError):
-        mirror.num_workers = 4  # type: ignore[misc]
+        mirror.num_workers = 4
 
 
 def test_an_iterable_without_them_reads_none():

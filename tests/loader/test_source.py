@@ -65,4 +65,4 @@ def test_a_batch_error_wraps_an_exception_only():
     error = ValueError("sample 3")
     assert BatchError(error).exception is error and repr(BatchError(error)) == "BatchError(ValueError('sample 3'))"
     with pytest.raises(TypeError, match="KeyboardInterrupt and SystemExit propagate at once"):
-        BatchError(KeyboardInterrupt())  # type: ignore[arg-type]
+        BatchError(KeyboardInterrupt())

@@ -66,7 +66,7 @@ def test_a_transform_that_fails_on_a_malformed_batch_fails_that_batch_only():
 
 
 def test_only_a_side_stream_reads_ahead_and_nothing_is_handed_without_one():
-    assert reads_ahead(None) is False and reads_ahead(object()) is True  # type: ignore[arg-type]
+    assert reads_ahead(None) is False and reads_ahead(object()) is True
     handed(None, CPU, {"image": images()})
 
 
