@@ -104,10 +104,17 @@ def function_problems(name: str, function: Callable[..., Any], doc: str = None) 
     return problems
 
 
-def _own_members(cls: type) -> Iterator[Tuple[str, Any]]:
-    for attr, value in vars(cls).items():
-        if not attr.startswith("_"):
-            yield attr, value
+def _public_members(cls: type) -> Iterator[Tuple[str, Any]]:
+    """The public members ``cls`` defines or inherits from autoloader's own classes (``PrefetchLoader``'s from
+    ``DataLoaderMirror``), nearest first; not those of a library's base class (torch's ``Dataset``)."""
+    seen = set()
+    for klass in cls.__mro__:
+        if klass is not cls and not klass.__module__.startswith("autoloader"):
+            continue
+        for attr, value in vars(klass).items():
+            if not attr.startswith("_") and attr not in seen:
+                seen.add(attr)
+                yield attr, value
 
 
 def _self_attributes(init: Callable[..., Any]) -> List[str]:
@@ -137,7 +144,7 @@ def class_problems(name: str, cls: type) -> List[str]:
         attributes = entries(doc, "Attributes")
         problems += [f"{name}: attribute {a!r} has no Attributes entry" for a in _self_attributes(init)
                      if a not in attributes]
-    for attr, value in _own_members(cls):
+    for attr, value in _public_members(cls):
         qualified = f"{name}.{attr}"
         if isinstance(value, property):
             if not (value.fget.__doc__ or "").strip():
@@ -169,7 +176,7 @@ def test_every_public_definition_is_documented():
 
 def test_the_public_classes_document_their_methods_and_properties():
     members = {f"{name}.{attr}" for name, obj in PUBLIC.items() if inspect.isclass(obj)
-               for attr, _ in _own_members(obj)}
+               for attr, _ in _public_members(obj)}
     expected = {"PrefetchLoader.state_dict", "PrefetchLoader.load_state_dict", "PrefetchLoader.set_epoch",
                 "PrefetchLoader.tuning", "PrefetchLoader.decisions", "PrefetchLoader.stats",
                 "EpochStats.stall_fraction", "LoaderConfig.loader_kwargs", "TuneResult.from_dict", "TrialResult.ok",
