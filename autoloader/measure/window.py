@@ -51,7 +51,7 @@ MIN_BATCHES = 6
 MIN_OPENED = 3
 """Batches past the burst for a window to count as opened: a patient window cut by the limit, or an online window cut
 by the epoch's end, is then taken as it is (marked not steady) rather than measured again."""
-PROBE_MARKS = 2
+PROBE_MARKS = 3
 """Batches a probe window holds: the first batch's cost alone would include whatever the dataset does once."""
 
 
@@ -289,9 +289,17 @@ class Window:
             consumer_s_per_batch=sum(m.step_s for m in window_marks) / batches,
             batch_bytes=self.batch_bytes,
             steady=opened == self.skip - 1 and batches >= self.need and not self.exhausted,
+            drained=self._drained(marks[opened:]),
             **self._worker_fields(span, batches),
         )
         return result
+
+    def _drained(self, marks: Sequence[BatchMark]) -> Optional[bool]:
+        """``TrialResult.drained`` of a candidate's window with workers: whether the loop waited for one of ``marks``
+        (the window's opening batch and those after it); None for a trial's window or without workers."""
+        if self.rule != "candidate" or not self.config.num_workers:
+            return None
+        return window_rule.drained([m.wait_s for m in marks], first_wave=0) is not None
 
     def _probe_result(self, elapsed: float) -> TrialResult:
         """The first batches' costs, each the median of ``PROBE_MARKS`` (the first batch alone may include what the

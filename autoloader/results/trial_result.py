@@ -28,7 +28,7 @@ class TrialResult:
         status (str): ``"ok"`` (measured), ``"skipped"`` (not started, or stopped at its first batch: it would not
             fit the memory budget, ``/dev/shm`` or what is left of the time budget) or ``"failed"`` (a worker died, it
             ran past its time limit, too few batches, too many open files...).
-        reason (str): Why it was skipped or failed, in words (e.g. ``"memory: ... over the memory budget of ..."``,
+        reason (str): Why it was skipped or failed, or why an ok rate is not a steady measurement, in words (e.g. ``"memory: ... over the memory budget of ..."``,
             ``"worker killed (SIGKILL, usually the out-of-memory killer)"``); None when ok.
         samples_per_s (float): Samples per second over the timed window; None when nothing was measured.
         batches (int): Batches in the timed window.
@@ -68,6 +68,10 @@ class TrialResult:
             its copies fell in: the inherited objects its reads copy from, the most that copying can reach.
         worker_shared_bytes (int): What that worker shared with the main process at its first batch: the most it can
             ever copy.
+        drained (bool): An online candidate's window with workers: whether the loop waited for a batch in it
+            (``window_rule.DRAIN_WAIT_S``: the workers' queue ran dry, so the rate is theirs); False when every batch
+            came from the queue, so the rate is the loop's pace while the prefetched batches lasted, and what the
+            workers make in the long run is the model's (``online_policy.sustained``). None otherwise.
         native_pools (tuple of NativePool): The native thread pools one of its workers found, and kept under
             ``config.native_threads`` (NOTE [ Native thread pools ] in ``autoloader/loader/native.py``); None
             without workers, or when unknown (no threadpoolctl).
@@ -102,6 +106,7 @@ class TrialResult:
     worker_copied_run_bytes: Optional[int] = None
     worker_copy_span_bytes: Optional[int] = None
     worker_shared_bytes: Optional[int] = None
+    drained: Optional[bool] = None
 
     @property
     def ok(self) -> bool:
@@ -174,7 +179,7 @@ def trial_row(trial: TrialResult, best: Optional[float], chosen: bool, *, thread
     "vs best" column), ``chosen`` its ``*``; the flags say which optional columns the table shows."""
     c = trial.config
     if trial.ok:
-        status = "ok" if trial.steady else "ok (short window, not steady)"
+        status = "ok" if trial.steady else f"ok ({trial.reason or 'short window, not steady'})"
     else:
         status = f"{trial.status}: {trial.reason or 'no reason recorded'}"
     pct = (lambda x: "-" if x is None else f"{100 * x:.0f}")

@@ -20,7 +20,10 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 #    (measure/window.py).
 # 3. Jump, don't step (``jump``). A candidate the loop waited for (loading-bound) with CPUs to spare is scaled to
 #    what meets the step or fills the CPUs, in one move; one that keeps up is cut to the fewest Little's law says
-#    still keep up. A jump that measures below the best so far beyond the tolerance is rolled back at once (the
+#    still keep up. A window the loop never waited in (``TrialResult.drained`` False) measured the loop's pace while
+#    the prefetched batches lasted, not the workers': when the workers are only a little slower than the loop their
+#    queue drains over hundreds of batches, far past any window, so such a candidate is weighed at the rate Little's
+#    law gives its workers from the serial probe, when that is lower (``sustained``). A jump that measures below the best so far beyond the tolerance is rolled back at once (the
 #    selection keeps the best). At most ``MAX_JUMPS`` jumps per search.
 # 4. A switch must repay itself (``switching.repays``): when the rest of the epoch is too short for the predicted gain to
 #    cover what the switch costs the loop (forking the workers on the loop's thread, a window at a risk of being
@@ -28,6 +31,7 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
@@ -38,15 +42,16 @@ from .capacity import DEFAULT_TOLERANCE, FORK_S, HEADROOM, cpu_saturated
 from .threads_policy import rate
 
 __all__ = ["EARLY_BATCHES", "HANDOVER_S", "Jump", "KEEPS_UP_STALL", "MAX_JUMPS", "SERIAL_MARGIN", "cpu_share", "jump",
-           "keeps_up", "prior_gain", "prior_workers", "serial_competitive", "starts_early"]
+           "keeps_up", "prior_gain", "prior_workers", "serial_competitive", "starts_early", "sustained"]
 
 HANDOVER_S = 0.5e-3
 """What the main process pays to receive one batch from a worker (unpickling, mapping its shared memory), before any
 worker was measured: 0.4-0.6 ms for 64 images of 3x32x32 on this project's 2-core VM."""
 SERIAL_MARGIN = 2 * DEFAULT_TOLERANCE
 """Serial serving stays while workers could not make the loop more than this much faster."""
-EARLY_BATCHES = 8
-"""An early start must repay the forks within this many batches of the first epoch."""
+EARLY_BATCHES = 3
+"""The serial batches an early start saves: the probe's (``measure/window.py``'s ``PROBE_MARKS``), served before the
+step is timed."""
 KEEPS_UP_STALL = 0.05
 """A candidate whose loop waited for data at most this share of its window keeps up with the step."""
 MAX_JUMPS = 3
@@ -74,16 +79,15 @@ def prior_workers(*, fetch_s: float, fetch_cpu_s: float, consumer_s: Optional[fl
     ``fetch_delay_s`` run-queue seconds per batch in the main process) and the step's (``consumer_s``; None while no
     step was timed): 0 when serial serving is competitive (``serial_competitive``); else the count that fills the
     usable CPUs at the loading's ``cpu_share`` (the cores rule when loading is CPU-bound, more when it waits, at most
-    ``max(8, 2 x CPUs)`` before a worker was measured) and, once the step is known, no more than meet it with
-    ``HEADROOM``. Never above ``cap``. Pure."""
+    ``max(8, 2 x CPUs)`` before the step is timed) and, once the step is known, no more than meet it with
+    ``HEADROOM`` (Little's law: 68 ms batches beside a 5 ms step need 15). Never above ``cap``. Pure."""
     if cap < 1 or fetch_s <= 0:
         return 0
     if consumer_s is not None and serial_competitive(fetch_s=fetch_s, consumer_s=consumer_s):
         return 0
     share = cpu_share(fetch_s=fetch_s, fetch_cpu_s=fetch_cpu_s, fetch_delay_s=fetch_delay_s)
-    count = min(usable_cpus / share, max(8, 2 * usable_cpus))
-    if consumer_s:
-        count = min(count, HEADROOM * fetch_s / consumer_s)
+    meets = HEADROOM * fetch_s / consumer_s if consumer_s else max(8, 2 * usable_cpus)
+    count = min(usable_cpus / share, meets)
     return max(1, min(cap, math.ceil(count - 1e-9)))
 
 
@@ -99,9 +103,10 @@ def prior_gain(*, fetch_s: float, consumer_s: Optional[float], workers: int, han
 
 def starts_early(*, fetch_s: float, workers: int, fork_s: float = FORK_S) -> bool:
     """Whether the prior's ``workers`` start before the first batch is served, on an estimate of its cost
-    (``fetch_s``, from its first samples): when the loading they take over within ``EARLY_BATCHES`` batches costs more
-    than forking them, whatever the step turns out to be. Pure."""
-    return workers > 0 and fetch_s * EARLY_BATCHES >= workers * fork_s
+    (``fetch_s``, from its first samples): when the ``EARLY_BATCHES`` serial batches they save pay for forking them
+    twice: now, and again if the step, timed later, wants another count (before it is timed the prior is the CPUs',
+    and a step slower than the loading needs fewer). Pure."""
+    return workers > 0 and fetch_s * EARLY_BATCHES >= 2 * workers * fork_s
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,34 @@ def keeps_up(trial: TrialResult) -> bool:
     if trial.stall_fraction is not None and trial.stall_fraction <= KEEPS_UP_STALL:
         return True
     return trial.fetch_s_per_batch is not None and trial.fetch_s_per_batch <= DRAIN_WAIT_S
+
+
+def sustained(trial: TrialResult, *, serial: Optional[TrialResult], usable_cpus: int) -> TrialResult:
+    """``trial`` as the online search weighs it (NOTE [ Online convergence ], 3.): as measured, unless its window
+    never drained (``drained`` False) and its workers make fewer samples than the loop's pace it measured, by Little's
+    law from ``serial`` (the first batches in the main process: a worker makes a batch per ``fetch_s`` less its
+    run-queue wait, at most ``usable_cpus / cpu_share`` of them at once). Then that rate, the wait for data and the
+    stall it implies beside the step measured, marked not steady with the reason. Pure."""
+    n = trial.config.num_workers
+    if not trial.ok or trial.drained is not False or serial is None or not n or not trial.batches:
+        return trial
+    fetch_s = (serial.fetch_s_per_batch or 0.0) - (serial.fetch_delay_s_per_batch or 0.0)
+    if fetch_s <= 0:
+        return trial
+    share = cpu_share(fetch_s=serial.fetch_s_per_batch or 0.0, fetch_cpu_s=serial.fetch_cpu_s_per_batch or 0.0,
+                      fetch_delay_s=serial.fetch_delay_s_per_batch)
+    paced = rate(trial)
+    per_batch = paced * trial.window_s / trial.batches
+    making = min(n, usable_cpus / share) * per_batch / fetch_s
+    if making >= paced:
+        return trial
+    longer_s = per_batch / making - per_batch / paced
+    period_s = per_batch / making
+    wait_s = (trial.fetch_s_per_batch or 0.0) + longer_s
+    return dataclasses.replace(
+        trial, samples_per_s=making, fetch_s_per_batch=wait_s, stall_fraction=min(1.0, wait_s / period_s),
+        steady=False, reason=f"its queue never ran dry: {paced:,.0f} samples/s was the loop's pace while the "
+                             f"prefetched batches lasted; {n} workers make about {making:,.0f} by Little's law")
 
 
 def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consumer_s: Optional[float],

@@ -25,7 +25,7 @@ from ..errors import TuningError, warn_user
 from ..probe import MachineProfile
 from ..request import Request
 from ..results import TrialResult, TuneResult
-from . import native_policy, policy, threads_policy
+from . import native_policy, online_policy, policy, threads_policy
 from .bounds import worker_bounds
 from .budget import MemoryCheck, budget_guard, footprint, resolve_budget, trial_footprint
 from .growth import forecast_guard, lasting_bytes
@@ -147,7 +147,9 @@ class Search:
             self.clock, self.main_rss = agreed.elapsed_s, agreed.main_rss_bytes
             if agreed.error is not None or agreed.trial is None:
                 raise agreed.error or TuningError("autoloader failed on another rank")
-            trial = dataclasses.replace(agreed.trial, footprint_bytes=trial_footprint(agreed.trial))
+            trial = online_policy.sustained(
+                dataclasses.replace(agreed.trial, footprint_bytes=trial_footprint(agreed.trial)),
+                serial=self.found.serial, usable_cpus=self.settings.usable)
         self.found.trials.append(trial)
         self.found.by_config[config] = trial
         if trial.batch_bytes is not None and self.found.batch_bytes is None:

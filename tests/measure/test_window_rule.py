@@ -60,11 +60,13 @@ def test_a_candidate_window_opens_at_the_first_wait_and_closes_after_whole_waves
     assert (completed - window.skip) % 4 == 0, "the loop waits for 4 workers: whole waves of 4 batches"
 
 
-def test_a_probe_window_is_complete_after_two_batches_and_reports_costs_not_a_steady_rate(monkeypatch):
+def test_a_probe_window_is_complete_after_probe_marks_batches_and_reports_median_costs(monkeypatch):
     times = {"now": 0.0}
     monkeypatch.setattr("autoloader.measure.window.time.perf_counter", lambda: times["now"])
     window = Window(LoaderConfig(0), started=0.0, batch_size=8, spec=WindowSpec("probe"))
-    for i, (wait, step) in enumerate([(0.05, 0.01), (0.03, 0.01)]):
+    assert PROBE_MARKS == 3
+    # the first batch does something once (90 ms): the median of three leaves it out
+    for i, (wait, step) in enumerate([(0.09, 0.01), (0.04, 0.01), (0.03, 0.01)]):
         assert not window.complete(deadline=float("inf"))
         t_ask = times["now"]
         times["now"] += wait
@@ -76,3 +78,26 @@ def test_a_probe_window_is_complete_after_two_batches_and_reports_costs_not_a_st
     assert not result.steady and result.ok
     assert result.fetch_s_per_batch == pytest.approx(0.04) and result.consumer_s_per_batch == pytest.approx(0.01)
     assert result.fetch_cpu_s_per_batch == pytest.approx(0.02)
+    assert result.drained is None, "a probe has no workers' queue"
+
+
+def _candidate(monkeypatch, waits, *, rule="candidate"):
+    """A 2-worker window fed batches that waited ``waits`` (after a 0.3 s first batch), each step 5 ms."""
+    times = {"now": 0.0}
+    monkeypatch.setattr("autoloader.measure.window.time.perf_counter", lambda: times["now"])
+    window = Window(LoaderConfig(2, 2), started=0.0, batch_size=8, spec=WindowSpec(rule, 0.2))
+    for i, wait in enumerate([0.3] + list(waits)):
+        t_ask = times["now"]
+        times["now"] += wait
+        window.add([0] * 8, t_ask=t_ask, c_ask=(0.0, None), t_got=times["now"], c_got=(0.0, None), consumer=_Sync())
+        times["now"] += 0.005
+    window.close()
+    return window.result(1.0)
+
+
+def test_a_candidate_window_says_whether_its_workers_queue_ran_dry(monkeypatch):
+    queued = _candidate(monkeypatch, [0.0003] * 40)
+    assert queued.ok and queued.drained is False, "every batch came from the queue: the loop's pace"
+    dry = _candidate(monkeypatch, [0.0003] * 10 + [0.004] * 30)
+    assert dry.ok and dry.drained is True, "the loop waited 4 ms a batch: the workers' pace"
+    assert _candidate(monkeypatch, [0.0003] * 40, rule="trial").drained is None, "a trial's window does not say"

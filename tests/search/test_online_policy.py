@@ -17,7 +17,8 @@ from autoloader.search import switching
     (0.33, 0.33, None, 0.02, 16, 128, 16, "CPU-bound decoding on 16 cores: the cores rule"),
     (0.33, 0.33, None, None, 64, 128, 64, "CPU-bound on 64 cores, step unknown: 64"),
     (0.33, 0.33, None, 0.1, 16, 128, 4, "a slow step: the fewest that meet it with headroom (1.2 x 3.3)"),
-    (0.064, 0.0032, None, 0.005, 2, 64, 8, "waiting data: several times the cores, at most 2 x CPUs (>= 8) unmeasured"),
+    (0.064, 0.0032, None, None, 2, 64, 8, "waiting data, step not timed: several times the cores, at most 8 (2 x CPUs)"),
+    (0.064, 0.0032, None, 0.005, 2, 64, 16, "waiting data, step timed: Little's law, 1.2 x 64 / 5 = 16 (CPUs allow 40)"),
     (0.064, 0.0032, None, 0.005, 16, 64, 16, "waiting data on 16 cores: 1.2 x 64 / 5 = 16 meets the step"),
     (0.100, 0.030, 0.070, None, 2, 64, 2, "a busy machine: the run-queue wait is not waiting for data"),
     (0.33, 0.33, None, 0.02, 16, 6, 6, "never above the cap"),
@@ -36,9 +37,11 @@ def test_serial_is_competitive_while_workers_could_not_gain_the_margin(fetch_s, 
 
 
 @pytest.mark.parametrize("fetch_s, workers, early", [
-    (0.33, 16, True),  # 2.6 s of loading in 8 batches against 0.32 s of forks
-    (0.033, 3, True), (0.005, 16, False), (0.001, 2, False), (0.33, 0, False)])
-def test_the_prior_starts_inside_the_first_batch_when_its_forks_repay_within_a_few_batches(fetch_s, workers, early):
+    (0.33, 16, True),  # 1 s of loading in the probe's 3 batches against 2 x 0.32 s of forks
+    (0.05, 3, True), (0.005, 16, False), (0.001, 2, False), (0.33, 0, False),
+    (0.021, 8, False),  # the emulated 8-core host, a 10 ms step: 8 workers started early were replaced by 3
+])
+def test_the_prior_starts_inside_the_first_batch_when_its_forks_repay_twice_within_the_probe(fetch_s, workers, early):
     assert op.starts_early(fetch_s=fetch_s, workers=workers) is early
 
 
@@ -141,3 +144,45 @@ def test_a_jump_up_that_gained_nothing_ends_the_climb():
     first, second = trial(3, 1397.0, stall=0.3, util=0.2), trial(5, 1391.0, stall=0.3, util=0.12)
     assert jump([first]) is not None
     assert jump([first, second]) is None
+
+
+def _queued(workers, rate, **fields):
+    """A candidate whose window never drained: 40 batches of 16 at the loop's pace ``rate``, 1.3 ms a hand-over."""
+    return TrialResult(config=LoaderConfig(workers, 2), samples_per_s=rate, batches=40, window_s=40 * 16 / rate,
+                       stall_fraction=0.19, fetch_s_per_batch=0.0013, consumer_s_per_batch=0.0053, drained=False,
+                       worker_cpu_util=0.02, main_cpu_util=0.19, **fields)
+
+
+# the latency-bound benchmark: 16 samples of 4 ms latency a batch (68 ms in the main process, 2.6 ms of it CPU)
+_LATENCY_SERIAL = TrialResult(config=LoaderConfig(0), samples_per_s=16 / 0.073, batches=0, fetch_s_per_batch=0.068,
+                              fetch_cpu_s_per_batch=0.0026, fetch_delay_s_per_batch=0.0, steady=False)
+
+
+def test_a_window_served_from_the_queue_is_weighed_at_what_littles_law_says_its_workers_make():
+    weighed = op.sustained(_queued(8, 2354.0), serial=_LATENCY_SERIAL, usable_cpus=2)
+    assert weighed.samples_per_s == pytest.approx(8 * 16 / 0.068)
+    assert not weighed.steady and "queue never ran dry" in weighed.reason and "2,354" in weighed.reason
+    period = 16 / weighed.samples_per_s
+    assert weighed.fetch_s_per_batch == pytest.approx(0.0013 + period - 16 / 2354.0)
+    assert weighed.stall_fraction == pytest.approx(weighed.fetch_s_per_batch / period)
+    assert not op.keeps_up(weighed)
+    move = op.jump([weighed], serial=_LATENCY_SERIAL, consumer_s=0.0053, batch_size=16, usable_cpus=2, cap=64)
+    assert move is not None and move.workers >= 13, "Little's law: 68 ms batches beside a 5.3 ms step need 13+"
+
+
+@pytest.mark.parametrize("candidate, why", [
+    (_queued(16, 2500.0), "16 workers make 3,765/s by Little's law: the loop's pace stands"),
+    (TrialResult(**{**_queued(8, 2354.0).__dict__, "drained": True}), "the loop waited: the workers' own pace"),
+    (TrialResult(**{**_queued(8, 2354.0).__dict__, "drained": None}), "a trial's window"),
+    (TrialResult(config=LoaderConfig(8, 2), status="failed", reason="killed"), "nothing measured"),
+])
+def test_a_measured_pace_stands_where_the_model_does_not_bound_it(candidate, why):
+    assert op.sustained(candidate, serial=_LATENCY_SERIAL, usable_cpus=2) is candidate, why
+    assert op.sustained(candidate, serial=None, usable_cpus=2) is candidate, "no serial probe: nothing to weigh by"
+
+
+def test_cpu_bound_loading_is_weighed_by_the_cpus_not_the_workers():
+    serial = TrialResult(config=LoaderConfig(0), samples_per_s=500.0, batches=0, fetch_s_per_batch=0.02,
+                         fetch_cpu_s_per_batch=0.02, steady=False)
+    weighed = op.sustained(_queued(8, 2000.0), serial=serial, usable_cpus=2)
+    assert weighed.samples_per_s == pytest.approx(2 * 16 / 0.02), "8 workers on 2 CPUs make 2 batches a 20 ms"

@@ -425,10 +425,10 @@ def test_a_search_that_outlived_its_epoch_tries_fewer_once_after_its_decision():
 
 
 def test_costly_first_samples_start_the_prior_inside_the_first_batch():
-    """NOTE [ Online convergence ], 1.: 5 ms samples make a 40 ms batch; four samples in, the prior's workers start
-    (forking 4 costs ~80 ms, less than 8 batches of loading), and the main process serves only the batch it was
-    loading. The epoch is still exactly the plain DataLoader's."""
-    data = Indexed(480, latency_s=0.005)
+    """NOTE [ Online convergence ], 1.: 10 ms samples make an 80 ms batch; four samples in, the prior's workers start
+    (forking 4 twice costs ~160 ms, less than the probe's 3 batches of loading), and the main process serves only the
+    batch it was loading. The epoch is still exactly the plain DataLoader's."""
+    data = Indexed(480, latency_s=0.01)
     torch.manual_seed(11)
     loader = make_loader(data, 8, shuffle=True, cache=False, tuning="online", max_workers=4)
     online = _epochs(loader, 2)
