@@ -1,5 +1,5 @@
 """What a DataLoader-like source of several DataLoaders answers as the DataLoader it stands for (NOTE [ What
-frameworks read ] in loader/prefetch.py): its length, attributes and ``worker_init_fn``, those of ``plain``, the
+frameworks read ] in loader/mirror.py): its length, attributes and ``worker_init_fn``, those of ``plain``, the
 DataLoader of the configuration in force."""
 from __future__ import annotations
 
