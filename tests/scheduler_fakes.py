@@ -20,7 +20,8 @@ from autoloader.supervise.signals import SignalGuard
 from autoloader.results import EpochTrace, TrialResult
 from autoloader.tuning import scheduler as scheduler_module
 from autoloader.tuning.handover import Stage
-from autoloader.tuning.scheduler import TRANSITIONS, EpochScheduler
+from autoloader.tuning.phases import TRANSITIONS
+from autoloader.tuning.scheduler import EpochScheduler
 
 BATCHES = 40
 """Batches of 2 indices in the epoch ``serve`` serves."""
@@ -164,8 +165,9 @@ class ScriptedPlan:
         self.steps, self.decide = list(steps), LoaderConfig(decide, 2) if decide else LoaderConfig(0)
         self.told: List[Tuple[int, str]] = []
         self.carried = 0
-        self.after_stage: Callable[[Any], None] = lambda run: None
-        """Called as each stage ends, after its guard exited (where the scheduler's own code runs)."""
+        self.after_stage: Callable[[float], None] = lambda serving_s: None
+        """Called as each stage ends, after its guard exited (where the scheduler's own code runs), with the seconds
+        it served."""
 
     @property
     def candidate(self) -> Optional[Step]:
@@ -185,8 +187,8 @@ class ScriptedPlan:
         self.carried += 1
         return True
 
-    def record_cost(self, run: Any, serving_s: float) -> None:
-        self.after_stage(run)
+    def record_cost(self, *, switch_s: float, serving_s: float) -> None:
+        self.after_stage(serving_s)
 
 
 class Agreeing(Coordinator):

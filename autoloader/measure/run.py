@@ -1,7 +1,7 @@
 """``Run``: a configuration's batches, served (``serving.Serving``) and observed: the one place a trial, an online
 candidate and an epoch served by a decision are timed. A driver asks for each batch in two steps, ``request()`` (the
 loop is back: the previous batch's step is over) and ``fetch()``, and reads ``complete()``/``measure()`` in between;
-the window (``window.Window``) or the epoch's tally (``window.Tally``) observes both steps, nothing measured travels in
+the window (``window.Window``) or the epoch's tally (``tally.Tally``) observes both steps, nothing measured travels in
 the batch stream. Drivers: ``served()`` (trials, served epochs) and the online epoch scheduler (tuning/scheduler.py).
 
 # NOTE [ Trial timing ]
@@ -41,7 +41,7 @@ the batch stream. Drivers: ``served()`` (trials, served epochs) and the online e
 # SIGALRM, plus the DataLoader's own ``timeout`` for workers) cuts a batch that never comes, raised only where it
 # cannot leak a lock (NOTE [ Asynchronous exceptions ] in signals.py). An online candidate (``mode="candidate"``) is
 # patient: a slow step never cuts it before its window holds a few batches; its driver reads ``complete()`` before each
-# fetch and asks the search what next (NOTE [ Online epoch scheduler ] in tuning/scheduler.py). ``mode="serve"``
+# fetch and asks the search what next (NOTE [ Online epoch scheduler ] in tuning/phases.py). ``mode="serve"``
 # measures nothing but the epoch's steady rate and stall (``Tally``).
 # Cleanup. However a run ends, its workers are stopped and reaped (NOTE [ Process cleanup ] in procs.py): a trial's in
 # the loop's thread, before the next trial starts; an online candidate's in a helper thread (``procs.retire``) so the
@@ -67,7 +67,8 @@ from ..supervise.signals import SignalGuard
 from . import advice as _advice
 from .cpuclock import cpu_and_delay
 from .failures import HARD_LIMIT_GRACE_S
-from .window import Clocks, Tally, Window, WindowSpec
+from .tally import Tally
+from .window import Clocks, Window, WindowSpec
 
 __all__ = ["END", "Mode", "Run", "served"]
 

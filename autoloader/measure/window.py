@@ -1,5 +1,5 @@
-"""A candidate's timed window: what each batch cost, what the workers did, and the ``TrialResult`` they make; and
-the lighter ``Tally`` of an epoch served by the configuration in force.
+"""A candidate's timed window: what each batch cost, what the workers did, and the ``TrialResult`` they make (its
+records are marks.py's; an epoch served by the configuration in force is counted by tally.py's ``Tally``).
 
 ``run.Run`` drives the loop; this module only records and computes, following NOTE [ Trial timing ] in run.py. The
 window's constants are defined here and nowhere else; the start-up burst it skips is ``LoaderConfig.burst_batches``.
@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Literal, Optional, Protocol, Sequence, Tuple
 
 from ..config import LoaderConfig
-from ..loader.batch import batch_nbytes, iter_tensors
+from ..loader.batch import batch_nbytes
 from ..loader.epochs import stall_fraction
 from ..results import TrialResult
+from ..supervise.procs import WorkerTracker
 from . import cow, window_rule
 from .cpuclock import spent
-from ..supervise.procs import WorkerSample, WorkerTracker
+from .marks import BatchMark, Edges, Reading, mean_delay, samples_in, window_open
 
 Rule = Literal["trial", "candidate", "probe"]
 """How a window opens and closes: a trial's fixed rule (NOTE [ Trial timing ] in run.py), an online candidate's
@@ -65,72 +66,6 @@ class WindowSpec:
     tolerance: float = 0.05
 
 
-@dataclass(frozen=True)
-class BatchMark:
-    """One consumed batch: when the consumer finished it, its samples, and where its time went."""
-
-    done: float
-    samples: int
-    wait_s: float
-    """Wall time inside ``next()``: waiting for data."""
-    wait_cpu_s: float
-    """This process's CPU time inside ``next()``."""
-    step_s: float
-    """Host time inside the consumer step (and the pacing after it)."""
-    wait_delay_s: Optional[float] = None
-    """The main thread's time inside ``next()`` waiting for a CPU (run queue), when the kernel says."""
-
-
-@dataclass(frozen=True)
-class _Probe:
-    """Counters read at one edge of the window."""
-
-    time: float
-    main_cpu_s: float
-    workers: Optional[WorkerSample]
-
-
-@dataclass
-class _Edges:
-    """What a window reads at its edges: the workers' tracker and their memory at the first batch, the counters when
-    it opened and when it closed, and when it closed; one worker's pages copied in between (copy-on-read)."""
-
-    end: float
-    tracker: Optional[WorkerTracker] = None
-    memory_start: Optional[WorkerSample] = None
-    opened: Optional[_Probe] = None
-    closed: Optional[_Probe] = None
-    census: Optional[cow.Census] = None
-    """One worker's shared pages at the first batch (``cow.take``), and its pid, for what it copies by the end."""
-    census_pid: Optional[int] = None
-    copies: Optional[cow.Copies] = None
-
-
-def _mean_delay(marks: Sequence[BatchMark]) -> Optional[float]:
-    delays = [m.wait_delay_s for m in marks]
-    known = [d for d in delays if d is not None]
-    return None if not delays or len(known) < len(delays) else sum(known) / len(known)
-
-
-def samples_in(batch: Any, default: int) -> int:
-    """The batch's leading dimension (its first tensor's), else its ``len()``, else ``default``."""
-    for tensor in iter_tensors(batch):
-        return int(tensor.shape[0]) if tensor.dim() > 0 else default
-    try:
-        return len(batch)
-    except TypeError:
-        return default
-
-
-def window_open(count: int, skip: int, n: int) -> Optional[int]:
-    """Index of the batch whose completion opens the timed window: after the burst if we got that far, else after
-    the first wave, else after the first batch; None when fewer than two batches follow it."""
-    for index in (skip - 1, n, 0):
-        if count - 1 - index >= 2:
-            return index
-    return None
-
-
 class Window:
     """Everything one candidate measures, batch by batch (see NOTE [ Trial timing ] in run.py)."""
 
@@ -150,7 +85,7 @@ class Window:
         self.marks: List[BatchMark] = []
         self.startup_s: Optional[float] = None
         self.batch_bytes: Optional[int] = None
-        self.edges = _Edges(started)
+        self.edges = Edges(started)
         self.exhausted = False
         self.memory_check: Optional[MemoryCheck] = None
         """The memory budget the workers face at their first batch (set by the driver: ``Candidate.memory``)."""
@@ -188,7 +123,7 @@ class Window:
                                     delay))
         if len(self.marks) == self.skip:
             tracker = self.edges.tracker
-            self.edges.opened = _Probe(time.perf_counter(), time.process_time(),
+            self.edges.opened = Reading(time.perf_counter(), time.process_time(),
                                        tracker.sample(memory=False) if tracker else None)
         elif self.edges.tracker is not None and t_done - self.edges.tracker.last_sampled >= SAMPLE_EVERY_S:
             self.edges.tracker.sample(memory=False)
@@ -248,7 +183,7 @@ class Window:
         self.edges.end = time.perf_counter()
         if self.edges.opened is not None:
             tracker = self.edges.tracker
-            self.edges.closed = _Probe(self.edges.end, time.process_time(), tracker.sample() if tracker else None)
+            self.edges.closed = Reading(self.edges.end, time.process_time(), tracker.sample() if tracker else None)
             if self.edges.census is not None and self.edges.census_pid is not None:
                 last = cow.take(self.edges.census_pid)
                 self.edges.copies = cow.copied(self.edges.census, last) if last is not None else None
@@ -285,7 +220,7 @@ class Window:
             stall_fraction=stall_fraction(wait, span),
             fetch_s_per_batch=wait / batches,
             fetch_cpu_s_per_batch=sum(m.wait_cpu_s for m in window_marks) / batches,
-            fetch_delay_s_per_batch=_mean_delay(window_marks),
+            fetch_delay_s_per_batch=mean_delay(window_marks),
             consumer_s_per_batch=sum(m.step_s for m in window_marks) / batches,
             batch_bytes=self.batch_bytes,
             steady=opened == self.skip - 1 and batches >= self.need and not self.exhausted,
@@ -315,7 +250,7 @@ class Window:
                            window_s=marks[-1].done - self.started, startup_s=self.startup_s, elapsed_s=elapsed,
                            stall_fraction=stall_fraction(fetch, fetch + step), fetch_s_per_batch=fetch,
                            fetch_cpu_s_per_batch=statistics.median(m.wait_cpu_s for m in marks),
-                           fetch_delay_s_per_batch=_mean_delay(marks), consumer_s_per_batch=step,
+                           fetch_delay_s_per_batch=mean_delay(marks), consumer_s_per_batch=step,
                            batch_bytes=self.batch_bytes, steady=False)
 
     def _stopped(self, elapsed: float) -> TrialResult:
@@ -357,30 +292,3 @@ class Window:
             fields.update(worker_copied_bytes=copies.copied_bytes, worker_copied_run_bytes=copies.run_bytes,
                           worker_copy_span_bytes=copies.span_bytes, worker_shared_bytes=copies.shared_bytes)
         return fields
-
-
-class Tally:
-    """An epoch served by the configuration in force, counted without a mark per batch (an epoch may hold millions):
-    its steady rate and stall after the same start-up burst a window skips, for the re-tune check."""
-
-    def __init__(self, config: LoaderConfig, batch_size: int) -> None:
-        self.skip, self.batch_size = config.burst_batches(), batch_size
-        self.count = self.samples = 0
-        self.opened: Optional[float] = None
-        self.waited = 0.0
-
-    def add(self, batch: Any, *, wait_s: float, t_got: float) -> None:
-        self.count += 1
-        if self.count == self.skip:
-            self.opened = t_got
-        elif self.count > self.skip:
-            self.waited += wait_s
-            self.samples += samples_in(batch, self.batch_size)
-
-    def rate_and_stall(self, end: float) -> Tuple[Optional[float], Optional[float]]:
-        """(samples/s, share of the time spent waiting) after the burst; (None, None) when too few batches followed
-        it."""
-        if self.opened is None or self.count < self.skip + 3 or end <= self.opened:
-            return None, None
-        span = end - self.opened
-        return self.samples / span, stall_fraction(self.waited, span)

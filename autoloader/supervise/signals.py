@@ -45,7 +45,7 @@
 # the others' wrappers, and an exited guard's wherever it is still installed, call what they wrapped unchanged, and
 # the timer is its own until it exits, then the one before's again. A guard entered inside another takes over what
 # that one kept (unless it is shielded): the outer one's retries stop while the inner one owns the timer. Online
-# tuning relies on this (NOTE [ Online epoch scheduler ] in tuning/scheduler.py): a guard spans the epoch and holds a
+# tuning relies on this (NOTE [ Online epoch scheduler ] in tuning/phases.py): a guard spans the epoch and holds a
 # worker's death between two stages, where the next stage's workers already run (a hidden switch starts them early)
 # and no run's guard is active; the next stage's guard takes it and raises it as that candidate's failure. Before, one
 # such death in 40 online stress runs reached torch's handler unwrapped: raised in the scheduler, once hung.

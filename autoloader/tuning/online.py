@@ -8,7 +8,7 @@ which searches again when the regime changes. ``PrefetchLoader`` wraps it as it 
 # DataLoader would give for the epoch. Each candidate is one ``measure.run.Run`` (NOTE [ Trial timing ]) in
 # ``mode="candidate"``: timed from the loop's own requests, its window opened once its burst drained and closed in
 # time and confidence (measure/window_rule.py), with the host paced to the GPU.
-# - Decisions flow one way. The epoch scheduler (NOTE [ Online epoch scheduler ] in scheduler.py) reads each run's
+# - Decisions flow one way. The epoch scheduler (NOTE [ Online epoch scheduler ] in phases.py) reads each run's
 #   window between batches; once it is complete it tells the search (``OnlineSearch.tell``, with the epoch's number),
 #   which says outright whether it keeps this very configuration (it serves on, no restart) or moves on. The search's
 #   ``TuneResult`` becomes the decision, which ``OnlineSearch`` alone holds: it goes to ``decisions`` and to the cache
@@ -34,7 +34,7 @@ which searches again when the regime changes. ``PrefetchLoader`` wraps it as it 
 #   complete, or a candidate failed anywhere) before handing the batch out, so all ranks switch at the same batch
 #   index; the search agrees on every figure (NOTE [ One decision across ranks ]).
 # - Re-tuning (search/retune.py). After an epoch with the decision in force, ``retune`` compares its steady rate and
-#   stall (``window.Tally``) with the first epoch the decision served and with its window's stall: when loading
+#   stall (``tally.Tally``) with the first epoch the decision served and with its window's stall: when loading
 #   became the bottleneck, the next epoch searches again from the configuration in force either way; when it ran
 #   faster, or hardly waited for data with more than one worker (once per decision), it tries only fewer workers.
 """
@@ -58,7 +58,8 @@ from ..request import Request
 from ..results import Decision, EpochTrace, TuneResult
 from .stand_in import DataLoaderStandIn
 from .handover import Stage
-from .scheduler import EpochScheduler, Plan
+from .plan import Plan
+from .scheduler import EpochScheduler
 
 __all__ = ["EpochTrace", "OnlineLoader"]
 
@@ -176,7 +177,7 @@ class OnlineLoader(DataLoaderStandIn, Source):
         return epoch
 
     def _in_slices(self, source: EpochSource, epoch: int) -> Iterator[Any]:
-        """An epoch served slice by slice (NOTE [ Online epoch scheduler ] in scheduler.py)."""
+        """An epoch served slice by slice (NOTE [ Online epoch scheduler ] in phases.py)."""
         trace = EpochTrace(epoch, time.perf_counter())
         if self.searching:
             self._traces.append(trace)

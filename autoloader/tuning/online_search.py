@@ -1,4 +1,4 @@
-"""The search behind an online loader (``OnlineSearch``): the ``scheduler.Plan`` its epochs follow. It runs the online
+"""The search behind an online loader (``OnlineSearch``): the ``plan.Plan`` its epochs follow. It runs the online
 search (search/online_plan.py; with ``threads=True`` the trials' ``search.Search``), one candidate at a time as the
 epochs measure them, owns the decision in force, and starts again when the re-tune rule says so
 (search/retune.py)."""
@@ -12,7 +12,6 @@ from ..cache.slot import Slot
 from ..config import LoaderConfig, default_pin, make_config
 from ..coordination import Coordinator
 from ..errors import TuningError, warn_user
-from ..measure.run import Run
 from ..measure.sample_clock import BatchEstimate
 from ..probe import MachineProfile
 from ..request import Request
@@ -92,7 +91,7 @@ class OnlineSearch:
         self.current = SearchInProgress(search, steps, why=why, down=down)
         self._send(None)
 
-    # -- scheduler.Plan ----------------------------------------------------------------------------------------------
+    # -- plan.Plan -------------------------------------------------------------------------------------------------
     @property
     def threads_tuned(self) -> bool:
         return self.current is not None and self.current.threads
@@ -143,9 +142,9 @@ class OnlineSearch:
         current.attempts += 1
         return current.attempts < MAX_ATTEMPTS
 
-    def record_cost(self, run: Run, serving_s: float) -> None:
+    def record_cost(self, *, switch_s: float, serving_s: float) -> None:
         if self.current is not None:
-            self.current.switch_s += run.record.switch_s
+            self.current.switch_s += switch_s
             self.current.search_s += serving_s
 
     # -- after an epoch ------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autoloader.tuning.scheduler import TRANSITIONS
+from autoloader.tuning.phases import TRANSITIONS
 from scheduler_fakes import BATCHES, Agreeing, ScriptedPlan, Step, serve
 
 steps = st.lists(st.builds(Step, workers=st.integers(0, 4), rate=st.floats(1.0, 1000.0),

@@ -1,33 +1,20 @@
-"""The online epoch scheduler (NOTE [ Online epoch scheduler ] in tuning/scheduler.py) driven with fake runs and a
+"""The online epoch scheduler (NOTE [ Online epoch scheduler ] in tuning/phases.py) driven with fake runs and a
 scripted search: which stage serves each batch, the phases each one goes through, what the search is told, and that
 the loop gets every batch of the epoch once, in order, whatever happens. No process, no clock: each fake run says
 when its window is complete and what it measured."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
 
 import pytest
 
 from autoloader.supervise.torch_watch import install_first
-from autoloader.tuning import scheduler as scheduler_module
-from autoloader.tuning.scheduler import TRANSITIONS, transition
 from scheduler_fakes import BATCHES, Agreeing, ScriptedPlan, Step, config_of, serve
 
 
 # -- the table ---------------------------------------------------------------------------------------------------------
-
-def test_the_transition_table_is_the_notes():
-    """Every row of the NOTE's table (phase, event, next) is a move ``transition`` makes, and there is no other."""
-    rows = re.findall(r"^#\s+(measuring|tail|serving)\s+([a-z-]+)\s+([a-z]+)\s", scheduler_module.__doc__, re.M)
-    assert {(phase, event): nxt for phase, event, nxt in rows} == TRANSITIONS
-    for (phase, event), nxt in TRANSITIONS.items():
-        assert transition(phase, event) == nxt
-    with pytest.raises(RuntimeError, match="no move from phase 'serving' on 'switch'"):
-        transition("serving", "switch")
-
 
 SCENARIOS = {
     # name: (steps, decision, the moves made, (workers, delivered) per stage, what the search was told). A candidate
@@ -140,8 +127,8 @@ def _after_the_first_stage(plan, signum):
     (a hidden switch started them during the first one's tail) already run and no run's guard is active."""
     ended = []
 
-    def after_stage(run):
-        ended.append(run)
+    def after_stage(serving_s):
+        ended.append(serving_s)
         if len(ended) == 1:
             os.kill(os.getpid(), signum)
             time.sleep(0.05)  # the handler runs here, or at the next line

@@ -1,0 +1,80 @@
+"""What a candidate's window records: one mark per consumed batch (``BatchMark``), the counters it reads at its edges
+(``Reading``, ``Edges``), and the plain reckoning over them (the window's opening batch, a batch's samples, the mean
+run-queue wait). ``window.py``'s ``Window`` records them; NOTE [ Trial timing ] in run.py says how."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from ..loader.batch import iter_tensors
+from ..supervise.procs import WorkerSample, WorkerTracker
+from . import cow
+
+__all__ = ["BatchMark", "Edges", "Reading", "mean_delay", "samples_in", "window_open"]
+
+
+@dataclass(frozen=True)
+class BatchMark:
+    """One consumed batch: when the consumer finished it, its samples, and where its time went."""
+
+    done: float
+    samples: int
+    wait_s: float
+    """Wall time inside ``next()``: waiting for data."""
+    wait_cpu_s: float
+    """This process's CPU time inside ``next()``."""
+    step_s: float
+    """Host time inside the consumer step (and the pacing after it)."""
+    wait_delay_s: Optional[float] = None
+    """The main thread's time inside ``next()`` waiting for a CPU (run queue), when the kernel says."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """Counters read at one edge of the window."""
+
+    time: float
+    main_cpu_s: float
+    workers: Optional[WorkerSample]
+
+
+@dataclass
+class Edges:
+    """What a window reads at its edges: the workers' tracker and their memory at the first batch, the counters when
+    it opened and when it closed, and when it closed; one worker's pages copied in between (copy-on-read)."""
+
+    end: float
+    tracker: Optional[WorkerTracker] = None
+    memory_start: Optional[WorkerSample] = None
+    opened: Optional[Reading] = None
+    closed: Optional[Reading] = None
+    census: Optional[cow.Census] = None
+    """One worker's shared pages at the first batch (``cow.take``), and its pid, for what it copies by the end."""
+    census_pid: Optional[int] = None
+    copies: Optional[cow.Copies] = None
+
+
+def mean_delay(marks: Sequence[BatchMark]) -> Optional[float]:
+    """The mean of the marks' run-queue waits; None unless the kernel told each one."""
+    delays = [m.wait_delay_s for m in marks]
+    known = [d for d in delays if d is not None]
+    return None if not delays or len(known) < len(delays) else sum(known) / len(known)
+
+
+def samples_in(batch: Any, default: int) -> int:
+    """The batch's leading dimension (its first tensor's), else its ``len()``, else ``default``."""
+    for tensor in iter_tensors(batch):
+        return int(tensor.shape[0]) if tensor.dim() > 0 else default
+    try:
+        return len(batch)
+    except TypeError:
+        return default
+
+
+def window_open(count: int, skip: int, n: int) -> Optional[int]:
+    """Index of the batch whose completion opens the timed window: after the burst if we got that far, else after
+    the first wave, else after the first batch; None when fewer than two batches follow it."""
+    for index in (skip - 1, n, 0):
+        if count - 1 - index >= 2:
+            return index
+    return None

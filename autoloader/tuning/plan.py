@@ -1,0 +1,44 @@
+"""What the online epoch scheduler (scheduler.py) asks of the search running behind it (``Plan``), which
+``online_search.OnlineSearch`` answers."""
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+from ..config import LoaderConfig
+from ..measure.sample_clock import BatchEstimate
+from ..results import TrialResult
+from ..search.candidates import Candidate
+
+__all__ = ["Plan"]
+
+
+class Plan(Protocol):
+    """What the scheduler asks of the search running behind it (``online_search.OnlineSearch``)."""
+
+    @property
+    def threads_tuned(self) -> bool:
+        """The search tries threads per process (a thread candidate's own errors are then its failure)."""
+
+    @property
+    def candidate(self) -> Optional[Candidate]:
+        """What the search wants measured next; None once it decided."""
+
+    @property
+    def probes_samples(self) -> bool:
+        """The candidate is a probe whose first samples may start the prior early (one process only)."""
+
+    def tell(self, outcome: TrialResult, *, epoch: int) -> None:
+        """A candidate's outcome, measured in ``epoch``: the search moves on (a next candidate, or a decision)."""
+
+    def early(self, estimate: BatchEstimate, *, epoch: int) -> Optional[Candidate]:
+        """The probe's first samples: the candidate to start now, or None (the probe goes on)."""
+
+    def keeps(self, config: LoaderConfig) -> bool:
+        """The search decided on ``config`` itself (its run serves on)."""
+
+    def retry_next_epoch(self) -> bool:
+        """An epoch ended before the candidate's window opened: True to measure it again next epoch."""
+
+    def record_cost(self, *, switch_s: float, serving_s: float) -> None:
+        """What a stage cost the loop: what it waited for starting and stopping its run (``switch_s``), the time it
+        served (``serving_s``)."""

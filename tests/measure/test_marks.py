@@ -1,0 +1,44 @@
+"""What a window records and the plain reckoning over it (autoloader/measure/marks.py): where a trial's window opens,
+how many samples a batch holds, the mean run-queue wait."""
+import collections
+
+import pytest
+import torch
+
+from autoloader.measure.marks import BatchMark, mean_delay, samples_in, window_open
+
+
+@pytest.mark.parametrize("count, skip, n, expected", [
+    (20, 7, 2, 6),      # past the burst (2 x 2 prefetched + 2): the window opens after batch index 6
+    (5, 7, 2, 2),       # the burst never drained: open after the first wave of 2
+    (3, 7, 2, 0),       # not even that: after the first batch
+    (2, 7, 2, None),    # fewer than two batches after anything: no rate
+    (10, 1, 0, 0),      # no workers: only the first batch is skipped
+])
+def test_window_open(count, skip, n, expected):
+    assert window_open(count, skip, n) == expected
+
+
+Pair = collections.namedtuple("Pair", "image label")
+
+
+@pytest.mark.parametrize("batch, expected, why", [
+    (torch.zeros(7, 3), 7, "a tensor: its leading dimension"),
+    ({"image": torch.zeros(5, 2), "label": torch.zeros(5)}, 5, "a dict: its first tensor's"),
+    (Pair(torch.zeros(3, 2), torch.zeros(3)), 3, "a namedtuple: its first tensor's"),
+    ([[1, 2], [3, 4], [5, 6], [7, 8]], 4, "no tensor: its len()"),
+    (torch.tensor(1.5), 16, "a 0-d tensor: the default"),
+    (object(), 16, "neither: the default"),
+])
+def test_the_samples_in_a_batch(batch, expected, why):
+    assert samples_in(batch, 16) == expected, why
+
+
+def _mark(delay):
+    return BatchMark(done=0.0, samples=8, wait_s=0.01, wait_cpu_s=0.0, step_s=0.0, wait_delay_s=delay)
+
+
+def test_the_mean_run_queue_wait_is_known_only_when_every_mark_knows_it():
+    assert mean_delay([_mark(0.001), _mark(0.003)]) == pytest.approx(0.002)
+    assert mean_delay([_mark(0.001), _mark(None)]) is None, "one mark the kernel did not tell: unknown"
+    assert mean_delay([]) is None

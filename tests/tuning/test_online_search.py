@@ -1,0 +1,85 @@
+"""The search behind an online loader (autoloader/tuning/online_search.py), driven by hand as the epoch scheduler
+drives it: a cached decision is served and only checked; a search from scratch probes, measures the prior, decides,
+stores its decision and answers for it; a candidate cut by the epoch's end is retried a bounded number of times."""
+import pytest
+
+from autoloader.cache.slot import Slot
+from autoloader.config import make_config
+from autoloader.probe import probe_machine
+from autoloader.request import Request
+from autoloader.results import TrialResult, TuneResult
+from autoloader.tuning.online_search import MAX_ATTEMPTS, OnlineSearch
+from online_data import Indexed
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return probe_machine(disk=False, gpus=False)
+
+
+def _search(profile, *, decision=None, max_workers=4):
+    request = Request.checked(Indexed(1600, latency_s=0.0), 16, shuffle=True, max_workers=max_workers,
+                              dataloader_kwargs={})
+    slot = Slot(request, profile, None, None)
+    return OnlineSearch.create(request, profile, slot=slot, decision=decision), slot
+
+
+def _measured(candidate, rate, *, stall=0.0, step_s=0.005):
+    config = candidate.config
+    return TrialResult(config=config, samples_per_s=rate, batches=40, window_s=40 * 16 / rate, stall_fraction=stall,
+                       fetch_s_per_batch=stall * 16 / rate, fetch_cpu_s_per_batch=0.0, consumer_s_per_batch=step_s,
+                       worker_cpu_util=0.3 if config.num_workers else None, main_cpu_util=0.5, drained=True
+                       if config.num_workers else None)
+
+
+def test_a_cached_decision_is_served_not_searched(profile):
+    cached = TuneResult(make_config(3, fixed={}, pin_memory=False), 2000.0, None, "cache", reason="cached")
+    search, _ = _search(profile, decision=cached)
+    assert not search.searching and search.candidate is None
+    assert search.keeps(cached.config) and search.decision is cached
+    assert not search.retry_next_epoch(), "no search: nothing to retry"
+    with pytest.raises(RuntimeError, match="no online search is running"):
+        search.tell(TrialResult(config=cached.config, samples_per_s=1.0), epoch=1)
+
+
+def test_a_search_from_scratch_probes_measures_the_prior_and_decides(profile):
+    search, slot = _search(profile)
+    assert search.searching and search.decision.samples_per_s is None, "serial until decided, nothing measured"
+    probe = search.candidate
+    assert probe.probe and probe.config.num_workers == 0, "the first batches in the main process"
+    # the main process took 40 ms a batch loading (CPU-bound), the step 5 ms: workers are worth it
+    search.tell(TrialResult(config=probe.config, samples_per_s=16 / 0.045, batches=3, window_s=0.135,
+                            fetch_s_per_batch=0.04, fetch_cpu_s_per_batch=0.04, consumer_s_per_batch=0.005,
+                            steady=False), epoch=0)
+    told = 1
+    while search.searching:
+        candidate = search.candidate
+        assert candidate.config.num_workers <= 4, "never past max_workers"
+        rate = 1500.0 * min(candidate.config.num_workers, 2) / 2 if candidate.config.num_workers else 355.0
+        search.tell(_measured(candidate, rate), epoch=0)
+        told += 1
+        assert told < 20, "the search ends"
+    decision = search.decision
+    assert decision.source == "online" and decision.config.num_workers >= 1
+    assert search.keeps(decision.config) and not search.keeps(make_config(0, fixed={}, pin_memory=False))
+    [made] = search.decisions
+    assert made.epoch == 0 and made.config == decision.config and made.candidates == told
+    assert not search.spanned, "measured within one epoch"
+
+
+def test_a_candidate_cut_by_the_epochs_end_is_retried_a_bounded_number_of_times(profile):
+    search, _ = _search(profile)
+    assert [search.retry_next_epoch() for _ in range(MAX_ATTEMPTS)] == [True] * (MAX_ATTEMPTS - 1) + [False]
+
+
+def test_a_search_spanning_epochs_says_so(profile):
+    search, _ = _search(profile)
+    probe = search.candidate
+    search.tell(TrialResult(config=probe.config, samples_per_s=16 / 0.045, batches=3, window_s=0.135,
+                            fetch_s_per_batch=0.04, fetch_cpu_s_per_batch=0.04, consumer_s_per_batch=0.005,
+                            steady=False), epoch=0)
+    epoch = 1
+    while search.searching:
+        search.tell(_measured(search.candidate, 1500.0), epoch=epoch)
+        epoch += 1
+    assert search.spanned, "candidates measured in different epochs"
