@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent / "autoloader"
 NAME = re.compile(r"``([A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)+)(?:\(\))?``")
 NOTE_REF = re.compile(r"NOTE \[ ([^\]]+?) \]")
 NOTE_DEF = re.compile(r"^\s*#\s*NOTE \[ ([^\]]+?) \]\s*$", re.M)
+NOTE_AT = re.compile(r"NOTE \[ ([^\]]+?) \](?:,? ?[\d.]+)?,? in ``?([\w./]+\.py)\b")
+"""A NOTE reference that names its file: ``NOTE [ Trial timing ], 2. in run.py``."""
 EXTERNAL = {"torch", "numpy", "np", "psutil", "multiprocessing", "threadpoolctl", "os", "sys", "time", "signal",
             "threading", "queue", "dataclasses", "typing", "json", "math", "gc", "resource", "ray", "datasets",
             "webdataset", "wds", "lightning", "accelerate", "hypothesis", "cv2", "numexpr", "matplotlib", "dist",
@@ -149,9 +151,11 @@ def _joined(text: str) -> str:
 
 def _stale() -> Tuple[List[str], List[str]]:
     index = Index()
-    notes = set()
+    homes: Dict[str, List[str]] = {}
     for path in ROOT.rglob("*.py"):
-        notes.update(NOTE_DEF.findall(path.read_text(encoding="utf-8")))
+        for title in NOTE_DEF.findall(path.read_text(encoding="utf-8")):
+            homes.setdefault(title, []).append(path.relative_to(ROOT.parent).as_posix())
+    notes = set(homes)
     names, missing_notes = [], []
     for path in sorted(ROOT.rglob("*.py")):
         where = path.relative_to(ROOT.parent)
@@ -163,6 +167,11 @@ def _stale() -> Tuple[List[str], List[str]]:
                 title = " ".join(title.split())
                 if title not in notes:
                     missing_notes.append(f"{where}:{line} NOTE [ {title} ]")
+            for title, named in NOTE_AT.findall(_joined(text)):
+                title = " ".join(title.split())
+                if title in notes and not any(home == named or home.endswith("/" + named) for home in homes[title]):
+                    missing_notes.append(f"{where}:{line} NOTE [ {title} ] in {named}: it is in "
+                                         f"{', '.join(homes[title])}")
     return sorted(set(names)), sorted(set(missing_notes))
 
 
@@ -184,3 +193,15 @@ def test_every_note_referred_to_is_written():
     ("slicer.epoch", True), ("slicer.loader", False), ("Event.set", True)])
 def test_the_resolver_tells_a_living_name_from_a_dead_one(ref, ok):
     assert Index().resolves(ref) is ok
+
+
+@pytest.mark.parametrize("text, found", [
+    ("(NOTE [ Trial timing ], 5. in run.py)", [("Trial timing", "run.py")]),
+    ("NOTE [ What frameworks read ] in ``autoloader/loader/mirror.py``", [("What frameworks read",
+                                                                           "autoloader/loader/mirror.py")]),
+    ("NOTE [ Online convergence ], 2., in search/online_policy.py", [("Online convergence",
+                                                                      "search/online_policy.py")]),
+    ("NOTE [ Hidden switch ]; the tail", [])])
+def test_a_note_reference_that_names_its_file_is_read_with_the_file(text, found):
+    """The reference's file is checked against where the NOTE is written (``_stale``)."""
+    assert NOTE_AT.findall(text) == found
