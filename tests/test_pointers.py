@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent / "autoloader"
 NAME = re.compile(r"``([A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)+)(?:\(\))?``")
 NOTE_REF = re.compile(r"NOTE \[ ([^\]]+?) \]")
 NOTE_DEF = re.compile(r"^\s*#\s*NOTE \[ ([^\]]+?) \]\s*$", re.M)
-NOTE_AT = re.compile(r"NOTE \[ ([^\]]+?) \](?:,? ?[\d.]+)?,? in ``?([\w./]+\.py)\b")
+NOTE_AT = re.compile(r"NOTE \[ ([^\]]+?) \](?:,? ?[\d.]+)?,? in (?:``)?([\w./]+\.py)\b")
 """A NOTE reference that names its file: ``NOTE [ Trial timing ], 2. in run.py``."""
 EXTERNAL = {"torch", "numpy", "np", "psutil", "multiprocessing", "threadpoolctl", "os", "sys", "time", "signal",
             "threading", "queue", "dataclasses", "typing", "json", "math", "gc", "resource", "ray", "datasets",

@@ -10,7 +10,7 @@
 #    while A serves its tail, so that B's first batches are ready, or nearly, when the loop asks for them;
 # 3. A's run stops once the loop got its tail (orderly: its workers are reaped in a helper thread), and B serves on.
 # The scheduler makes these moves (``EpochScheduler._start_next``; the phases ``tail`` and ``next`` of NOTE [ Online
-# epoch scheduler ] in scheduler.py); this module holds what they act on. A probe whose first samples started B early
+# epoch scheduler ] in phases.py); this module holds what they act on. A probe whose first samples started B early
 # (NOTE [ Online convergence ] in search/online_policy.py) has a tail of the batch it is loading, and no more.
 # Measurement. A's window closed before B started: B's start-up takes no CPU from A's figures (the overlap falls in
 # A's tail, which nobody measures). B's window opens after its burst (NOTE [ Trial timing ], 2.: the batches it

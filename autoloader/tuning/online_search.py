@@ -46,7 +46,7 @@ class SearchInProgress:
 class OnlineSearch:
     """THE decision in force (``decision``; every other holder reads it here: the online loader's plain DataLoader,
     the prefetcher's ``tuning``, a checkpoint's label) and the search that may replace it (NOTE [ Online epoch
-    scheduler ] in scheduler.py). ``decisions``: every online decision; ``spanned``/``tried_fewer``: what the re-tune
+    scheduler ] in phases.py). ``decisions``: every online decision; ``spanned``/``tried_fewer``: what the re-tune
     rule reads of the search that made the decision in force."""
 
     def __init__(self, request: Request, profile: MachineProfile, *, slot: Slot, coordinator: Coordinator,
