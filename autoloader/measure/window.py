@@ -53,7 +53,10 @@ MIN_OPENED = 3
 """Batches past the burst for a window to count as opened: a patient window cut by the limit, or an online window cut
 by the epoch's end, is then taken as it is (marked not steady) rather than measured again."""
 PROBE_MARKS = 3
-"""Batches a probe window holds: the first batch's cost alone would include whatever the dataset does once."""
+"""Batches a probe window holds: the first batch's cost alone would include whatever the dataset does once ..."""
+PROBE_ONE_S = 0.05
+"""... unless loading it took this long: a batch that slow is measured well enough by itself, and each more serial
+batch would cost as much again."""
 
 
 @dataclass(frozen=True)
@@ -145,13 +148,13 @@ class Window:
         """Enough waves and seconds after the window opened, or the soft limit reached. ``patient``: the limit ends
         the window only once it has opened and holds a few batches (online, a slow training step must not cut a
         candidate before it is measured). A candidate's window: confident or at its bound (``window_rule``); a
-        probe's: ``PROBE_MARKS`` batches; one whose workers' memory at their first batch is over the budget: at once."""
+        probe's: ``PROBE_MARKS`` batches, or one that took ``PROBE_ONE_S`` to load; one whose workers' memory at their first batch is over the budget: at once."""
         if self.over_budget is not None:
             return True
         if not self.marks:
             return False
         if self.rule == "probe":
-            return len(self.marks) >= PROBE_MARKS
+            return len(self.marks) >= PROBE_MARKS or self.marks[0].wait_s >= PROBE_ONE_S
         last = self.marks[-1].done
         in_window = len(self.marks) - self.skip
         if last >= deadline and (not patient or self.opened()):
@@ -237,8 +240,9 @@ class Window:
         return window_rule.drained([m.wait_s for m in marks], first_wave=0) is not None
 
     def _probe_result(self, elapsed: float) -> TrialResult:
-        """The first batches' costs, each the median of ``PROBE_MARKS`` (the first batch alone may include what the
-        dataset does once): loading and step seconds per batch, not a steady rate."""
+        """The first batches' costs, each the median of the batches it holds (``PROBE_MARKS``: the first batch alone
+        may include what the dataset does once; or one slow batch): loading and step seconds per batch, not a steady
+        rate."""
         marks = self.marks
         if not marks:  # the epoch ended first (or its batches raised)
             return TrialResult(config=self.config, status="failed", startup_s=self.startup_s, elapsed_s=elapsed,

@@ -50,8 +50,9 @@ worker was measured: 0.4-0.6 ms for 64 images of 3x32x32 on this project's 2-cor
 SERIAL_MARGIN = 2 * DEFAULT_TOLERANCE
 """Serial serving stays while workers could not make the loop more than this much faster."""
 EARLY_BATCHES = 3
-"""The serial batches an early start saves: the probe's (``measure/window.py``'s ``PROBE_MARKS``), served before the
-step is timed."""
+"""The serial batches an early start saves: those the main process serves before the step is timed and while the
+prior's workers start after it (the probe's, ``measure/window.py``'s ``PROBE_MARKS``, or its slow one and its
+tail)."""
 KEEPS_UP_STALL = 0.05
 """A candidate whose loop waited for data at most this share of its window keeps up with the step."""
 MAX_JUMPS = 3

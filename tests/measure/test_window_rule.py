@@ -4,7 +4,7 @@ import pytest
 
 from autoloader.config import LoaderConfig
 from autoloader.measure import window_rule as rule
-from autoloader.measure.window import PROBE_MARKS, Window, WindowSpec
+from autoloader.measure.window import PROBE_MARKS, PROBE_ONE_S, Window, WindowSpec
 
 
 class _Sync:
@@ -65,8 +65,8 @@ def test_a_probe_window_is_complete_after_probe_marks_batches_and_reports_median
     monkeypatch.setattr("autoloader.measure.window.time.perf_counter", lambda: times["now"])
     window = Window(LoaderConfig(0), started=0.0, batch_size=8, spec=WindowSpec("probe"))
     assert PROBE_MARKS == 3
-    # the first batch does something once (90 ms): the median of three leaves it out
-    for i, (wait, step) in enumerate([(0.09, 0.01), (0.04, 0.01), (0.03, 0.01)]):
+    # the first batch does something once (9 ms, 3x the others): the median of three leaves it out
+    for i, (wait, step) in enumerate([(0.009, 0.01), (0.004, 0.01), (0.003, 0.01)]):
         assert not window.complete(deadline=float("inf"))
         t_ask = times["now"]
         times["now"] += wait
@@ -76,8 +76,8 @@ def test_a_probe_window_is_complete_after_probe_marks_batches_and_reports_median
     assert len(window.marks) == PROBE_MARKS and window.complete(deadline=float("inf"))
     result = window.result(1.0)
     assert not result.steady and result.ok
-    assert result.fetch_s_per_batch == pytest.approx(0.04) and result.consumer_s_per_batch == pytest.approx(0.01)
-    assert result.fetch_cpu_s_per_batch == pytest.approx(0.02)
+    assert result.fetch_s_per_batch == pytest.approx(0.004) and result.consumer_s_per_batch == pytest.approx(0.01)
+    assert result.fetch_cpu_s_per_batch == pytest.approx(0.002)
     assert result.drained is None, "a probe has no workers' queue"
 
 
@@ -101,3 +101,20 @@ def test_a_candidate_window_says_whether_its_workers_queue_ran_dry(monkeypatch):
     dry = _candidate(monkeypatch, [0.0003] * 10 + [0.004] * 30)
     assert dry.ok and dry.drained is True, "the loop waited 4 ms a batch: the workers' pace"
     assert _candidate(monkeypatch, [0.0003] * 40, rule="trial").drained is None, "a trial's window does not say"
+
+
+def test_one_slow_batch_is_a_whole_probe(monkeypatch):
+    """Each more serial batch of a slow loader costs as much again: one batch that took ``PROBE_ONE_S`` to load is
+    the probe."""
+    times = {"now": 0.0}
+    monkeypatch.setattr("autoloader.measure.window.time.perf_counter", lambda: times["now"])
+    window = Window(LoaderConfig(0), started=0.0, batch_size=8, spec=WindowSpec("probe"))
+    t_ask, times["now"] = 0.0, PROBE_ONE_S + 0.01
+    window.add([0] * 8, t_ask=t_ask, c_ask=(0.0, None), t_got=times["now"], c_got=(0.05, None), consumer=_Sync())
+    times["now"] += 0.005
+    assert window.complete(deadline=float("inf")) and len(window.marks) == 1
+    result = window.result(1.0)
+    assert result.fetch_s_per_batch == pytest.approx(PROBE_ONE_S + 0.01) and result.consumer_s_per_batch == 0.0
+    fast = Window(LoaderConfig(0), started=0.0, batch_size=8, spec=WindowSpec("probe"))
+    fast.add([0] * 8, t_ask=0.0, c_ask=(0.0, None), t_got=PROBE_ONE_S / 2, c_got=(0.0, None), consumer=_Sync())
+    assert not fast.complete(deadline=float("inf")), "a cheap first batch may hold a one-time cost: three batches"
