@@ -166,7 +166,7 @@ class Group:
         return Coordinator(self.node_size, self._pg, leader=self.is_leader)
 
 
-def node_decisions(loader: Any) -> List[Dict[str, Any]]:
+def node_decisions(loader: object) -> List[Dict[str, Any]]:
     """Every node's decision for ``loader``, on every rank; rank 0 logs them, one line per node.
 
     Each node decides for itself (NOTE [ One decision across ranks ]): this gathers what each decided. A collective
