@@ -35,9 +35,8 @@ def _is_int(value: Any) -> bool:
 
 def _at_least(low: int, *, none: bool = False) -> Callable[[Any], Optional[str]]:
     def check(value: Any) -> Optional[str]:
-        if (none and value is None) or (_is_int(value) and value >= low):
-            return None
-        return f"an int >= {low}" + (" or None" if none else "")
+        ok = (none and value is None) or (_is_int(value) and value >= low)
+        return None if ok else f"an int >= {low}" + (" or None" if none else "")
     return check
 
 
@@ -85,8 +84,7 @@ class Knob:
     else a ``TypeError``, as DataLoader raises them."""
 
     def recorded_value(self, value: Any) -> Any:
-        """The user's ``value`` as a configuration records it (``normalize``: JSON-able, e.g. a start method's
-        name)."""
+        """The user's ``value`` as a configuration records it (``normalize``: JSON-able, e.g. a start method's name)."""
         return value if self.normalize is None else self.normalize(value)
 
 
@@ -193,7 +191,11 @@ class LoaderConfig:
         check_knobs(dataclasses.asdict(self))
 
     def in_flight(self) -> int:
-        """Batches its workers hold beyond what the DataLoader returned: the module's ``in_flight`` formula."""
+        """Batches its workers hold beyond what the DataLoader returned.
+
+        Returns:
+            int: ``num_workers * prefetch_factor`` (the module's ``in_flight`` formula), 0 without workers.
+        """
         return in_flight(self.num_workers, self.prefetch_factor)
 
     def burst_batches(self) -> int:
