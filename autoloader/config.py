@@ -35,9 +35,8 @@ def _is_int(value: Any) -> bool:
 
 def _at_least(low: int, *, none: bool = False) -> Callable[[Any], Optional[str]]:
     def check(value: Any) -> Optional[str]:
-        if (none and value is None) or (_is_int(value) and value >= low):
-            return None
-        return f"an int >= {low}" + (" or None" if none else "")
+        ok = (none and value is None) or (_is_int(value) and value >= low)
+        return None if ok else f"an int >= {low}" + (" or None" if none else "")
     return check
 
 
@@ -54,15 +53,7 @@ def _start_method(value: Any) -> Optional[str]:
 
 
 def _seconds(value: Any) -> Optional[str]:
-    return None if _is_real(value) and value >= 0 else "a number of seconds >= 0"
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real)
-
-
-def _is_int_or_none(value: Any) -> bool:
-    return value is None or _is_int(value)
+    return None if isinstance(value, numbers.Real) and float(value) >= 0 else "a number of seconds >= 0"
 
 
 @dataclass(frozen=True)
@@ -93,8 +84,7 @@ class Knob:
     else a ``TypeError``, as DataLoader raises them."""
 
     def recorded_value(self, value: Any) -> Any:
-        """The user's ``value`` as a configuration records it (``normalize``: JSON-able, e.g. a start method's
-        name)."""
+        """The user's ``value`` as a configuration records it (``normalize``: JSON-able, e.g. a start method's name)."""
         return value if self.normalize is None else self.normalize(value)
 
 
@@ -102,16 +92,16 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("num_workers", 0, tuned=True, label=lambda n: f"workers={n}", always=True, check=_at_least(0),
          typed=_is_int),
     Knob("prefetch_factor", 2, worker_only=True, tuned=True, label=lambda p: f"prefetch={p}", always=True,
-         check=_at_least(1, none=True), typed=_is_int_or_none),
+         check=_at_least(1, none=True), typed=_is_int),
     Knob("threads", 1, tuned=True, loader_arg=False, label=lambda t: f"threads={t}", check=_at_least(1),
          typed=_is_int),
     Knob("native_threads", None, worker_only=True, tuned=True, loader_arg=False, label=lambda n: f"native={n}",
-         check=_at_least(1, none=True), typed=_is_int_or_none),
+         check=_at_least(1, none=True), typed=_is_int),
     Knob("pin_memory", False, tuned=True, label=lambda _: "pin", check=_boolean, typed=lambda v: False),
     Knob("persistent_workers", False, worker_only=True, tuned=True, off=False, check=_boolean, typed=lambda v: False),
     Knob("multiprocessing_context", None, worker_only=True, normalize=_start_method_name, label=lambda m: f"start={m}",
          check=_start_method, typed=lambda v: isinstance(v, str)),
-    Knob("timeout", 0, worker_only=True, recorded=False, check=_seconds, typed=_is_real),
+    Knob("timeout", 0, worker_only=True, recorded=False, check=_seconds, typed=lambda v: isinstance(v, numbers.Real)),
     # worker-only: the single-process iterator asserts timeout == 0
 )
 BY_NAME: Dict[str, Knob] = {k.name: k for k in KNOBS}
@@ -129,12 +119,11 @@ def check_knobs(values: Mapping[str, Any], *, hint: str = "") -> None:
     workers; otherwise an error naming the knob, its value and, for a tuned one, ``hint`` (the fix, in the caller's
     words): a ``ValueError`` for a value of the knob's type out of its range, a ``TypeError`` for one of another type
     (a flag that is not a bool), as DataLoader raises them. The one validation of knob values."""
-    for name, value in values.items():
-        knob = BY_NAME.get(name)
-        expected = knob.check(value) if knob is not None else None
-        if knob is not None and expected is not None:
+    for knob in (BY_NAME[name] for name in values if name in BY_NAME):
+        value, expected = values[knob.name], knob.check(values[knob.name])
+        if expected is not None:
             kind = ValueError if knob.typed(value) else TypeError
-            raise kind(f"{name}={value!r} must be {expected}{hint if knob.tuned else ''}")
+            raise kind(f"{knob.name}={value!r} must be {expected}{hint if knob.tuned else ''}")
     if values.get("num_workers") == 0:
         needing = [k.name for k in KNOBS if k.worker_only and k.recorded and k.name in values
                    and values[k.name] not in (None, k.off)]
@@ -205,7 +194,7 @@ class LoaderConfig:
         """Batches its workers hold beyond what the DataLoader returned.
 
         Returns:
-            int: ``num_workers * prefetch_factor`` (torch's priming loop), 0 without workers.
+            int: ``num_workers * prefetch_factor`` (the module's ``in_flight`` formula), 0 without workers.
         """
         return in_flight(self.num_workers, self.prefetch_factor)
 

@@ -6,7 +6,7 @@ node measure together, share that node's CPUs and memory, and reach that node's 
 # DDP synchronises, and workers compete only for their own node's CPUs, RAM, /dev/shm and disk: so each node decides
 # for itself, and only the facts that make one epoch across ranks are global.
 # - Global (every rank of the job, once per ``make_loader``): the node layout (one ``all_gather_object`` of each
-#   rank's node identity, ``_node_layout``), and in ``shard`` the facts every rank must share (batch size, dataset
+#   rank's node identity, ``nodes.node_layout``), and in ``shard`` the facts every rank must share (batch size, dataset
 #   length, shuffle, drop_last; a mismatch raises the same ValueError on every rank) and the sampler's seed (rank 0's).
 # - Per node (the node's own process group, ``Group._pg``): the machine profile (the node leader's, split among the
 #   node's ranks), the cache lookup and write (the node leader, lowest global rank of the node, under the node's
@@ -36,76 +36,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import re
 import socket
-import sys
-from types import FrameType
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, overload
+from typing import Any, Dict, List, Mapping, Optional, Tuple, overload
 
 import torch.distributed as dist
 from torch.utils.data import IterableDataset
-from torch.utils.data.distributed import DistributedSampler
 
 from .coordination import Coordinator, all_gather
+from .nodes import Node, local_world_size_from_env, node_from_env, node_group, node_layout
 from .probe.machine import MachineProfile
 from .results import TuneResult
+from .sharding import ShardingSampler, check_same
 
 log = logging.getLogger("autoloader.distributed")
-
-NODE_VARIABLES = ("GROUP_RANK", "SLURM_NODEID")
-"""What names a rank's node, in this order (torchrun's node rank, Slurm's node index); the hostname when a rank has
-none of them."""
-
-_SUBGROUPS: Dict[Any, Any] = {}
-"""The per-node process groups made for a layout, kept with the default group they belong to (reused while it
-lives: ``make_loader`` may be called many times)."""
-
-
-def _local_world_size_from_env() -> Optional[int]:
-    """Ranks on this node as the launcher says (torchrun's ``LOCAL_WORLD_SIZE``, Slurm's tasks per node)."""
-    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
-        value = os.environ.get(name, "").strip()
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return None
-
-
-def _node_from_env() -> Optional[str]:
-    for name in NODE_VARIABLES:
-        value = os.environ.get(name, "").strip()
-        if value:
-            return f"{name}={value}"
-    return None
-
-
-def _node_layout(identities: Sequence[Tuple[Optional[str], str]]) -> List[Tuple[int, ...]]:
-    """The global ranks of each node, nodes ordered by their lowest rank, from every rank's (launcher's node, host):
-    the launcher's when every rank has one, else the hostname (see NOTE [ One decision across ranks ])."""
-    by_env = all(env is not None for env, _ in identities)
-    nodes: Dict[str, List[int]] = {}
-    for rank, (env, host) in enumerate(identities):
-        nodes.setdefault(str(env) if by_env else host, []).append(rank)
-    return [tuple(ranks) for ranks in nodes.values()]
-
-
-@dataclasses.dataclass(frozen=True)
-class Node:
-    """This rank's node: ``index`` of ``count`` (ordered by lowest global rank), its global ``ranks`` (the first is
-    the node leader) and the leader's ``host``."""
-
-    index: int
-    count: int
-    ranks: Tuple[int, ...]
-    host: str
-
-    @property
-    def label(self) -> str:
-        return f"node {self.index} of {self.count} (host {self.host}, ranks {','.join(map(str, self.ranks))})"
-
-
-_LABEL = re.compile(r"^node \d+ of \d+ \(host [^)]*\): ")
-
 
 class Group:
     """The default process group seen from this rank, with this rank's node and the node's own process group. Build
@@ -118,15 +61,15 @@ class Group:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.backend = str(dist.get_backend())
-        identities = all_gather((_node_from_env(), socket.gethostname()), size=self.world_size)
-        self.nodes = _node_layout(identities)
+        identities = all_gather((node_from_env(), socket.gethostname()), size=self.world_size)
+        self.nodes = node_layout(identities)
         index = next(i for i, ranks in enumerate(self.nodes) if self.rank in ranks)
         ranks = self.nodes[index]
         self.node = Node(index, len(self.nodes), ranks, identities[ranks[0]][1])
-        self.local_world_size = _local_world_size_from_env() or len(ranks)
+        self.local_world_size = local_world_size_from_env() or len(ranks)
         self.node_cpus: Optional[int] = None
         """The node's usable CPUs before they are split among its ranks (``share_profile``; part of the cache key)."""
-        self._pg = _node_group(self.nodes, index)
+        self._pg = node_group(self.nodes, index)
         log.debug("rank %d of %d, %s (%d ranks share its resources), backend %s", self.rank, self.world_size,
                   self.node.label, self.local_world_size, self.backend)
 
@@ -177,7 +120,7 @@ class Group:
                           "drop_last": drop_last})
         gathered = all_gather((facts, int(generator.initial_seed()) if generator is not None else 0),
                               size=self.world_size)
-        _check_same([f for f, _ in gathered], self.nodes)
+        check_same([f for f, _ in gathered], self.nodes)
         if theirs:
             return kwargs, shuffle
         seed = gathered[0][1]
@@ -215,7 +158,7 @@ class Group:
         if data is None:
             return None
         if self.node.count > 1:
-            data = dict(data, reason=f"{self.node.label}: {_LABEL.sub('', str(data.get('reason') or ''))}")
+            data = dict(data, reason=self.node.labelled(str(data.get("reason") or "")))
         return TuneResult.from_dict(data)
 
     def coordinator(self) -> Coordinator:
@@ -223,7 +166,7 @@ class Group:
         return Coordinator(self.node_size, self._pg, leader=self.is_leader)
 
 
-def node_decisions(loader: Any) -> List[Dict[str, Any]]:
+def node_decisions(loader: object) -> List[Dict[str, Any]]:
     """Every node's decision for ``loader``, on every rank; rank 0 logs them, one line per node.
 
     Each node decides for itself (NOTE [ One decision across ranks ]): this gathers what each decided. A collective
@@ -247,8 +190,8 @@ def node_decisions(loader: Any) -> List[Dict[str, Any]]:
     mine = None if tuning is None else {
         "config": tuning.config.label(), "num_workers": tuning.config.num_workers, "source": tuning.source,
         "samples_per_s": tuning.samples_per_s, "reason": tuning.reason}
-    gathered = all_gather((_node_from_env(), socket.gethostname(), mine), size=dist.get_world_size())
-    nodes = _node_layout([(env, host) for env, host, _ in gathered])
+    gathered = all_gather((node_from_env(), socket.gethostname(), mine), size=dist.get_world_size())
+    nodes = node_layout([(env, host) for env, host, _ in gathered])
     found = [dict(gathered[ranks[0]][2] or {}, node=i, ranks=list(ranks), host=gathered[ranks[0]][1])
              for i, ranks in enumerate(nodes)]
     if dist.get_rank() == 0:
@@ -266,74 +209,6 @@ def gather_states(own: Dict[str, Any], *, format: int) -> Dict[str, Any]:
         return own
     states = all_gather(own, size=dist.get_world_size())
     return {"format": format, "world_size": len(states), "per_rank": states}
-
-
-def _node_group(nodes: Sequence[Tuple[int, ...]], index: int) -> Any:
-    """This node's process group: None (the default group) for a single node, and for nodes of one rank (which
-    never talk); else a subgroup, made by every rank for every node in the same order, once per default group."""
-    if len(nodes) == 1 or all(len(ranks) == 1 for ranks in nodes):
-        return None
-    world = dist.group.WORLD
-    key = (id(world), tuple(nodes))
-    held = _SUBGROUPS.get(key)
-    if held is None or held[0] is not world:
-        _SUBGROUPS.clear()  # another default group: its subgroups went with it
-        held = (world, dist.new_subgroups_by_enumeration([list(ranks) for ranks in nodes])[1])
-        _SUBGROUPS[key] = held
-    return held[1][index]
-
-
-def _check_same(facts: Sequence[Mapping[str, Any]], nodes: Sequence[Tuple[int, ...]]) -> None:
-    """A ValueError (the same on every rank) naming the first fact the ranks disagree on, who has which value, and
-    the fix."""
-    for name in facts[0]:
-        values: Dict[Any, List[int]] = {}
-        for rank, fact in enumerate(facts):  # "sampler" comes first: past it, every rank has the same names
-            values.setdefault(fact.get(name), []).append(rank)
-        if len(values) == 1:
-            continue
-        node_of = {rank: i for i, ranks in enumerate(nodes) for rank in ranks}
-        where = "; ".join(f"{value!r} on ranks {ranks} (nodes {sorted({node_of[r] for r in ranks})})"
-                          for value, ranks in values.items())
-        raise ValueError(
-            f"make_loader: the ranks disagree on {name}: {where}. Every rank of the job must pass the same "
-            f"{name}, since one DistributedSampler epoch is split across all of them; give every node the same "
-            f"dataset and arguments (per-node choices such as num_workers are autoloader's to make)")
-
-
-class ShardingSampler(DistributedSampler):
-    """The ``DistributedSampler`` autoloader shards with, which refuses to be sharded a second time.
-
-    ``accelerator.prepare(make_loader(...).loader)`` rebuilds the DataLoader with Accelerate's ``BatchSamplerShard``
-    around this sampler's batches, and each process would then see ``1 / world_size**2`` of the data, silently. This
-    sampler is the one object of autoloader's that survives the rebuild, so the check lives here: when Accelerate's
-    shard sampler (looked up in ``sys.modules``, never imported) iterates it across several processes, it raises.
-    """
-
-    def __iter__(self) -> Iterator[int]:
-        _refuse_second_sharding(self.num_replicas)
-        return super().__iter__()
-
-
-def _refuse_second_sharding(num_replicas: int, *, depth: int = 8) -> None:
-    module = sys.modules.get("accelerate.data_loader")
-    shard_type = getattr(module, "BatchSamplerShard", None)
-    if not isinstance(shard_type, type):
-        return
-    frame: Optional[FrameType] = sys._getframe(2)
-    for _ in range(depth):
-        if frame is None:
-            return
-        owner = frame.f_locals.get("self")
-        processes = getattr(owner, "num_processes", 1) if isinstance(owner, shard_type) else 1
-        if processes > 1:
-            raise RuntimeError(
-                f"autoloader: accelerate shards this DataLoader again (BatchSamplerShard over "
-                f"{processes} processes) although autoloader already shards it across {num_replicas} "
-                f"processes with a DistributedSampler: each process would see 1/{num_replicas * processes} "
-                f"of the data. Pass the PrefetchLoader itself to accelerator.prepare (it comes back unchanged), or "
-                f"build it with make_loader(..., distributed=False) and prepare loader.loader")
-        frame = frame.f_back
 
 
 def _share(value: Optional[int], n: int) -> Optional[int]:

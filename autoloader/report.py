@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 from ._text import UNKNOWN, rate, when
-from .cache.store import CacheEntry
+from .cache.entry import CacheEntry
 from .probe.machine import MachineProfile
 from .results.tune_result import config_kwargs
 

@@ -1,10 +1,11 @@
 """Many nodes (issue 27): the ranks of a node agree among themselves, unlike nodes decide for themselves, and each
 node caches its own decision (NOTE [ One decision across ranks ] in autoloader/distributed.py).
 
-The unit tests check the node layout, the mismatch error and the per-node cache facts in this process. The ``slow``
-tests simulate two nodes on this host: two torchrun launches (``--nnodes=2``, static rendezvous on localhost), two
-ranks each, node 1 made unlike node 0 by a per-sample wait (a slow network mount) and ``taskset`` (one core). About
-20-25 s per launch pair on 2 cores, 4 pairs: about 90 s in all, hence ``slow`` (deselect with ``-m "not slow"``).
+The unit test checks the per-node cache facts in this process (the node layout is in test_nodes.py, the mismatch
+error in test_sharding.py). The ``slow`` tests simulate two nodes on this host: two torchrun launches (``--nnodes=2``,
+static rendezvous on localhost), two ranks each, node 1 made unlike node 0 by a per-sample wait (a slow network mount)
+and ``taskset`` (one core). About 20-25 s per launch pair on 2 cores, 4 pairs: about 90 s in all, hence ``slow``
+(deselect with ``-m "not slow"``).
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ import pytest
 import torch.distributed as dist
 
 from autoloader.cache.slot import _node_facts
-from autoloader.distributed import Node, _check_same, _node_layout
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(__file__).resolve().parent / "dist_nodes_script.py"
@@ -34,39 +34,6 @@ ONLINE_EPOCHS = 6
 
 
 # ---------------------------------------------------------------- in this process
-
-def test_layout_follows_the_launcher_when_every_rank_names_its_node():
-    same_host = [("GROUP_RANK=0", "h"), ("GROUP_RANK=0", "h"), ("GROUP_RANK=1", "h"), ("GROUP_RANK=1", "h")]
-    assert _node_layout(same_host) == [(0, 1), (2, 3)], "two launches on one host are two nodes"
-    interleaved = [("GROUP_RANK=1", "b"), ("GROUP_RANK=0", "a"), ("GROUP_RANK=1", "b"), ("GROUP_RANK=0", "a")]
-    assert _node_layout(interleaved) == [(0, 2), (1, 3)], "nodes ordered by their lowest global rank"
-
-
-def test_layout_falls_back_to_hostnames():
-    assert _node_layout([(None, "a"), (None, "b"), (None, "a")]) == [(0, 2), (1,)]
-    mixed = [("GROUP_RANK=0", "a"), (None, "a"), ("GROUP_RANK=1", "b")]
-    assert _node_layout(mixed) == [(0, 1), (2,)], "a launcher variable on only some ranks is not trusted"
-    assert _node_layout([(None, "a")]) == [(0,)]
-
-
-def test_node_label():
-    node = Node(1, 2, (2, 3), "gpu-07")
-    assert node.label == "node 1 of 2 (host gpu-07, ranks 2,3)"
-
-
-def test_check_same_names_the_argument_the_ranks_and_the_fix():
-    facts = [{"batch_size": 8, "len(dataset)": 100}] * 2 + [{"batch_size": 16, "len(dataset)": 100}] * 2
-    with pytest.raises(ValueError, match=r"disagree on batch_size: 8 on ranks \[0, 1\] \(nodes \[0\]\); 16 on ranks "
-                                         r"\[2, 3\] \(nodes \[1\]\).*same batch_size"):
-        _check_same(facts, [(0, 1), (2, 3)])
-    lengths = [{"batch_size": 8, "len(dataset)": 100}, {"batch_size": 8, "len(dataset)": 99}]
-    with pytest.raises(ValueError, match=r"len\(dataset\)"):
-        _check_same(lengths, [(0,), (1,)])
-    _check_same([{"batch_size": 8, "len(dataset)": 100}] * 3, [(0, 1, 2)])
-    shards = [{"sampler": "autoloader's DistributedSampler", "batch_size": 8}, {"sampler": "yours"}]
-    with pytest.raises(ValueError, match=r"disagree on sampler"):
-        _check_same(shards, [(0,), (1,)])
-
 
 def test_cache_facts_tell_unlike_nodes_apart_and_identical_ones_not():
     def group(local, cpus):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autoloader.cache.store import CacheEntry
+from autoloader.cache.entry import CacheEntry
 from autoloader.probe import DiskInfo, MachineProfile, probe_machine
 from autoloader.report import format_entries, format_profile
 from helpers import full_profile, tuned_result

@@ -8,38 +8,26 @@ No pickle: entries are plain JSON produced by ``TuneResult.to_dict``.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 import re
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Literal, Optional, Tuple, Union, overload
+from typing import Any, Dict, List, Literal, Optional, Tuple, Union, overload
 
 from .._fs import PROFILE_FILE, atomic_write_json, default_cache_dir
 from ..errors import warn_user
-from .fingerprint import SCHEMA_VERSION
 from ..results import TuneResult
+from .entry import BadEntry, CacheEntry, OldSchema, parse_entry, read_json
+from .fingerprint import SCHEMA_VERSION
 
-__all__ = ["SCHEMA_VERSION", "CacheEntry", "TuneCache", "resolve_cache"]
+__all__ = ["SCHEMA_VERSION", "TuneCache", "resolve_cache"]
 
 logger = logging.getLogger("autoloader.cache")
 
 _KEY_RE = re.compile(r"[0-9a-f]{16,64}")
 _TEMP_RE = re.compile(r"\.(?P<stem>[0-9a-f]{16,64}|machine)\.json\..+\.tmp")
-_MAX_ENTRY_BYTES = 4 * 2**20
-
-
-class _BadEntry(Exception):
-    """Why a cache file cannot be used (internal; becomes a warning or ``CacheEntry.error``)."""
-
-
-class _OldSchema(_BadEntry):
-    """An entry an earlier autoloader wrote in an older schema: tuned again and replaced, with one log line (it is
-    not broken, only outdated)."""
 
 
 def _check_key(key: Any) -> str:
@@ -50,83 +38,6 @@ def _check_key(key: Any) -> str:
             f"key must be a cache key from autoloader.cache.fingerprint.cache_key (16-64 hex digits), got {key!r}"
         )
     return key
-
-
-def _read_json(path: Path) -> Any:
-    """The JSON in ``path``; ``FileNotFoundError`` when absent, ``_BadEntry`` for anything unusable.
-
-    Opened non-blocking and checked with ``fstat`` so a FIFO or device planted at the path cannot hang the read.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except (FileNotFoundError, NotADirectoryError):
-        raise FileNotFoundError(path) from None
-    except IsADirectoryError:
-        raise _BadEntry("it is a directory, not a file") from None
-    except OSError as err:
-        raise _BadEntry(f"cannot be opened ({err.strerror or err})") from None
-    try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise _BadEntry("it is a directory, not a file")
-        if not stat.S_ISREG(info.st_mode):
-            raise _BadEntry("it is not a regular file")
-        if info.st_size > _MAX_ENTRY_BYTES:
-            raise _BadEntry(f"it is {info.st_size} bytes, far larger than any cache entry")
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            raw = fh.read(_MAX_ENTRY_BYTES + 1)
-    except OSError as err:
-        raise _BadEntry(f"cannot be read ({err.strerror or err})") from None
-    finally:
-        os.close(fd)
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise _BadEntry("it is not UTF-8 text") from None
-    except json.JSONDecodeError as err:
-        raise _BadEntry(f"it is not valid JSON (corrupt or truncated: {err})") from None
-    except RecursionError:
-        raise _BadEntry("it is JSON nested too deeply to be a cache entry") from None
-
-
-def _parse(key: str, data: Any) -> tuple:
-    """``(created, meta, result)`` from an entry's JSON, or ``_BadEntry`` saying what is wrong."""
-    if not isinstance(data, dict) or "result" not in data or "schema" not in data:
-        raise _BadEntry("it is not an autoloader cache entry (no schema/result fields)")
-    schema = data["schema"]
-    if not isinstance(schema, int) or isinstance(schema, bool) or schema > SCHEMA_VERSION:
-        raise _BadEntry(f"its schema is {schema!r}, this autoloader reads schema {SCHEMA_VERSION}")
-    if schema < SCHEMA_VERSION:
-        raise _OldSchema(f"its schema is {schema}, from an earlier autoloader (this one writes {SCHEMA_VERSION})")
-    if data.get("key") != key:
-        raise _BadEntry(f"it holds key {data.get('key')!r}, not the key its name says")
-    created = data.get("created")
-    if created is not None and (not isinstance(created, (int, float)) or isinstance(created, bool)):
-        raise _BadEntry(f"its created time {created!r} is not a number")
-    meta = data.get("meta", {})
-    if not isinstance(meta, dict):
-        raise _BadEntry("its meta field is not an object")
-    if not isinstance(data["result"], dict):
-        raise _BadEntry("its result field is not an object")
-    try:
-        result = TuneResult.from_dict(data["result"])
-    except (ValueError, TypeError, KeyError) as err:
-        raise _BadEntry(f"its result is malformed ({type(err).__name__}: {err})") from None
-    if result.created is None and created is not None:
-        result = dataclasses.replace(result, created=float(created))
-    return created, meta, result
-
-
-@dataclass(frozen=True)
-class CacheEntry:
-    """One file in the cache directory as ``autotune show`` lists it; ``result`` is None when ``error`` says why."""
-
-    key: str
-    path: Path
-    created: Optional[float]
-    meta: dict
-    result: Optional[TuneResult]
-    error: Optional[str]
 
 
 @dataclass(frozen=True)
@@ -155,17 +66,17 @@ class TuneCache:
         if not isinstance(max_workers, int) or isinstance(max_workers, bool) or max_workers < 0:
             raise ValueError(f"max_workers must be an int >= 0, got {max_workers!r}")
         try:
-            _created, meta, result = _parse(key, _read_json(path))
+            _created, meta, result = parse_entry(key, read_json(path))
             workers = result.config.num_workers
             if workers > max_workers:
-                raise _BadEntry(f"it asks for {workers} workers, more than the {max_workers} allowed here")
+                raise BadEntry(f"it asks for {workers} workers, more than the {max_workers} allowed here")
         except FileNotFoundError:
             logger.debug("cache miss: %s", path)
             return None
-        except _OldSchema as old:
+        except OldSchema as old:
             logger.info("autoloader cache entry %s: %s; tuning again and replacing it", path, old)
             return None
-        except _BadEntry as bad:
+        except BadEntry as bad:
             warn_user(
                 f"ignoring autoloader cache entry {path}: {bad}. The loader is tuned again and the entry "
                 f"replaced; `autotune clear` removes bad entries."
@@ -179,9 +90,9 @@ class TuneCache:
         cannot be written."""
         path = self.path_for(key)
         try:
-            data = _read_json(path)
-            _parse(key, data)
-        except (FileNotFoundError, _BadEntry):
+            data = read_json(path)
+            parse_entry(key, data)
+        except (FileNotFoundError, BadEntry):
             return False
         data["meta"] = {**data.get("meta", {}), **meta}
         try:
@@ -231,12 +142,15 @@ class TuneCache:
             if not name.endswith(".json") or not _KEY_RE.fullmatch(stem):
                 continue
             path = self.directory / name
-            created, meta, result, error = None, {}, None, None
+            created: Optional[float] = None
+            meta: Dict[str, Any] = {}
+            result: Optional[TuneResult] = None
+            error: Optional[str] = None
             try:
-                created, meta, result = _parse(stem, _read_json(path))
+                created, meta, result = parse_entry(stem, read_json(path))
             except FileNotFoundError:
                 continue
-            except _BadEntry as bad:
+            except BadEntry as bad:
                 error = str(bad)
             found.append(CacheEntry(stem, path, created, meta, result, error))
         return found

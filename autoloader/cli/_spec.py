@@ -11,7 +11,7 @@ class CliError(Exception):
     """A failure the command reports in one line, without a traceback."""
 
 
-def _is_dataset(obj: Any) -> bool:
+def _is_dataset(obj: object) -> bool:
     from torch.utils.data import Dataset
 
     if isinstance(obj, Dataset):
@@ -21,7 +21,7 @@ def _is_dataset(obj: Any) -> bool:
             and hasattr(kind, "__len__"))
 
 
-def _a(obj: Any) -> str:
+def _a(obj: object) -> str:
     if obj is None:
         return "None"
     name = type(obj).__name__

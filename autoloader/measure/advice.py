@@ -39,7 +39,7 @@ from ..results import TrialResult
 COPY_ON_READ_MIN_BYTES = 32 * 2**20
 COPY_ON_READ_MIN_SHARE = 0.25
 
-_warned: "weakref.WeakKeyDictionary[Any, Set[str]]" = weakref.WeakKeyDictionary()
+_warned: "weakref.WeakKeyDictionary[object, Set[str]]" = weakref.WeakKeyDictionary()
 _warned_ids: Set[tuple] = set()
 
 
@@ -101,7 +101,7 @@ class RepeatCheck:
         self.seen += 1
 
 
-def repeated_stream_advice(dataset: Any, num_workers: int) -> str:
+def repeated_stream_advice(dataset: object, num_workers: int) -> str:
     name = type(dataset).__name__
     return (
         f"IterableDataset {name} yields the same data in every DataLoader worker: worker 0's first batch equals "
@@ -112,7 +112,7 @@ def repeated_stream_advice(dataset: Any, num_workers: int) -> str:
     )
 
 
-def warn_once(dataset: Any, kind: str, message: str) -> None:
+def warn_once(dataset: object, kind: str, message: str) -> None:
     """``warn_user(message)`` once per dataset object and ``kind`` (an object that cannot be weakly referenced is
     remembered by ``id``)."""
     try:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import multiprocessing
 import resource
-from typing import Any, Optional, Tuple
+from multiprocessing.context import BaseContext
+from typing import Optional, Tuple, Union
 
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 """The variables that size the thread pools numpy (OpenBLAS/MKL), torch and numexpr start in every process."""
 
 
-def start_method(multiprocessing_context: Any = None) -> Optional[str]:
+def start_method(multiprocessing_context: Union[str, BaseContext, None] = None) -> Optional[str]:
     """How DataLoader workers will start: the context the user passed (a name or a context object), else the one set
     for this process, else the platform default. Never fixes the default as a side effect, as
     ``multiprocessing.get_start_method()``/``get_context()`` without arguments would (a later ``set_start_method()``

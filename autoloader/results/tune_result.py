@@ -1,5 +1,5 @@
 """The tuning's record (``TuneResult``: the chosen configuration, why, and every candidate behind it), round-tripped
-through plain JSON, and its text (``print(result)``)."""
+through plain JSON, and its text (``print(result)``; the facts' words from their values: results/tune_words.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,23 +11,13 @@ from .._text import UNKNOWN, grid, mib, rate, when
 from ..config import RECORDED, LoaderConfig, check_knobs
 from ..probe._pools import NativePool, limit_held
 from .trial_result import TrialResult, trial_row
+from .tune_words import bottleneck_words, disk_words, limit_words
 
 Bottleneck = Literal["consumer", "cpu", "io", "ipc", "memory", "oversubscription"]
 Source = Literal["tuned", "online", "cache", "fallback", "pending"]
 
 BOTTLENECKS: Tuple[str, ...] = ("consumer", "cpu", "io", "ipc", "memory", "oversubscription")
 SOURCES: Tuple[str, ...] = ("tuned", "online", "cache", "fallback", "pending")
-BOTTLENECK_WORDS = {
-    "consumer": "the training step: loading keeps up, more workers would not help",
-    "cpu": "CPU: the usable cores are busy decoding/augmenting samples",
-    "io": "waiting: workers mostly sleep on storage or network reads",
-    "ipc": "inter-process transfer: handing batches between processes costs more than loading them",
-    "memory": "memory: more workers would not fit in RAM or /dev/shm",
-    "oversubscription": "oversubscription: the workers' native thread pools (BLAS, OpenMP) together ran more threads "
-                        "than there are CPUs, so workers lost to loading in the main process",
-}
-DISK_LIMITED = 0.8
-"""A rate within this share of the disk's ceiling (or above it) is limited by the storage, not the configuration."""
 
 
 @dataclass(frozen=True)
@@ -160,7 +150,6 @@ class TuneResult:
         return format_tune_result(self)
 
 
-
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -190,13 +179,6 @@ def _check_types(result: TuneResult) -> None:
 
 
 # ---------------------------------------------------------------- the text
-
-def bottleneck_words(bottleneck: Optional[str]) -> str:
-    """The bottleneck in plain words ("unknown" when not measured)."""
-    if bottleneck is None:
-        return "unknown (nothing was measured)"
-    return BOTTLENECK_WORDS.get(bottleneck, bottleneck)
-
 
 def config_kwargs(result: TuneResult) -> str:
     """The chosen knobs as the DataLoader keywords a user would type (those that apply to ``num_workers``), the
@@ -241,7 +223,8 @@ def native_words(result: TuneResult) -> Optional[str]:
     pools = result.native_pools
     found = UNKNOWN + " (not measured, or threadpoolctl is not installed)" if pools is None else \
         (", ".join(p.label() for p in pools) or "none")
-    text = f"native thread pools per worker: {found}; {_limit_words(result)}"
+    limit = limit_words(config.native_threads, pools, result.native_limit_held)
+    text = f"native thread pools per worker: {found}; {limit}"
     sides = {}
     for trial in result.trials:
         if trial.ok and trial.config.num_workers == config.num_workers and trial.config.threads == config.threads \
@@ -251,20 +234,6 @@ def native_words(result: TuneResult) -> Optional[str]:
     if len(sides) == 2:
         text += f" (measured without a limit: {rate(sides[True])} samples/s, with it: {rate(sides[False])})"
     return text
-
-
-def _limit_words(result: TuneResult) -> str:
-    """The limit as far as it was seen applied: never "limited to N" unless every pool a worker reported kept <= N."""
-    limit, pools = result.config.native_threads, result.native_pools
-    if limit is None:
-        return "not limited"
-    if result.native_limit_held:
-        return f"limited to {limit} thread(s) each"
-    if pools is None:
-        return (f"a limit of {limit} thread(s) each was asked for, not seen applied (without threadpoolctl the BLAS "
-                f"and OpenMP pools keep their size; \"{limit}?\" in the table)")
-    return (f"a limit of {limit} thread(s) each was asked for, not applied: a pool above kept more threads "
-            f"(\"{limit}?\" in the table)")
 
 
 def _budget_words(result: TuneResult) -> Optional[str]:
@@ -277,20 +246,6 @@ def _budget_words(result: TuneResult) -> Optional[str]:
             f"takes {UNKNOWN if used is None else mib(used)} of it")
 
 
-def _disk_words(result: TuneResult) -> Optional[str]:
-    """The disk's ceiling next to the rate, for an I/O-bound result that has one."""
-    ceiling, per_sample = result.disk_ceiling_samples_per_s, result.read_bytes_per_sample
-    if ceiling is None or per_sample is None:
-        return None
-    text = f"the disk allows ~{rate(ceiling)} samples/s at the measured {per_sample / 1024:,.1f} KiB read per sample"
-    reached = result.samples_per_s or 0.0
-    if reached > 1.2 * ceiling:
-        return text + ": faster than the disk, so the reads came from the page cache"
-    if reached >= DISK_LIMITED * ceiling:
-        return text + ": the storage, not the configuration, is the limit"
-    return text + f" ({100 * reached / ceiling:.0f}% of it reached)"
-
-
 def format_tune_result(result: TuneResult) -> str:
     """The chosen configuration, its rate, bottleneck and source, then one row per trial (the chosen one marked
     ``*``); a cached or fallback result without trials says so instead of a table."""
@@ -299,7 +254,7 @@ def format_tune_result(result: TuneResult) -> str:
              f"  {_source_words(result)}"]
     if result.consumer_samples_per_s:
         lines.append(f"  the training step alone takes {rate(result.consumer_samples_per_s)} samples/s")
-    disk = _disk_words(result)
+    disk = disk_words(result.disk_ceiling_samples_per_s, result.read_bytes_per_sample, result.samples_per_s)
     if disk is not None:
         lines.append(f"  {disk}")
     if result.reason and result.source not in ("fallback", "pending") and not (result.source == "online"

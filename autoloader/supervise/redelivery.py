@@ -95,9 +95,9 @@ class TakeBack:
     here as they enter and exit (``enter``/``exit``): the first installs the hook, the last to exit removes it."""
 
     def __init__(self) -> None:
-        self.previous: Optional[Callable[[Any], Any]] = None
+        self.previous: Optional[Callable[[sys.UnraisableHookArgs], Any]] = None
 
-    def __call__(self, unraisable: Any) -> None:
+    def __call__(self, unraisable: sys.UnraisableHookArgs) -> None:
         exc, caller = unraisable.exc_value, inspect.currentframe()
         main = threading.current_thread() is threading.main_thread()  # where the guard's signals are delivered
         for guard in reversed(active() if main else []):

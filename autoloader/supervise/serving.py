@@ -14,6 +14,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, Optional, Set, Tuple
 
+import psutil
+
 from ..errors import quiet_worker_count_warning
 from ..loader.epochs import epoch_iter
 from . import procs as _procs
@@ -59,11 +61,11 @@ class WorkerProcesses:
 
     def __init__(self) -> None:
         self.before: Set[int] = _procs.child_pids()
-        self.fixed: Optional[List[Any]] = None
+        self.fixed: Optional[List[psutil.Process]] = None
         self.retiring: Optional[threading.Thread] = None
         self.stopped_at = math.inf
 
-    def current(self) -> List[Any]:
+    def current(self) -> List[psutil.Process]:
         return self.fixed if self.fixed is not None else _procs.new_children(self.before)
 
     def settled(self) -> bool:
@@ -183,7 +185,7 @@ def quiet_half_built_iterators() -> Iterator[None]:
     the candidate failed, and "Exception ignored in ..." on stderr would only confuse."""
     previous = sys.unraisablehook
 
-    def hook(unraisable: Any) -> None:
+    def hook(unraisable: sys.UnraisableHookArgs) -> None:
         if isinstance(unraisable.exc_value, AttributeError) and "DataLoaderIter" in repr(unraisable.object):
             log.debug("ignored while discarding a half-built DataLoader iterator: %r", unraisable.exc_value)
             return

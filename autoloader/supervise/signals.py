@@ -78,6 +78,7 @@ handlers_in(redelivery.__name__)  # the tracer and the hook run as handlers do: 
 
 RETRY_S = 0.01
 """How soon a kept exception is retried."""
+Handler = Callable[[int, Optional[FrameType]], None]
 
 def _rank(exc: BaseException) -> int:
     """Which kept exception wins: Ctrl-C, then a timeout, then anything else (a worker's death)."""
@@ -131,7 +132,7 @@ class SignalGuard:
         entered = active()
         outer = entered[-1] if entered else None
         torch_watch.install_first()
-        self._previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._owned(self._make_alarm()))
+        self._previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._owned(lambda n, f: self._on_alarm(n, f)))
         for signum in (signal.SIGINT, signal.SIGCHLD):
             inner = signal.getsignal(signum)
             if callable(inner):
@@ -175,12 +176,12 @@ class SignalGuard:
         self._trap.disarm()
         return kept
 
-    def _owned(self, handler: Any) -> Any:
-        handler._autoloader_guard = self
+    def _owned(self, handler: Handler) -> Handler:
+        handler._autoloader_guard = self  # type: ignore[attr-defined]
         return handler
 
     # -- delivering ----------------------------------------------------------------------------------------------
-    def _wrap(self, inner: Callable[[int, Optional[FrameType]], Any]) -> Callable[[int, Optional[FrameType]], None]:
+    def _wrap(self, inner: Callable[[int, Optional[FrameType]], Any]) -> Handler:
         def handler(signum: int, frame: Optional[FrameType]) -> None:
             if os.getpid() != self.pid or not self.active or delivering(signum) is not self:
                 inner(signum, frame)
@@ -189,11 +190,6 @@ class SignalGuard:
                 inner(signum, frame)
             except BaseException as exc:  # noqa: B036 - kept or re-raised by _deliver
                 self._deliver(exc, frame)
-        return handler
-
-    def _make_alarm(self) -> Callable[[int, Optional[FrameType]], None]:
-        def handler(signum: int, frame: Optional[FrameType]) -> None:
-            self._on_alarm(signum, frame)
         return handler
 
     def _on_alarm(self, signum: int, frame: Optional[FrameType]) -> None:

@@ -15,8 +15,7 @@ from autoloader.cli.main import main
 from autoloader.cli.demo import cores_rule_workers
 from autoloader.cache.fingerprint import machine_fingerprint
 from autoloader.probe import MachineProfile, load_profile, probe_machine, save_profile
-from autoloader.results.tune_result import BOTTLENECK_WORDS
-from autoloader.results import TuneResult
+from autoloader.results import BOTTLENECKS, TuneResult
 from helpers import USER_MODULE, one_line_error, probe_files, run_cli, tuned_result
 
 
@@ -80,7 +79,7 @@ def test_bare_autotune_probes_tunes_the_demo_and_compares(work):
     assert "trial workers=0" in proc.stderr
     assert Path(out["profile_path"]).is_file() and out["profile"]["disk"] is None
     result = TuneResult.from_dict(out["result"])
-    assert result.source == "tuned" and result.samples_per_s > 0 and result.bottleneck in BOTTLENECK_WORDS
+    assert result.source == "tuned" and result.samples_per_s > 0 and result.bottleneck in BOTTLENECKS
     serial, rule = out["baselines"]
     assert serial["config"]["num_workers"] == 0 and serial["measured_by_tuner"] and serial["samples_per_s"] > 0
     assert rule["config"]["num_workers"] == cores_rule_workers(out["profile"]["cpu"]["usable"])

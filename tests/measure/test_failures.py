@@ -26,7 +26,7 @@ import torch
 import fault_data as fd
 from autoloader import AutoloaderWarning, LoaderConfig, TrialResult, make_loader
 from autoloader.search.growth import copied_per_sample
-from autoloader.measure.advice import COPY_ON_READ_MIN_BYTES, copy_on_read_advice, warn_once
+from autoloader.measure.advice import COPY_ON_READ_MIN_BYTES, warn_once
 from autoloader.cache import TuneCache
 from autoloader.consumer import Consumer
 from autoloader.measure.failures import failure_reason
@@ -534,28 +534,6 @@ def test_numpy_dataset_does_not_grow():
     assert result.worker_uss_growth_bytes < COPY_ON_READ_MIN_BYTES / 2
     assert copied_per_sample(result) in (None, 0.0), result
     assert _autoloader_warnings(record) == []
-
-
-MiB = 2**20
-
-
-@pytest.mark.parametrize("growth, uss, batch_bytes, workers, warns", [
-    (100 * MiB, 120 * MiB, 4096, 2, True),          # copy-on-read: the worker is mostly growth
-    (40 * MiB, 60 * MiB, None, 4, True),            # just over the floor, batch size unknown
-    (10 * MiB, 30 * MiB, 4096, 2, False),           # noise
-    (100 * MiB, 2048 * MiB, 4096, 2, False),        # churn in a worker that legitimately holds 2 GiB
-    (100 * MiB, 200 * MiB, 32 * MiB, 2, False),     # two prefetched 32 MiB batches per worker explain it
-    (None, 120 * MiB, 4096, 2, False),              # not measured
-    (100 * MiB, 120 * MiB, 4096, 0, False),         # no workers
-])
-def test_copy_on_read_decision(growth, uss, batch_bytes, workers, warns):
-    config = LoaderConfig(workers, 2 if workers else None)
-    trial = TrialResult(config=config, samples_per_s=100.0, worker_uss_growth_bytes=growth, worker_uss_bytes=uss,
-                        batch_bytes=batch_bytes, elapsed_s=2.0)
-    advice = copy_on_read_advice(trial, dataset_name="Records")
-    assert (advice is not None) == warns
-    if warns:
-        assert "Records" in advice and "numpy" in advice and f"{growth // MiB} MiB" in advice
 
 
 # -- failure classification -------------------------------------------------------------------------------------------

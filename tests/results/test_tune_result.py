@@ -6,7 +6,8 @@ from dataclasses import replace
 from autoloader.config import LoaderConfig
 from autoloader.probe._pools import NativePool
 from autoloader.results import TuneResult
-from autoloader.results.tune_result import BOTTLENECK_WORDS, format_tune_result
+from autoloader.results.tune_result import format_tune_result
+from autoloader.results.tune_words import BOTTLENECK_WORDS
 from helpers import trial, tuned_result
 
 

@@ -101,30 +101,6 @@ def test_the_guard_keeps_the_exception_until_the_put_is_done(raising_sigchld):
         q.join_thread()
 
 
-def test_unsafe_places_are_the_standard_librarys_lock_code():
-    frames = {}
-
-    def hook(frame, event, arg):
-        if event == "c_call" or frame.f_code.co_filename == queue.__file__:
-            frames.setdefault((frame.f_code.co_filename.rsplit("/", 1)[-1], frame.f_code.co_name),
-                              []).append(unsafe_to_raise(frame))
-
-    q = queue.Queue()
-    sys.setprofile(hook)
-    try:
-        q.put(1)
-        q.get()
-        with pytest.raises(queue.Empty):
-            q.get(timeout=0.01)  # blocks in Condition.wait, called by Queue.get, inside its try
-    finally:
-        sys.setprofile(None)
-    assert all(frames[("threading.py", "__enter__")]) and all(frames[("queue.py", "put")])
-    wait = frames[("threading.py", "wait")]
-    assert wait[0] is True and False in wait  # unsafe before its try block, safe in the blocking acquire
-    assert unsafe_to_raise(sys._getframe()) is False
-    assert unsafe_to_raise(None) is False
-
-
 def test_the_limit_raises_the_timeout_in_a_blocking_call():
     started = time.monotonic()
     with pytest.raises(TrialTimeout, match="too slow"):
@@ -254,24 +230,6 @@ def test_held_worker_errors_wait_for_check(raising_sigchld):
         time.sleep(0.1)  # no retry raises it here: this stands for the user's training step
         with pytest.raises(WorkerDied):
             guard.check()
-
-
-def test_no_exception_is_raised_where_python_would_swallow_it():
-    """A Ctrl-C raised in a ``__del__`` or in a callback that ``os.fork()`` runs (logging's lock release while
-    workers are forked) is printed as "Exception ignored" and lost: such places are unsafe, the Ctrl-C is retried."""
-    seen = []
-
-    class Finalised:
-        def __del__(self):
-            seen.append(unsafe_to_raise(sys._getframe()))
-
-    Finalised()
-    assert seen == [True]
-
-    def helper():
-        return unsafe_to_raise(sys._getframe())
-
-    assert helper() is False
 
 
 def test_an_ignored_sigint_stays_ignored_through_a_guard():

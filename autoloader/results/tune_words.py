@@ -1,0 +1,56 @@
+"""A tuning's facts in words, from their values alone (``tune_result.format_tune_result`` puts them in its text): the
+bottleneck, the disk's ceiling against the rate reached, and the native thread pools' limit as far as it was seen held.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+from .._text import rate
+from ..probe._pools import NativePool
+
+BOTTLENECK_WORDS = {
+    "consumer": "the training step: loading keeps up, more workers would not help",
+    "cpu": "CPU: the usable cores are busy decoding/augmenting samples",
+    "io": "waiting: workers mostly sleep on storage or network reads",
+    "ipc": "inter-process transfer: handing batches between processes costs more than loading them",
+    "memory": "memory: more workers would not fit in RAM or /dev/shm",
+    "oversubscription": "oversubscription: the workers' native thread pools (BLAS, OpenMP) together ran more threads "
+                        "than there are CPUs, so workers lost to loading in the main process",
+}
+DISK_LIMITED = 0.8
+"""A rate within this share of the disk's ceiling (or above it) is limited by the storage, not the configuration."""
+
+
+def bottleneck_words(bottleneck: Optional[str]) -> str:
+    """The bottleneck in plain words ("unknown" when not measured)."""
+    if bottleneck is None:
+        return "unknown (nothing was measured)"
+    return BOTTLENECK_WORDS.get(bottleneck, bottleneck)
+
+
+def limit_words(limit: Optional[int], pools: Optional[Tuple[NativePool, ...]], held: Optional[bool]) -> str:
+    """The native limit ``limit`` as far as it was seen applied (``held``, over the ``pools`` a worker found; None
+    when not measured): never "limited to N" unless every pool a worker reported kept <= N."""
+    if limit is None:
+        return "not limited"
+    if held:
+        return f"limited to {limit} thread(s) each"
+    if pools is None:
+        return (f"a limit of {limit} thread(s) each was asked for, not seen applied (without threadpoolctl the BLAS "
+                f"and OpenMP pools keep their size; \"{limit}?\" in the table)")
+    return (f"a limit of {limit} thread(s) each was asked for, not applied: a pool above kept more threads "
+            f"(\"{limit}?\" in the table)")
+
+
+def disk_words(ceiling: Optional[float], per_sample: Optional[float], reached: Optional[float]) -> Optional[str]:
+    """The disk's ``ceiling`` (samples/s at ``per_sample`` bytes read per sample) next to the rate ``reached``; None
+    without a ceiling (a result not bound by I/O, or no disk figure)."""
+    if ceiling is None or per_sample is None:
+        return None
+    text = f"the disk allows ~{rate(ceiling)} samples/s at the measured {per_sample / 1024:,.1f} KiB read per sample"
+    reached = reached or 0.0
+    if reached > 1.2 * ceiling:
+        return text + ": faster than the disk, so the reads came from the page cache"
+    if reached >= DISK_LIMITED * ceiling:
+        return text + ": the storage, not the configuration, is the limit"
+    return text + f" ({100 * reached / ceiling:.0f}% of it reached)"

@@ -1,0 +1,138 @@
+"""``Serving`` (autoloader.supervise.serving): one DataLoader's batches served one ``next()`` at a time, the error
+that came instead returned (never raised), one stop however often it is asked for, the workers reaped in a helper
+thread or at once, and the AttributeError of a half-built iterator's ``__del__`` kept off stderr. A failed run's stop
+order is in test_procs.py."""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from autoloader.supervise import serving as serving_module
+from autoloader.supervise.serving import END, Record, Serving, WorkerProcesses, quiet_half_built_iterators
+from autoloader.supervise.signals import SignalGuard
+from helpers import wait_no_children
+
+
+class Numbers:
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+class Broken:
+    """A loader whose iterator cannot be made (``iter()`` raises)."""
+
+    def __iter__(self):
+        raise OSError("too many open files")
+
+
+def _serving(loader, **kwargs) -> Serving:
+    return Serving(loader, guard=SignalGuard(limit_s=None), **kwargs)
+
+
+def _settled(serving: Serving, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not serving.settled() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return serving.settled()
+
+
+def test_record_switch_s_adds_what_the_loop_waited_for():
+    record = Record(start_s=0.5, first_wait_s=0.25, stop_s=1.0, elapsed=9.0)
+    assert record.switch_s == 1.75
+
+
+def test_serving_without_workers_hands_out_every_batch_then_end():
+    serving = _serving(DataLoader(Numbers(), batch_size=3))
+    served = [serving.next() for _ in range(4)]
+    assert [batch.tolist() for batch, _ in served[:3]] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert served[3] == (END, None) and all(error is None for _, error in served)
+    assert serving.record.user is False
+    serving.stop()
+    assert serving.stopped and _settled(serving) and serving.record.elapsed > 0
+
+
+def test_an_iterator_that_cannot_be_made_is_returned_as_the_users_error():
+    serving = _serving(Broken())
+    serving.start()
+    assert serving.record.start_s >= 0
+    batch, error = serving.next()
+    assert batch is END and isinstance(error, OSError) and serving.record.user is True
+    assert serving.next()[1] is error, "the same failure, each time it is asked"
+    serving.stop(error)
+    assert serving.stopped
+
+
+def test_a_stop_happens_once_and_a_release_keeps_the_workers_loader():
+    serving = _serving(DataLoader(Numbers(), batch_size=4), owned=False)
+    assert serving.next()[1] is None
+    serving.stop()
+    first = serving.processes.stopped_at
+    serving.stop()
+    assert serving.processes.stopped_at == first
+    kept = _serving(DataLoader(Numbers(), batch_size=4))
+    kept.next()
+    kept.release()
+    assert kept.stopped and kept.loader is not None, "released: its DataLoader keeps its workers for a later epoch"
+
+
+@pytest.mark.parametrize("retire", [True, False])
+def test_workers_are_stopped_and_reaped_in_a_helper_thread_or_at_once(retire):
+    loader = DataLoader(Numbers(), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    calls = []
+    serving = _serving(loader, retire=retire, before_stop=lambda: calls.append("before_stop"))
+    assert torch.equal(serving.next()[0], torch.tensor([0, 1]))
+    serving.keep_workers()
+    assert len(serving.processes.current()) == 2
+    serving.stop()
+    assert (serving.processes.retiring is not None) == retire
+    assert calls == ([] if retire else ["before_stop"]), "a trial's queued device work first, before an at-once stop"
+    assert _settled(serving)
+    assert wait_no_children() == []
+
+
+def test_worker_processes_are_not_settled_before_a_stop(monkeypatch):
+    processes = WorkerProcesses()
+    assert not processes.settled() and processes.current() == []
+    processes.stopped_at = time.perf_counter()
+    assert processes.settled(), "no helper thread: settled at the stop"
+    monkeypatch.setattr(serving_module, "SETTLE_S", 0.0)
+
+    class Stuck:
+        def is_alive(self):
+            return True
+
+    processes.retiring = Stuck()
+    assert processes.settled(), "a helper still reaping past SETTLE_S no longer holds the next window"
+
+
+class _HalfBuiltDataLoaderIter:
+    def __del__(self):
+        raise AttributeError("'_HalfBuiltDataLoaderIter' object has no attribute '_shutdown'")
+
+
+class _Other:
+    def __del__(self):
+        raise AttributeError("not an iterator's")
+
+
+def test_a_half_built_iterators_del_error_is_logged_not_printed(caplog):
+    seen = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = seen.append
+    try:
+        with caplog.at_level(logging.DEBUG, logger="autoloader.trial"), quiet_half_built_iterators():
+            _HalfBuiltDataLoaderIter()
+            _Other()
+        assert sys.unraisablehook == seen.append, "the hook before it is back"
+    finally:
+        sys.unraisablehook = previous
+    assert [str(u.exc_value) for u in seen] == ["not an iterator's"]
+    assert "half-built DataLoader iterator" in caplog.text
