@@ -133,11 +133,12 @@ class Window:
 
     def _open_early(self, t_ask: float, t_got: float) -> None:
         """An online candidate's window opens at the batch being marked, before the whole burst, when the loop waited
-        for it (the queue is drained) or when ``bound_s`` passed since the first batches in flight were handed out (a
-        loop that never waits is served at the step's pace): ``window_rule``. Not before those are handed out: forked
-        one after the other, the workers start apart, and a wait among their first batches says nothing of the
-        queue."""
-        index, first_wave = len(self.marks), max(1, self.config.in_flight())
+        for it (the queue is drained) or when ``bound_s`` passed since every worker handed out its first batch (a loop
+        that never waits is served at the step's pace): ``window_rule``. Not before: forked one after the other, the
+        workers start apart, and a wait among their first batches says nothing of the queue. (Not later either: 64
+        workers hold 128 batches in flight, most of a 150-batch epoch, whose candidate would then be started again in
+        the next epoch.)"""
+        index, first_wave = len(self.marks), max(1, self.config.num_workers)
         if index < first_wave or index + 1 >= self.skip:
             return
         waited = window_rule.drained([t_got - t_ask], first_wave=0) is not None

@@ -4,11 +4,10 @@ whole start-up burst, then waves and seconds); an online candidate serves the us
 measures a slow configuration is lost (NOTE [ Online convergence ] in search/online_policy.py, 2.):
 
 - Opening. The burst a window must skip is the batches the workers prefetched while they started; once the loop got
-  as many as were in flight (``num_workers x prefetch_factor``: the workers start one after the other, so a wait
-  among those says nothing) and then waited for one (``DRAIN_WAIT_S`` inside ``next()``), the queue was empty, so the
-  batches after it come at the workers' own pace (``drained``). A candidate the loop never waits for serves at the
-  step's pace whatever it holds; its window opens after the burst, or once the bound passed since the batches in
-  flight were handed out.
+  every worker's first batch (the workers start one after the other, so a wait among those says nothing) and then
+  waited for one (``DRAIN_WAIT_S`` inside ``next()``), the queue was empty, so the batches after it come at the
+  workers' own pace (``drained``). A candidate the loop never waits for serves at the step's pace whatever it holds;
+  its window opens after the burst, or once the bound passed since every worker's first batch was handed out.
 - Closing. The rate is known within half the tolerance from the batches' own jitter (``relative_error``: the spread
   of the time chunks of consecutive batches took, a wave of the workers each when the loop waits for them), or the
   window reached its bound (a few per cent of the epoch: ``switching.window_bound_s``).
@@ -32,7 +31,7 @@ MIN_CONFIDENT_S = 0.05
 
 
 def drained(waits: Sequence[float], *, first_wave: int) -> Optional[int]:
-    """The index of the first batch after the first ``first_wave`` (those the workers held in flight at the start)
+    """The index of the first batch after the first ``first_wave`` (the workers' first batches, made as they started)
     that the loop waited for (``DRAIN_WAIT_S``): the window opens once it is done. None while there is none. Pure."""
     for index in range(max(0, first_wave), len(waits)):
         if waits[index] >= DRAIN_WAIT_S:
