@@ -21,6 +21,9 @@ The reference is each definition's docstring (``help(autoloader.make_loader)``, 
   "autoloader[plot]"``).
 - The ``autotune`` command: ``autotune --help`` and ``autotune COMMAND --help``.
 
+That list is the public API. Every other module and name is internal (the README's map under Development says what
+each does): it may change in any release.
+
 Importing it probes no hardware and touches no CUDA; that happens when you call ``make_loader``, ``tune`` or
 ``probe_machine``. Logs go to ``logging.getLogger("autoloader")``.
 """

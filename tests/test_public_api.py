@@ -1,5 +1,6 @@
 """The public API (autoloader/__init__.py): its names, and that importing it touches no hardware."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +39,17 @@ def test_threads_api_wraps_and_unwraps_a_dataset():
     assert [wrapped[i] for i in range(3)] == [0, 1, 2] and len(wrapped) == 10
     assert wrapped.__getitems__([3, 4, 5]) == [3, 4, 5]                        # fetched by its threads
     assert autoloader.unwrap(data) is data and autoloader.with_threads(wrapped, 1) is data
+
+
+def test_the_docstring_lists_the_public_api_and_nothing_else():
+    """The package's docstring is the list of what is public (the rest is internal): every name in ``__all__`` and
+    the two dotted names it adds, each importable, and no other."""
+    listed = set()
+    for item in re.findall(r"^- (.+?):", autoloader.__doc__, re.M):
+        listed.update(re.findall(r"``([\w.]+)``", item))
+    dotted = {name for name in listed if "." in name}
+    assert listed - dotted == set(PUBLIC)
+    assert dotted == {"autoloader.distributed.node_decisions", "autoloader.cli.plot.plot_online_epoch"}
+    for name in dotted:
+        module, attribute = name.rsplit(".", 1)
+        assert callable(getattr(__import__(module, fromlist=[attribute]), attribute)), name
