@@ -48,7 +48,7 @@ def test_the_docstring_lists_the_public_api_and_nothing_else():
     for item in re.findall(r"^- (.+?):", autoloader.__doc__, re.M):
         listed.update(re.findall(r"``([\w.]+)``", item))
     dotted = {name for name in listed if "." in name}
-    assert listed - dotted == set(PUBLIC)
+    assert listed - dotted - {"autotune"} == set(PUBLIC), "autotune: the command"
     assert dotted == {"autoloader.distributed.node_decisions", "autoloader.cli.plot.plot_online_epoch"}
     for name in dotted:
         module, attribute = name.rsplit(".", 1)
