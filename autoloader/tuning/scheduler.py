@@ -100,7 +100,7 @@ class EpochScheduler:
             batch_slice.through = SampleClock(lambda estimate: self._early(stage, estimate)).wrap
         began = span_start = time.perf_counter()
         error: Optional[BaseException] = None
-        unopened = False
+        unopened, told = False, None
         try:
             with run.guarded():
                 while phase not in ("next", "done"):
@@ -133,7 +133,7 @@ class EpochScheduler:
                     self.trace.batches.append((time.perf_counter() - self.trace.start,
                                                samples_in(batch, run.window.batch_size)))
                     yield batch
-                self._end(stage, phase)
+                told = self._end(stage, phase, unopened=unopened)
         except BaseException as exc:  # noqa: B036 - classified below; GeneratorExit and Ctrl-C re-raised there
             error = exc
         finally:
@@ -143,7 +143,7 @@ class EpochScheduler:
                 raise error
             finally:
                 del error
-        outcome = self._after(stage, error, phase=phase, unopened=unopened)
+        outcome = self._after(stage, error, phase=phase) if error is not None else told
         if error is not None:  # classified and kept from the loop (a raise above would have left)
             forget(error)
         rate = outcome if outcome is not None else run.result
@@ -186,16 +186,27 @@ class EpochScheduler:
             event = self._decide(stage, same_tail=verdict.same_tail)
         return event, failure, verdict.unopened
 
-    def _end(self, stage: Stage, phase: str) -> None:
+    def _end(self, stage: Stage, phase: str, *, unopened: bool) -> Optional[TrialResult]:
         """A stage that handed out its batches: stopped (orderly; under the guard: a worker's death held), unless it
-        served the decision to the epoch's end with persistent workers, which serve the next epochs (``kept``)."""
-        run = stage.run
+        served the decision to the epoch's end with persistent workers, which serve the next epochs (``kept``). A
+        candidate whose window the epoch's end cut short is told first (returned), so that a decision on this very
+        configuration keeps its workers; unless its window never opened (on some rank) and it goes on next epoch."""
+        run, told = stage.run, None
+        if phase == "done" and stage.candidate is not None and not stage.reported:
+            if unopened and self.plan.retry_next_epoch():
+                log.info("the epoch ended before candidate %s was measured: it goes on next epoch",
+                         stage.config.label())
+            elif run.result is not None:
+                told = stage.with_pools(run.result)
+                self.plan.tell(told, epoch=self.trace.epoch)
+                stage.reported = True
         if phase == "done" and self.plan.keeps(stage.config) and \
                 getattr(run.serving.loader, "persistent_workers", False):
             run.serving.release()
             self.kept = (run, stage.batch_slice)
         else:
             run.stop()
+        return told
 
     def _abort_started(self, error: BaseException, *, also: Optional[Run] = None) -> None:
         """A failure or Ctrl-C: the stage a switch started stops, then ``also`` (each DataLoader's workers told to stop,
@@ -261,36 +272,25 @@ class EpochScheduler:
         self.started = self._build()
         self.started.run.start()  # an Exception is kept by the run (its failure, measured as such); a Ctrl-C stops both
 
-    def _after(self, stage: Stage, error: Optional[BaseException], *, phase: str,
-               unopened: bool) -> Optional[TrialResult]:
-        """What the search must still be told once a stage ended (a failure, or a window the epoch's end cut short:
-        returned), and the errors the loop must see raised (NOTE [ Online epoch scheduler ])."""
+    def _after(self, stage: Stage, error: BaseException, *, phase: str) -> Optional[TrialResult]:
+        """What the search must still be told once a stage ended in ``error`` (its failure: returned), and the errors
+        the loop must see raised (NOTE [ Online epoch scheduler ])."""
         run = stage.run
-        if error is not None and phase == "tail":
+        if phase == "tail":
             reason = failure_reason(error, workers=run.config.num_workers)
             if reason is not None and not isinstance(error, TuningError):
                 transition("tail", "failed")
                 log.warning("candidate %s failed after it was measured, while serving its last batches (%s): they go "
                             "to the next candidate", run.config.label(), reason)
                 return None
-        if error is not None and (stage.candidate is None or stage.reported):
-            raise error  # the configuration in force, measured no more: its errors reach the loop as a DataLoader's
-        if error is not None:
-            transition("measuring", "failed")
-            record = run.record
-            failed = classify(error, run.config, user=record.user, threads_tuned=self.plan.threads_tuned,
-                              startup_s=record.startup_s, elapsed_s=record.elapsed,
-                              batch_bytes=run.window.batch_bytes)
-            self.plan.tell(stage.with_pools(failed), epoch=self.trace.epoch)
-            return failed
         if stage.candidate is None or stage.reported:
-            return None
-        if unopened and self.plan.retry_next_epoch():  # the window never really opened (on some rank)
-            log.info("the epoch ended before candidate %s was measured: it goes on next epoch", stage.config.label())
-            return None
-        if run.result is not None:
-            self.plan.tell(stage.with_pools(run.result), epoch=self.trace.epoch)
-        return run.result
+            raise error  # the configuration in force, measured no more: its errors reach the loop as a DataLoader's
+        transition("measuring", "failed")
+        record = run.record
+        failed = classify(error, run.config, user=record.user, threads_tuned=self.plan.threads_tuned,
+                          startup_s=record.startup_s, elapsed_s=record.elapsed, batch_bytes=run.window.batch_bytes)
+        self.plan.tell(stage.with_pools(failed), epoch=self.trace.epoch)
+        return failed
 
     def _span(self, start: float, stage: Stage) -> float:
         result = stage.run.result
