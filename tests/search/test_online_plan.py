@@ -90,7 +90,7 @@ def test_data_in_memory_stays_serial_and_is_measured():
 
 def test_waiting_data_jumps_to_what_meets_the_step():
     asked, result = drive(Host(fetch_s=0.064, cpu=0.05, step_s=0.005, cpus=2, batch=16))
-    assert asked == [0, 8, 16], "8 (2 x CPUs, unmeasured), then 8 x 1.2 x 3,200 / 2,000 = 15.4"
+    assert asked == [0, 16], "the probe timed the step: Little's law, 1.2 x 64 / 5 = 15.4, at once (CPUs allow 40)"
     assert result.config.num_workers == 16
 
 
