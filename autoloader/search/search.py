@@ -73,8 +73,7 @@ class Search:
 
     # -- budget -------------------------------------------------------------------------------------------------
     def elapsed(self) -> float:
-        """The search's clock: every rank's seconds as of the last outcome (``Coordinator.outcome``), so that every
-        rank reads the same budget wherever it checks it."""
+        """The search's clock: every rank's seconds as of the last outcome (``Coordinator.outcome``): one budget."""
         return self.clock
 
     def config(self, n: int, prefetch: Optional[int] = None, pin: Optional[bool] = None,
