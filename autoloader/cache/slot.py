@@ -11,8 +11,8 @@ import torch
 from ..probe import MachineProfile
 from ..request import Request
 from ..results import TuneResult
-from ..search import policy
-from ..search.budget import resolve_budget
+from ..search.budget import no_longer_fits
+from ..search.memory_budget import resolve_budget
 from ..search.bounds import worker_bounds
 from .fingerprint import (batch_signature, cache_key, dataset_fingerprint, dataset_length, machine_fingerprint,
                           same_batches, step_descriptor)
@@ -66,8 +66,7 @@ class Slot:
                 self._entry, self._expected = True, meta.get("batch")
         if result is not None:
             budget = resolve_budget(self.request.memory_budget, self.profile.memory).bytes
-            reason = policy.no_longer_fits(result, budget_bytes=budget,
-                                           shm_free_bytes=self.profile.shm.free_bytes)
+            reason = no_longer_fits(result, budget_bytes=budget, shm_free_bytes=self.profile.shm.free_bytes)
             if reason is not None:
                 log.info("cached config %s no longer fits (%s); tuning again", result.config.label(), reason)
                 result, self._entry = None, False

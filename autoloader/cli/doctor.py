@@ -14,7 +14,8 @@ from typing import Iterable, List, Mapping, Optional, Sequence
 import torch.multiprocessing
 
 from ..cache import CacheEntry, resolve_cache
-from ..search.budget import resolve_budget, shm_need_bytes
+from ..search.budget import shm_need_bytes
+from ..search.memory_budget import resolve_budget
 from ..probe import (THREAD_ENV_VARS, CpuInfo, MachineProfile, MemoryInfo, ShmInfo, load_profile,
                      open_files_limit, probe_machine)
 from ..probe._pools import NativePool, pools_here
@@ -89,7 +90,7 @@ _SOURCE_WORDS = {"cgroup": "cgroup (its limit minus what the cgroup uses is tigh
 
 
 def check_memory_budget(memory: MemoryInfo, *, memory_budget: "int | float | None" = None) -> Finding:
-    """The memory budget a loader of this process gets (``search/budget.py``, ``resolve_budget``): bytes, the
+    """The memory budget a loader of this process gets (``search/memory_budget.py``, ``resolve_budget``): bytes, the
     fraction, and where it came from (cgroup, available memory or the user)."""
     name = "memory budget"
     budget = resolve_budget(memory_budget, memory)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, Optional, Sequence
 
-from ..search.policy import DEFAULT_TOLERANCE, HEADROOM
+from ..search.capacity import DEFAULT_TOLERANCE, HEADROOM
 from .records import RayConfig, RayTrial
 
 RESERVE_CPUS = 1.0

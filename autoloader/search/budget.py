@@ -1,9 +1,10 @@
-"""The memory budget a loader must stay under, and what a candidate configuration would take of it: pure functions of
+"""What a candidate configuration would take of the memory budget (``memory_budget.py``), and the checks that keep it
+under: before it starts, at its first batch, and on a cached result; what one worker is sized at. Pure functions of
 the machine's facts and of what trials measured (tested on tables).
 
 # NOTE [ Memory budget ]
-# The budget is decided here and nowhere else (``resolve_budget``): ``make_loader(memory_budget=...)`` bytes as given
-# ("user"), or a fraction (default ``DEFAULT_FRACTION``) of what this process may still allocate, which the probe
+# The budget is decided in one place (``memory_budget.resolve_budget``): ``make_loader(memory_budget=...)`` bytes as
+# given ("user"), or a fraction (default ``DEFAULT_FRACTION``) of what this process may still allocate, which the probe
 # reads as the smaller of the machine's available memory and the cgroup's headroom (limit - working set), and which
 # ``distributed.Group.share_profile`` already divided among the ranks of a node. Half is tf.data's anchor for its
 # ``ram_budget``: the training process itself (model, optimizer, CUDA context, the batches it holds) needs the rest.
@@ -16,21 +17,21 @@ the machine's facts and of what trials measured (tested on tables).
 #                (one per-thread share of the batch per thread: a batch per process).
 # Every check uses ``footprint``: ``budget_guard`` before a candidate starts, ``first_batch_check`` once its workers
 # made their first batch, the choice at the end (a candidate whose measured footprint is over the budget is not
-# chosen), and ``policy.no_longer_fits`` on a cached result.
+# chosen), and ``no_longer_fits`` on a cached result.
 # Before a worker was measured, its size is unknown, and it is not guessed: a forked worker shares every page of this
 # process copy-on-write, so this process's RSS (the old estimate) said 280 MiB for workers that measured 15 MiB and
 # refused 8 workers (2,227 MiB "needed") whose epoch peaked at 129 MiB. ``budget_guard`` then checks only what is
 # known (the batches in /dev/shm, pinned, in threads' hands), the candidate starts, and its workers' USS is read at
 # their first batch (``MemoryCheck``, trials and online alike): when the footprint measured there, plus the growth an
 # earlier candidate's workers showed during their window, is over the budget, the candidate stops at once, "skipped"
-# with the figures, and its measured worker size guards every later candidate (``policy.per_worker_bytes``: sized by
+# with the figures, and its measured worker size guards every later candidate (``per_worker_bytes``: sized by
 # candidates of two workers or more, a lone worker holding alone every page this process writes meanwhile). What this
 # admits: the process tree passes the budget only from the start of a candidate to its first batch, and by less than
 # its workers' USS there (a forked worker's private pages then are what it allocated and copied to make its first
 # prefetch_factor batches: 8-20 MiB each measured here; a worker_init_fn that allocates more is not bounded); once a
 # worker was measured, only by what a worker holds there beyond that size. Spawned workers share nothing and import
-# everything again, so for them this process's RSS stays the estimate until one is measured (``Search
-# .per_worker_estimate``).
+# everything again, so for them this process's RSS stays the estimate until one is measured
+# (``per_worker_estimate``).
 # Copy-on-read (NOTE [ Copy-on-read ] in measure/advice.py) makes workers grow with every sample they read; a trial
 # sees the start of it, and the choice is made on the forecast of an epoch (NOTE [ Copy-on-read forecast ] in
 # growth.py).
@@ -38,59 +39,19 @@ the machine's facts and of what trials measured (tested on tables).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Optional, Sequence
 
 from ..config import LoaderConfig
 from .._text import mib
-from ..results import TrialResult
+from ..results import TrialResult, TuneResult
 from .footprint import Footprint, footprint, shm_need_bytes
 
-__all__ = ["DEFAULT_FRACTION", "SHM_MARGIN", "Footprint", "MemoryBudget", "MemoryCheck", "budget_guard",
-           "first_batch_check", "footprint", "resolve_budget", "shm_need_bytes", "trial_footprint"]
+__all__ = ["SHM_MARGIN", "Footprint", "MemoryCheck", "budget_guard", "first_batch_check", "footprint", "memory_check",
+           "no_longer_fits", "per_worker_bytes", "per_worker_estimate", "shm_need_bytes", "sized", "skipped_for_memory",
+           "trial_footprint", "worker_growth_bytes"]
 
-DEFAULT_FRACTION = 0.5
-"""The share of this process's available memory (cgroup-aware, per local rank) the loader may take by default."""
 SHM_MARGIN = 0.9
 """/dev/shm is full well before its last byte: keep this share of what is free."""
-BudgetArg = Union[None, int, float]
-
-
-@dataclass(frozen=True)
-class MemoryBudget:
-    """The loader's memory budget: ``bytes`` (None: unknown, nothing is checked), the ``fraction`` of ``basis_bytes``
-    it is (None for bytes the user gave), and ``source``: "user" (bytes given), "cgroup" (a fraction of the cgroup's
-    headroom, the tighter), "available" (a fraction of the machine's available memory) or "unknown"."""
-
-    bytes: Optional[int]
-    fraction: Optional[float]
-    source: str
-    basis_bytes: Optional[int] = None
-    user_fraction: bool = False
-
-    def describe(self) -> str:
-        if self.bytes is None:
-            return "unknown (the memory available could not be read): nothing is checked"
-        if self.source == "user":
-            return f"{mib(self.bytes)} (memory_budget={self.bytes}, set by the user)"
-        basis = "the cgroup's headroom (limit - used)" if self.source == "cgroup" else "the available memory"
-        given = f"memory_budget={self.fraction:g}" if self.user_fraction else "the default"
-        return f"{mib(self.bytes)} ({self.fraction:g} of {mib(self.basis_bytes or 0)}, {basis}; {given})"
-
-
-def resolve_budget(memory_budget: BudgetArg, memory: Any) -> MemoryBudget:
-    """THE memory budget: ``memory_budget`` as checked by ``_validate.check_memory_budget`` (None, bytes as an int,
-    or a fraction in (0, 1]) over the profile's ``memory`` (a ``MemoryInfo``: ``budget_bytes`` is what may still be
-    allocated, already divided among local ranks; ``headroom_bytes`` says whether the cgroup is the tighter)."""
-    if isinstance(memory_budget, int) and not isinstance(memory_budget, bool):
-        return MemoryBudget(int(memory_budget), None, "user")
-    fraction = DEFAULT_FRACTION if memory_budget is None else float(memory_budget)
-    basis = memory.budget_bytes
-    if basis is None:
-        return MemoryBudget(None, fraction, "unknown", None, memory_budget is not None)
-    headroom, available = memory.headroom_bytes, memory.available_bytes
-    cgroup = headroom is not None and (available is None or headroom < available)
-    return MemoryBudget(int(fraction * basis), fraction, "cgroup" if cgroup else "available", basis,
-                        memory_budget is not None)
 
 
 def trial_footprint(trial: TrialResult) -> Optional[int]:
@@ -150,3 +111,60 @@ def first_batch_check(config: LoaderConfig, check: Optional[MemoryCheck], *, uss
             f"{grown}) need {mib(total)} ({need.describe()}), over the memory budget of {mib(check.budget_bytes)}; "
             f"pass memory_budget= (bytes, or a fraction of the available memory) to allow more, or max_workers= to "
             f"try fewer")
+
+
+def per_worker_bytes(trials: Sequence[TrialResult]) -> Optional[int]:
+    """What one worker needs, from trials that measured it (``sized``): the largest USS plus its growth during the
+    trial (copy-on-read keeps growing, see NOTE [ Copy-on-read ]); None when no trial measured a worker."""
+    return max((t.worker_uss_bytes + max(0, t.worker_uss_growth_bytes or 0) for t in sized(trials)
+                if t.worker_uss_bytes is not None), default=None)
+
+
+def worker_growth_bytes(trials: Sequence[TrialResult]) -> int:
+    """The most one worker grew during a window, of the trials ``sized`` keeps (0: none measured)."""
+    return max((max(0, t.worker_uss_growth_bytes or 0) for t in sized(trials)), default=0)
+
+
+def sized(trials: Sequence[TrialResult]) -> Sequence[TrialResult]:
+    """The trials that size a worker for any count: those with two workers or more when one measured a worker. A lone
+    worker also holds alone every page the main process writes meanwhile (measure/cow.py): its USS measured 59 MiB
+    online where 2 or more measured 15-20 MiB each, and sized as 59 MiB, 7 workers were refused under 380 MiB."""
+    several = [t for t in trials if t.config.num_workers >= 2 and t.worker_uss_bytes is not None]
+    return several or [t for t in trials if t.worker_uss_bytes is not None]
+
+
+def skipped_for_memory(trial: TrialResult) -> bool:
+    """The candidate was not started, or stopped at its first batch, for the memory budget or /dev/shm (not for the
+    time budget: NOTE [ Candidate time limit ] in candidates.py)."""
+    return trial.status == "skipped" and (trial.reason or "").startswith(("memory", "/dev/shm"))
+
+
+def no_longer_fits(result: TuneResult, *, budget_bytes: Optional[int], shm_free_bytes: Optional[int]) -> Optional[str]:
+    """Why a cached configuration would not fit in today's memory budget or free /dev/shm (``budget.budget_guard``,
+    the check every candidate passed), or None."""
+    batch_bytes = next((t.batch_bytes for t in result.trials if t.batch_bytes is not None), None)
+    return budget_guard(result.config, per_worker_bytes=per_worker_bytes(result.trials), batch_bytes=batch_bytes,
+                        budget_bytes=budget_bytes, shm_free_bytes=shm_free_bytes)
+
+
+def per_worker_estimate(measured_bytes: Optional[int], *, forked: bool,
+                        main_rss_bytes: Optional[int]) -> Optional[int]:
+    """One worker's memory for the checks before a candidate starts: as measured (``per_worker_bytes``) once a worker
+    candidate reached its first batch; before that None for forked workers, which share this process's pages
+    copy-on-write (their candidate is checked at its first batch instead: NOTE [ Memory budget ]), and this process's
+    RSS (``main_rss_bytes``) for spawned ones, which import everything again (an estimate, until one is measured)."""
+    if measured_bytes is not None or forked:
+        return measured_bytes
+    return main_rss_bytes
+
+
+def memory_check(config: LoaderConfig, trials: Sequence[TrialResult], *, budget_bytes: Optional[int],
+                 main_rss_bytes: Optional[int], batch_bytes: Optional[int]) -> Optional[MemoryCheck]:
+    """What ``config``'s workers are checked against at their first batch: the budget and the most a worker grew
+    during an earlier window of ``trials``; the census only where its workers, each copying all of this process (its
+    RSS: the most a fork can copy) on top of their own size, would not fit. None without workers or a budget."""
+    if config.num_workers == 0 or budget_bytes is None:
+        return None
+    worst = None if main_rss_bytes is None else footprint(
+        config, per_worker_bytes=main_rss_bytes + (per_worker_bytes(trials) or 0), batch_bytes=batch_bytes).total_bytes
+    return MemoryCheck(budget_bytes, worker_growth_bytes(trials), census=worst is None or worst > budget_bytes)

@@ -131,7 +131,7 @@ T = TypeVar("T")
 Steps = Generator[Candidate, Outcome, T]
 
 
-def trial_limit(budget: Any) -> float:
+def trial_limit(budget: Optional[float]) -> float:
     """Each candidate's soft wall-clock limit: a fifth of the budget, between 1.5 and 8 seconds."""
     return min(8.0, max(1.5, (DEFAULT_BUDGET_S if budget is None else budget) / 5.0))
 

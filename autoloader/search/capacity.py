@@ -1,5 +1,6 @@
 """What both searches' policies read of a candidate's capacity: the tolerance within which rates are alike, the
-headroom loading should keep over the step, what starting a worker costs before one was measured, and whether a candidate's processes keep the usable CPUs busy. Pure.
+headroom loading should keep over the step, what starting a worker costs before one was measured, and whether a
+candidate's processes keep the usable CPUs busy. Pure.
 """
 from __future__ import annotations
 

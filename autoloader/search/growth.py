@@ -8,10 +8,10 @@ functions of what its window measured (tested on tables), in the footprint of NO
 # and a noise floor above the second hid the first: 32 workers were chosen under a 700 MiB budget and their epoch
 # peaked at 1,343 MiB. So the window also reads which pages one worker shares with this process, at its first batch
 # and at its end (measure/cow.py, Linux pagemap; with two workers or more): a page shared then and its own now is a
-# copy, whatever else its USS does. ``copied_per_sample``: those copies over the samples it made (``samples_made``: its share of the window's
-# batches and the burst), 0 below ``COPY_NOISE_BYTES`` or ``COPY_NOISE_PER_SAMPLE`` (what any worker copies: its
-# allocator reusing inherited heap pages). A dataset that copies less than that per sample (small objects read in
-# order) goes unseen here, as with the USS before.
+# copy, whatever else its USS does. ``copied_per_sample``: those copies over the samples it made (``samples_made``:
+# its share of the window's batches and the burst), 0 below ``COPY_NOISE_BYTES`` or ``COPY_NOISE_PER_SAMPLE`` (what
+# any worker copies: its allocator reusing inherited heap pages). A dataset that copies less than that per sample
+# (small objects read in order) goes unseen here, as with the USS before.
 # The copies saturate: a page is copied once, and the inherited objects are finite. ``worker_copy_span_bytes`` is
 # what the worker shared within the address span its copies fell in (trimmed of stray ones, widened to the range
 # uniform copies cover: the objects its reads copy from; 181 MiB measured for that list, whose 300,000 objects take
@@ -25,7 +25,7 @@ functions of what its window measured (tested on tables), in the footprint of NO
 # cache), linearly; ``forecast_bytes`` puts it in the same ``footprint``. Where the census cannot be read (not Linux, a
 # sandbox), the USS growth beyond ``growth_noise_bytes`` is extended linearly, as before (measured on a dataset that
 # keeps 128 KiB per sample: 0.82-1.17 x that with 2 and 4 workers). Workers kept across epochs (persistent) copy the
-# whole span in time: ``lasting_bytes``, which ``policy.keep_workers_alive`` reads.
+# whole span in time: ``lasting_bytes``, which ``verdict.keep_workers_alive`` reads.
 # Once a candidate measured copies, ``forecast_guard`` refuses before it starts any count forecast past the budget
 # (``Search.guard``): the choice would refuse it, and as a ceiling it sends the search below it. Without it the search
 # climbed 8 -> 32 -> 16 -> 23 on that list under 700 MiB, all forecast past it, and fell back to no workers.
@@ -39,8 +39,8 @@ from .._text import mib
 from ..results import TrialResult
 from .footprint import footprint
 
-__all__ = ["COPY_NOISE_BYTES", "COPY_NOISE_PER_SAMPLE", "DENSE", "GROWTH_NOISE_BYTES", "copied_per_sample", "copy_forecast",
-           "copy_rate", "epoch_growth_bytes", "forecast_bytes", "forecast_guard", "growth_noise_bytes",
+__all__ = ["COPY_NOISE_BYTES", "COPY_NOISE_PER_SAMPLE", "DENSE", "GROWTH_NOISE_BYTES", "copied_per_sample",
+           "copy_forecast", "copy_rate", "epoch_growth_bytes", "forecast_bytes", "forecast_guard", "growth_noise_bytes",
            "growth_per_sample", "lasting_bytes", "samples_made", "scattered_bytes"]
 
 GROWTH_NOISE_BYTES = 4 * 2**20

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Optional, Protocol
+from typing import Optional, Protocol
 
 from ..coordination import Coordinator
 from ..config import LoaderConfig
 from ..results import TrialResult
 from . import native_policy
 from .candidates import Steps
+from .settings import Findings, Settings
 
 log = logging.getLogger("autoloader.tuner")
 
@@ -18,8 +19,8 @@ log = logging.getLogger("autoloader.tuner")
 class Searching(Protocol):
     """What this part reads and calls of the ``search.Search`` running it."""
 
-    found: Any
-    settings: Any
+    found: Findings
+    settings: Settings
     coordinator: Coordinator
 
     def run(self, config: LoaderConfig, *, first: bool = False, again: bool = False,

@@ -1,32 +1,36 @@
-"""The tuner's decisions, as pure functions of measurements: easy to read, and tested with tables of fake trials.
+"""The search's decisions about processes, as pure functions of measurements: which worker count to try first, next,
+and at most, and which trial to choose; easy to read, and tested with tables of fake trials.
 
 Nothing here runs a trial, reads the machine or the clock; ``search.py`` feeds these functions what it measured. The
 decisions about threads per process live in ``threads_policy.py`` (NOTE [ Processes x threads ]), which
-``thread_search.py`` reads directly; ``select`` only borrows its ``least_memory``.
+``thread_search.py`` reads directly; ``select`` only borrows its ``fewest_near``. What a worker is sized at and the
+memory checks are ``budget.py``'s; what the result reports of its choice (the bottleneck) is ``verdict.py``'s.
 """
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from . import native_policy
-from .capacity import DEFAULT_TOLERANCE, HEADROOM, cpu_saturated
-from .budget import SHM_MARGIN, budget_guard, shm_need_bytes, trial_footprint
+from .capacity import DEFAULT_TOLERANCE, HEADROOM
+from .budget import trial_footprint
 from .growth import forecast_bytes, growth_per_sample
-from .threads_policy import fewest_near, least_memory, rate
+from .threads_policy import fewest_near, rate
 from .._text import mib
-from ..results import Bottleneck, TrialResult, TuneResult
+from ..results import TrialResult
 
 __all__ = [
-    "DEFAULT_TOLERANCE", "FIRST_STEP_WORKERS", "HEADROOM", "SHM_MARGIN",
-    "bottleneck", "climb_cap", "cpu_saturated", "disk_ceiling", "keep_workers_alive", "next_count_down",
-    "next_count_near", "next_worker_count", "no_longer_fits", "oversubscribed", "per_worker_bytes",
-    "predict_from_serial", "predict_from_workers", "rate_ceiling", "select", "select_within_budget", "shm_need_bytes",
-    "sized", "skipped_for_memory", "worker_growth_bytes", "workers_needed", "worth_more_prefetch"]
+    "DEFAULT_TOLERANCE", "FIRST_STEP_WORKERS", "MEMORY_SLACK", "MEMORY_SLACK_BYTES", "climb_cap", "contenders",
+    "first_count", "least_memory", "next_count_down", "next_count_near", "next_worker_count", "predict_from_serial",
+    "predict_from_workers", "rate_ceiling", "select", "select_within_budget", "workers_needed", "worth_more_prefetch"]
 
 FIRST_STEP_WORKERS = 8
 """The first worker trial starts at most at max(this, 2 x usable CPUs): it measures per-worker cost before a big
 jump."""
+MEMORY_SLACK = 1.25
+MEMORY_SLACK_BYTES = 64 << 20
+"""Worker memory within this factor (or this many bytes) of the least measured counts as equal in ``least_memory``:
+USS varies by a few percent from one trial to the next."""
 
 
 def select(trials: Sequence[TrialResult], *, tolerance: float = DEFAULT_TOLERANCE) -> Optional[TrialResult]:
@@ -40,6 +44,68 @@ def select(trials: Sequence[TrialResult], *, tolerance: float = DEFAULT_TOLERANC
     if not near:
         return None
     return min(near, key=lambda t: (t.config.prefetch_factor or 0, -rate(t)))
+
+
+def contenders(trials: Sequence[TrialResult], *, tolerance: float = DEFAULT_TOLERANCE) -> List[TrialResult]:
+    """The trials the selection chooses among: each configuration's latest (a measurement taken again, or an online
+    probe measured properly, supersedes the earlier one), less the losing side of a configuration measured with and
+    without its native limit (``native_policy.without_losers``)."""
+    latest = {t.config: t for t in trials}
+    return native_policy.without_losers([t for t in trials if latest[t.config] is t], tolerance=tolerance)
+
+
+def least_memory(trials: Sequence[TrialResult]) -> List[TrialResult]:
+    """``trials`` less those whose workers measured clearly more memory (``TrialResult.worker_memory_bytes``, the
+    sum of their USS) than the least (see ``MEMORY_SLACK``); a trial without a measurement stays."""
+    known = [t.worker_memory_bytes for t in trials if t.worker_memory_bytes is not None]
+    if not known:
+        return list(trials)
+    least = min(known)
+    bound = max(least * MEMORY_SLACK, least + MEMORY_SLACK_BYTES)
+    return [t for t in trials if (t.worker_memory_bytes or 0) <= bound]
+
+
+def select_within_budget(trials: Sequence[TrialResult], *, tolerance: float = DEFAULT_TOLERANCE,
+                         budget_bytes: Optional[int], epoch_samples: Optional[int]
+                         ) -> Tuple[Optional[TrialResult], Optional[str]]:
+    """``select`` among the trials whose measured footprint fits ``budget_bytes`` (NOTE [ Memory budget ]); then, when
+    the chosen one's workers are forecast past the budget by the end of an epoch of ``epoch_samples`` (copy-on-read
+    growth), the selection among those forecast to fit (fewer workers, or threads), else the one forecast to take the
+    least. Returns (the choice, the warning to give, naming the fix, or None)."""
+    if budget_bytes is None:
+        return select(trials, tolerance=tolerance), None
+    fits = [t for t in trials if t.config.num_workers == 0 or (trial_footprint(t) or 0) <= budget_bytes]
+    chosen = select(fits, tolerance=tolerance)
+    forecast = forecast_bytes(chosen, epoch_samples=epoch_samples) if chosen is not None else None
+    if chosen is None or forecast is None or forecast <= budget_bytes:
+        return chosen, None
+    forecasts = {id(t): forecast_bytes(t, epoch_samples=epoch_samples) for t in fits if t.ok}
+    lasting = [t for t in fits if t.ok and (forecasts[id(t)] or 0) <= budget_bytes]
+    better = select(lasting, tolerance=tolerance) or \
+        min((t for t in fits if t.ok), key=lambda t: (forecasts[id(t)] or 0, -rate(t)))
+    slope = growth_per_sample(chosen) or 0.0
+    instead = "" if better is chosen else (
+        f"; choosing {better.config.label()} instead (forecast "
+        f"{mib(forecasts[id(better)] or trial_footprint(better) or 0)})")
+    return better, (
+        f"DataLoader workers grow by about {slope / 1024:,.1f} KiB per sample read (copy-on-read, PyTorch issue "
+        f"13246): by the end of an epoch of {epoch_samples:,} samples {chosen.config.label()} would take about "
+        f"{mib(forecast)}, over the memory budget of {mib(budget_bytes)}{instead}. Fix the dataset: store its samples "
+        f"in numpy arrays or torch tensors instead of Python lists/dicts, and call gc.freeze() before the loader "
+        f"starts its workers; or use fewer workers (max_workers=) or threads=True, or raise memory_budget=")
+
+
+def first_count(serial: Optional[TrialResult], *, consumer_samples_per_s: Optional[float], consumer_s: float,
+                usable_cpus: int, cap: int, tolerance: float = DEFAULT_TOLERANCE) -> int:
+    """The first worker count to measure after the serial candidate: none (0) when serial loading already keeps up
+    with the consumer within ``tolerance``, else ``predict_from_serial``; without a serial rate (it failed), the usable
+    CPUs, at most ``cap``."""
+    if serial is None:
+        return max(0, min(usable_cpus, cap))
+    if consumer_samples_per_s and rate(serial) >= (1 - tolerance) * consumer_samples_per_s:
+        return 0
+    return predict_from_serial(fetch_s=serial.fetch_s_per_batch or 0.0, fetch_cpu_s=serial.fetch_cpu_s_per_batch or 0.0,
+                               consumer_s=consumer_s, usable_cpus=usable_cpus, cap=cap)
 
 
 def predict_from_serial(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float, usable_cpus: int,
@@ -198,84 +264,6 @@ def _half_of_fewest(rates: Mapping[int, Optional[float]], *, tolerance: float) -
     return None
 
 
-def per_worker_bytes(trials: Sequence[TrialResult]) -> Optional[int]:
-    """What one worker needs, from trials that measured it (``sized``): the largest USS plus its growth during the
-    trial (copy-on-read keeps growing, see NOTE [ Copy-on-read ]); None when no trial measured a worker."""
-    return max((t.worker_uss_bytes + max(0, t.worker_uss_growth_bytes or 0) for t in sized(trials)
-                if t.worker_uss_bytes is not None), default=None)
-
-
-def worker_growth_bytes(trials: Sequence[TrialResult]) -> int:
-    """The most one worker grew during a window, of the trials ``sized`` keeps (0: none measured)."""
-    return max((max(0, t.worker_uss_growth_bytes or 0) for t in sized(trials)), default=0)
-
-
-def sized(trials: Sequence[TrialResult]) -> Sequence[TrialResult]:
-    """The trials that size a worker for any count: those with two workers or more when one measured a worker. A lone
-    worker also holds alone every page the main process writes meanwhile (measure/cow.py): its USS measured 59 MiB
-    online where 2 or more measured 15-20 MiB each, and sized as 59 MiB, 7 workers were refused under 380 MiB."""
-    several = [t for t in trials if t.config.num_workers >= 2 and t.worker_uss_bytes is not None]
-    return several or [t for t in trials if t.worker_uss_bytes is not None]
-
-
-def skipped_for_memory(trial: TrialResult) -> bool:
-    """The candidate was not started, or stopped at its first batch, for the memory budget or /dev/shm (not for the
-    time budget: NOTE [ Candidate time limit ] in candidates.py)."""
-    return trial.status == "skipped" and (trial.reason or "").startswith(("memory", "/dev/shm"))
-
-
-def no_longer_fits(result: TuneResult, *, budget_bytes: Optional[int], shm_free_bytes: Optional[int]) -> Optional[str]:
-    """Why a cached configuration would not fit in today's memory budget or free /dev/shm (``budget.budget_guard``,
-    the check every candidate passed), or None."""
-    batch_bytes = next((t.batch_bytes for t in result.trials if t.batch_bytes is not None), None)
-    return budget_guard(result.config, per_worker_bytes=per_worker_bytes(result.trials), batch_bytes=batch_bytes,
-                        budget_bytes=budget_bytes, shm_free_bytes=shm_free_bytes)
-
-
-def select_within_budget(trials: Sequence[TrialResult], *, tolerance: float = DEFAULT_TOLERANCE,
-                         budget_bytes: Optional[int], epoch_samples: Optional[int]
-                         ) -> Tuple[Optional[TrialResult], Optional[str]]:
-    """``select`` among the trials whose measured footprint fits ``budget_bytes`` (NOTE [ Memory budget ]); then, when
-    the chosen one's workers are forecast past the budget by the end of an epoch of ``epoch_samples`` (copy-on-read
-    growth), the selection among those forecast to fit (fewer workers, or threads), else the one forecast to take the
-    least. Returns (the choice, the warning to give, naming the fix, or None)."""
-    if budget_bytes is None:
-        return select(trials, tolerance=tolerance), None
-    fits = [t for t in trials if t.config.num_workers == 0 or (trial_footprint(t) or 0) <= budget_bytes]
-    chosen = select(fits, tolerance=tolerance)
-    forecast = forecast_bytes(chosen, epoch_samples=epoch_samples) if chosen is not None else None
-    if chosen is None or forecast is None or forecast <= budget_bytes:
-        return chosen, None
-    forecasts = {id(t): forecast_bytes(t, epoch_samples=epoch_samples) for t in fits if t.ok}
-    lasting = [t for t in fits if t.ok and (forecasts[id(t)] or 0) <= budget_bytes]
-    better = select(lasting, tolerance=tolerance) or \
-        min((t for t in fits if t.ok), key=lambda t: (forecasts[id(t)] or 0, -rate(t)))
-    slope = growth_per_sample(chosen) or 0.0
-    instead = "" if better is chosen else (
-        f"; choosing {better.config.label()} instead (forecast "
-        f"{mib(forecasts[id(better)] or trial_footprint(better) or 0)})")
-    return better, (
-        f"DataLoader workers grow by about {slope / 1024:,.1f} KiB per sample read (copy-on-read, PyTorch issue "
-        f"13246): by the end of an epoch of {epoch_samples:,} samples {chosen.config.label()} would take about "
-        f"{mib(forecast)}, over the memory budget of {mib(budget_bytes)}{instead}. Fix the dataset: store its samples "
-        f"in numpy arrays or torch tensors instead of Python lists/dicts, and call gc.freeze() before the loader "
-        f"starts its workers; or use fewer workers (max_workers=) or threads=True, or raise memory_budget=")
-
-
-def keep_workers_alive(num_workers: int, *, per_worker_bytes: Optional[int], budget_bytes: Optional[int],
-                       lasting_bytes: Optional[int] = None) -> bool:
-    """``persistent_workers``: on with workers, unless they would hold more than half the memory budget between
-    epochs, or their footprint once copy-on-read copied all it can reach (``growth.lasting_bytes``: workers kept
-    across epochs get there, fresh ones each epoch start over) is over the budget."""
-    if num_workers == 0:
-        return False
-    if budget_bytes is not None and lasting_bytes is not None and lasting_bytes > budget_bytes:
-        return False
-    if per_worker_bytes is None or budget_bytes is None:
-        return True
-    return num_workers * per_worker_bytes <= budget_bytes // 2
-
-
 def worth_more_prefetch(chosen: TrialResult, *, consumer_samples_per_s: Optional[float]) -> bool:
     """A deeper queue only helps when loading keeps up on average but the consumer still waits (jitter)."""
     if chosen.config.num_workers == 0 or consumer_samples_per_s is None or chosen.stall_fraction is None:
@@ -283,63 +271,5 @@ def worth_more_prefetch(chosen: TrialResult, *, consumer_samples_per_s: Optional
     return chosen.stall_fraction > 0.05 and rate(chosen) >= 0.8 * consumer_samples_per_s
 
 
-def bottleneck(chosen: TrialResult, trials: Sequence[TrialResult], *, consumer_samples_per_s: Optional[float],
-               usable_cpus: int, memory_limited: bool) -> Bottleneck:
-    """What limits the chosen configuration, from what it measured."""
-    if consumer_samples_per_s and rate(chosen) >= 0.9 * consumer_samples_per_s:
-        return "consumer"
-    if chosen.consumer_s_per_batch and chosen.window_s and \
-            chosen.consumer_s_per_batch * chosen.batches >= 0.75 * chosen.window_s:
-        return "consumer"
-    if chosen.stall_fraction is not None and chosen.stall_fraction < 0.1 and consumer_samples_per_s:
-        return "consumer"
-    if memory_limited:
-        return "memory"
-    n = chosen.config.num_workers
-    if n == 0:
-        slower_with_workers = [t for t in trials if t.ok and t.config.num_workers > 0]
-        if slower_with_workers:
-            if oversubscribed(chosen, slower_with_workers, usable_cpus=usable_cpus):
-                return "oversubscription"
-            return "cpu" if native_policy.native_in_use(chosen) else "ipc"
-        fetch, cpu = chosen.fetch_s_per_batch, chosen.fetch_cpu_s_per_batch
-        if fetch and cpu is not None and cpu / fetch < 0.5:
-            return "io"
-        return "cpu"
-    if cpu_saturated(chosen, usable_cpus=usable_cpus):
-        return "cpu"
-    if (chosen.main_cpu_util or 0.0) >= 0.9:
-        return "ipc"
-    if chosen.worker_cpu_util is not None and chosen.worker_cpu_util < 0.5:
-        return "io"
-    return "cpu"
-
-
-def oversubscribed(serial: TrialResult, with_workers: Sequence[TrialResult], *, usable_cpus: int) -> bool:
-    """Workers lost to serial loading because their native pools oversubscribed the CPUs: the serial loading ran
-    native threads (``native_policy.native_in_use``: its CPU time above its wall time), and a configuration with
-    workers was not seen held to a limit that fits (its pools unknown, as without threadpoolctl, or a limit not held),
-    or its workers' pools kept several threads each, more in all than the usable CPUs (single-threaded workers
-    beyond the CPUs are not the pools' doing)."""
-    if not native_policy.native_in_use(serial):
-        return False
-    for trial in with_workers:
-        if trial.native_pools is None or trial.native_limit_held is False:
-            return True
-        kept = max((p.kept for p in trial.native_pools), default=1)
-        if kept > 1 and trial.config.num_workers * kept > usable_cpus:
-            return True
-    return False
-
-
-def disk_ceiling(*, read_bytes_per_sample: Optional[float], seq_read_mb_s: Optional[float]) -> Optional[float]:
-    """Samples per second the disk's sequential read speed allows at the bytes the workers read per sample (1 MB =
-    10**6 bytes, as the probe measures it); None when either is unknown or nothing was read."""
-    if not read_bytes_per_sample or read_bytes_per_sample <= 0 or not seq_read_mb_s or seq_read_mb_s <= 0:
-        return None
-    return seq_read_mb_s * 1e6 / read_bytes_per_sample
-
-
 def _clamp(n: int, cap: int) -> int:
     return max(1, min(int(n), cap)) if cap >= 1 else 0
-

@@ -1,6 +1,7 @@
 """Which candidates to try, in what order, within what budget, and which one to choose.
 
-The search is model-guided (see ``policy.py`` for each decision): one serial candidate (``num_workers=0``) measures
+The search is model-guided (each decision a pure function: ``policy.py``, ``threads_policy.py``, ``budget.py`` for
+memory, ``verdict.py`` for what the result reports): one serial candidate (``num_workers=0``) measures
 what a batch costs to load (wall and CPU time) and what the consumer costs; a first worker candidate measures what one
 worker delivers and how busy it keeps a CPU; from these the worker count that meets the consumer or fills the CPUs is
 predicted and tried, and a few more candidates climb or descend only while it pays. With ``threads=True`` and a
@@ -25,11 +26,11 @@ from ..errors import TuningError, warn_user
 from ..probe import MachineProfile
 from ..request import Request
 from ..results import TrialResult, TuneResult
-from . import native_policy, online_policy, policy, threads_policy
+from . import budget, native_policy, online_policy, policy, thread_bounds, threads_policy, verdict
 from .bounds import worker_bounds
-from .budget import MemoryCheck, budget_guard, footprint, resolve_budget, trial_footprint
-from .growth import forecast_guard, lasting_bytes
-from .candidates import Candidate, Progress, Steps, admit, fallback_result, start_costs
+from .budget import MemoryCheck, budget_guard, footprint, trial_footprint
+from .growth import forecast_guard
+from .candidates import Candidate, Progress, Steps, admit, start_costs, trial_limit
 from .settings import Findings, Settings
 from .native_search import compare_native
 from .thread_search import search_threads, search_threads_first
@@ -54,8 +55,8 @@ class Search:
         ``descend``: from ``start``, try only fewer workers (``policy.next_count_down``). ``coordinator``: how the
         ranks of the node agree on each outcome (``Coordinator.outcome``)."""
         bounds = worker_bounds(profile, max_workers=request.max_workers, dataset=request.dataset)
-        self.settings = Settings.of(request, profile, bounds=bounds, budget=budget, tolerance=tolerance, start=start,
-                                    descend=descend, memory=resolve_budget(request.memory_budget, profile.memory))
+        self.settings = Settings.of(request, profile, bounds=bounds, budget=budget, trial_limit=trial_limit(budget),
+                                    tolerance=tolerance, start=start, descend=descend)
         self.found = Findings()
         self.coordinator = coordinator or Coordinator()
         self.progress = progress
@@ -72,8 +73,7 @@ class Search:
 
     # -- budget -------------------------------------------------------------------------------------------------
     def elapsed(self) -> float:
-        """The search's clock: every rank's seconds as of the last outcome (``Coordinator.outcome``), so that every
-        rank reads the same budget wherever it checks it."""
+        """The search's clock: every rank's seconds as of the last outcome (``Coordinator.outcome``): one budget."""
         return self.clock
 
     def config(self, n: int, prefetch: Optional[int] = None, pin: Optional[bool] = None,
@@ -96,30 +96,18 @@ class Search:
         budget_bytes, batch_bytes = self.settings.memory_budget, self.found.batch_bytes
         return budget_guard(config, per_worker_bytes=per_worker_bytes, batch_bytes=batch_bytes,
                             budget_bytes=budget_bytes, shm_free_bytes=self.settings.shm_free) or \
-            forecast_guard(config, trials=self.found.trials, per_worker_bytes=per_worker_bytes,
-                           batch_bytes=batch_bytes, budget_bytes=budget_bytes, epoch_samples=self.settings.epoch_samples)
+            forecast_guard(config, trials=self.found.trials, per_worker_bytes=per_worker_bytes, batch_bytes=batch_bytes,
+                           budget_bytes=budget_bytes, epoch_samples=self.settings.epoch_samples)
 
     def per_worker_estimate(self) -> Optional[int]:
-        """One worker's memory as measured (USS plus its growth) once a worker candidate reached its first batch;
-        before that None for forked workers, which share this process's pages copy-on-write (their candidate is
-        checked at its first batch instead: NOTE [ Memory budget ]), and this process's RSS for spawned ones, which
-        import everything again (an estimate, until one is measured)."""
-        if self.found.per_worker_bytes is not None or self.settings.forked:
-            return self.found.per_worker_bytes
-        return self.main_rss
+        """One worker's memory for the checks before a candidate starts (``budget.per_worker_estimate``)."""
+        return budget.per_worker_estimate(self.found.per_worker_bytes, forked=self.settings.forked,
+                                          main_rss_bytes=self.main_rss)
 
     def memory_check(self, config: LoaderConfig) -> Optional[MemoryCheck]:
-        """What ``config``'s workers are checked against at their first batch: the budget and the most a worker grew
-        during an earlier window; the census only where its workers, each copying all of this process (its RSS: the
-        most a fork can copy) on top of their own size, would not fit. None without workers or a budget."""
-        budget_bytes = self.settings.memory_budget
-        if config.num_workers == 0 or budget_bytes is None:
-            return None
-        worst = None if self.main_rss is None else footprint(
-            config, per_worker_bytes=self.main_rss + (self.found.per_worker_bytes or 0),
-            batch_bytes=self.found.batch_bytes).total_bytes
-        return MemoryCheck(budget_bytes, policy.worker_growth_bytes(self.found.trials),
-                           census=worst is None or worst > budget_bytes)
+        """What ``config``'s workers are checked against at their first batch (``budget.memory_check``)."""
+        return budget.memory_check(config, self.found.trials, budget_bytes=self.settings.memory_budget,
+                                   main_rss_bytes=self.main_rss, batch_bytes=self.found.batch_bytes)
 
     def run(self, config: LoaderConfig, *, first: bool = False, again: bool = False, force: bool = False,
             probe: bool = False, gain: float = 0.0) -> Steps[Optional[TrialResult]]:
@@ -154,13 +142,12 @@ class Search:
         self.found.by_config[config] = trial
         if trial.batch_bytes is not None and self.found.batch_bytes is None:
             self.found.batch_bytes = trial.batch_bytes
-        self.found.per_worker_bytes = policy.per_worker_bytes(self.found.trials)
+        self.found.per_worker_bytes = budget.per_worker_bytes(self.found.trials)
         elapsed = self.elapsed()
-        log.info("%s %-34s %-24s %5.1f s%s", "trial" if math.isfinite(self.settings.budget) else "candidate",
-                 config.label(),
-                 f"{trial.samples_per_s:,.0f} samples/s" if trial.ok else f"{trial.status}: {trial.reason}",
-                 elapsed,
-                 f" of {self.settings.budget:.0f} s budget" if math.isfinite(self.settings.budget) else " (online)")
+        online = not math.isfinite(self.settings.budget)
+        log.info("%s %-34s %-24s %5.1f s%s", "candidate" if online else "trial", config.label(),
+                 f"{trial.samples_per_s:,.0f} samples/s" if trial.ok else f"{trial.status}: {trial.reason}", elapsed,
+                 " (online)" if online else f" of {self.settings.budget:.0f} s budget")
         if self.progress is not None:
             self.progress(trial, elapsed, self.settings.budget)
         return trial if trial.ok else None
@@ -170,7 +157,7 @@ class Search:
         """A candidate skipped for memory while one worker's memory was only estimated (spawned workers: this
         process's RSS) that fits now that a worker was measured: no longer a ceiling, and measured when proposed
         again."""
-        return policy.skipped_for_memory(trial) and self.found.per_worker_bytes is not None and \
+        return budget.skipped_for_memory(trial) and self.found.per_worker_bytes is not None and \
             self.guard(trial.config, self.found.per_worker_bytes) is None
 
     def rates(self) -> Dict[int, Optional[float]]:
@@ -189,16 +176,9 @@ class Search:
         consumer_rate = self.consumer(consumer_s)
         self.found.ceiling = policy.rate_ceiling(serial, batch_size=self.settings.batch_size,
                                                  usable_cpus=self.settings.usable, consumer_samples_per_s=consumer_rate)
-        if serial is not None and consumer_rate and \
-                threads_policy.rate(serial) >= (1 - self.settings.tolerance) * consumer_rate:
-            return
-        if serial is not None:
-            first = policy.predict_from_serial(fetch_s=serial.fetch_s_per_batch or 0.0,
-                                               fetch_cpu_s=serial.fetch_cpu_s_per_batch or 0.0,
-                                               consumer_s=consumer_s, usable_cpus=self.settings.usable,
-                                               cap=self.settings.cap)
-        else:
-            first = min(self.settings.usable, self.settings.cap)
+        first = policy.first_count(serial, consumer_samples_per_s=consumer_rate, consumer_s=consumer_s,
+                                   usable_cpus=self.settings.usable, cap=self.settings.cap,
+                                   tolerance=self.settings.tolerance)
         if first < 1:
             return
         trial = yield from self.run(self.config(first))
@@ -256,12 +236,8 @@ class Search:
         return self.result(self.choose(), consumer_rate)
 
     def candidates(self) -> List[TrialResult]:
-        """The trials the selection chooses among: each configuration's latest (a measurement taken again, or an
-        online probe measured properly, supersedes the earlier one), less the losing side of a configuration measured
-        with and without its native limit (``native_policy.without_losers``)."""
-        latest = {t.config: t for t in self.found.trials}
-        current = [t for t in self.found.trials if latest[t.config] is t]
-        return native_policy.without_losers(current, tolerance=self.settings.tolerance)
+        """The trials the selection chooses among (``policy.contenders``)."""
+        return policy.contenders(self.found.trials, tolerance=self.settings.tolerance)
 
     def choose(self) -> Optional[TrialResult]:
         """The selection among candidates that fit the memory budget, now and (copy-on-read growth forecast) by the
@@ -301,7 +277,7 @@ class Search:
         if self.settings.cap <= 0:
             return consumer_s, False
         first = self.settings.tune_threads and serial is not None and threads_policy.waits(
-            serial, max_threads=threads_policy.max_threads_per_process(serial, batch_size=self.settings.batch_size))
+            serial, max_threads=thread_bounds.max_threads_per_process(serial, batch_size=self.settings.batch_size))
         needed = policy.workers_needed(fetch_s=serial.fetch_s_per_batch or 0.0, consumer_s=consumer_s,
                                        fetch_cpu_s=serial.fetch_cpu_s_per_batch or 0.0,
                                        usable_cpus=self.settings.usable) if first and serial is not None else 1.0
@@ -314,43 +290,11 @@ class Search:
         return consumer_s, first
 
     def result(self, chosen: Optional[TrialResult], consumer_rate: Optional[float]) -> TuneResult:
+        """The search's ``TuneResult``: ``chosen``'s (``verdict.conclude``), else the fallback's
+        (``verdict.unmeasured``)."""
         seconds = time.monotonic() - self.started
-        worker_failures = [t for t in self.found.trials if t.status == "failed" and t.config.num_workers > 0]
         if chosen is None:
-            reasons = "; ".join(sorted({t.reason or t.status for t in self.found.trials})) or "no trial ran"
-            fallback = fallback_result(self.settings.fixed, device=self.settings.device, threads=self.settings.threads,
-                                       native_threads=self.native_limit(int(self.settings.fixed.get("num_workers", 0))),
-                                       reason=f"no trial measured a rate: {reasons}")
-            warn_user(f"autoloader could not measure any configuration ({reasons}); using "
-                      f"num_workers={fallback.num_workers}")
-            return dataclasses.replace(fallback, trials=tuple(self.found.trials), consumer_samples_per_s=consumer_rate,
-                                       seconds=seconds, memory_budget_bytes=self.settings.memory_budget,
-                                       memory_budget_from=self.settings.memory.describe())
-        n = chosen.config.num_workers
-        if n == 0 and worker_failures and not any(t.ok and t.config.num_workers for t in self.found.trials):
-            warn_user(f"every worker count failed ({worker_failures[0].reason}); using num_workers=0")
-        persistent = self.settings.fixed.get("persistent_workers")
-        if persistent is None:
-            persistent = policy.keep_workers_alive(n, per_worker_bytes=self.found.per_worker_bytes,
-                                                   budget_bytes=self.settings.memory_budget,
-                                                   lasting_bytes=lasting_bytes(chosen))
-        neck = policy.bottleneck(chosen, self.found.trials, consumer_samples_per_s=consumer_rate,
-                                 usable_cpus=self.settings.usable, memory_limited=self.found.memory_limited or any(
-                                     policy.skipped_for_memory(t) and t.config.num_workers > n and not self.refits(t)
-                                     for t in self.found.trials))
-        best = max(threads_policy.rate(t) for t in self.found.trials if t.ok)
-        fewest = "fewest workers, then threads per process," if self.settings.tune_threads else "fewest workers"
-        why = (f"{fewest} within {self.settings.tolerance:.0%} of the best measured rate ({best:,.0f} samples/s) "
-               f"in {len(self.found.trials)} trials" +
-               (f"; {self.settings.cap_reason}" if self.settings.cap_reason else ""))
-        native = native_policy.decision_words(self.found.trials, chosen.config, tolerance=self.settings.tolerance)
-        why += f"; {native}" if native else ""
-        per_sample = chosen.read_bytes_per_batch / self.settings.batch_size if chosen.read_bytes_per_batch else None
-        ceiling = policy.disk_ceiling(read_bytes_per_sample=per_sample, seq_read_mb_s=self.settings.disk_mb_s) \
-            if neck == "io" else None
-        config = dataclasses.replace(chosen.config, persistent_workers=bool(persistent and n > 0))
-        return TuneResult(config, chosen.samples_per_s, neck, "tuned", tuple(self.found.trials), consumer_rate, seconds,
-                          why, created=time.time(), disk_ceiling_samples_per_s=ceiling,
-                          read_bytes_per_sample=per_sample if ceiling is not None else None,
-                          memory_budget_bytes=self.settings.memory_budget,
-                          memory_budget_from=self.settings.memory.describe())
+            return verdict.unmeasured(self.settings, self.found.trials, consumer_rate=consumer_rate, seconds=seconds,
+                                      native_threads=self.native_limit(int(self.settings.fixed.get("num_workers", 0))))
+        return verdict.conclude(chosen, self.settings, self.found, consumer_rate=consumer_rate, seconds=seconds,
+                                refits=self.refits)

@@ -2,7 +2,6 @@
 (``Findings``): the facts ``search.Search`` and its thread and native parts read."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Union
 
@@ -10,9 +9,9 @@ import torch
 
 from ..config import DEFAULT_PREFETCH, LoaderConfig, default_pin
 from ..probe import start_method
+from ..probe.machine import MachineProfile
 from ..results import TrialResult
-from .budget import MemoryBudget
-from .candidates import trial_limit
+from .memory_budget import MemoryBudget, resolve_budget
 
 
 @dataclass(frozen=True)
@@ -31,7 +30,8 @@ class Settings:
     budget: float
     """Seconds (``math.inf`` online)."""
     memory: MemoryBudget
-    """The memory budget (NOTE [ Memory budget ] in budget.py): every candidate's footprint stays under it."""
+    """The memory budget (``memory_budget.resolve_budget``; NOTE [ Memory budget ] in budget.py): every candidate's
+    footprint stays under it."""
     shm_free: Optional[int]
     epoch_samples: Optional[int]
     """Samples in one of this rank's epochs (None: unknown), for the forecast of copy-on-read growth."""
@@ -59,20 +59,20 @@ class Settings:
         return self.memory.bytes
 
     @classmethod
-    def of(cls, request: Any, profile: Any, *, bounds: Any, memory: MemoryBudget, budget: float, tolerance: float,
-           start: Optional[LoaderConfig], descend: bool) -> "Settings":
-        """The settings of a search for ``request`` (a ``request.Request``) on ``profile``'s machine (a
-        ``probe.MachineProfile``), within the worker ``bounds`` (``bounds.worker_bounds``) and ``memory``."""
+    def of(cls, request: Any, profile: MachineProfile, *, bounds: Any, budget: float, trial_limit: float,
+           tolerance: float, start: Optional[LoaderConfig], descend: bool) -> "Settings":
+        """The settings of a search for ``request`` (a ``request.Request``) on ``profile``'s machine, within the
+        worker ``bounds`` (``bounds.worker_bounds``) and ``budget`` seconds, each candidate within ``trial_limit``
+        (``candidates.trial_limit``); its memory budget is ``resolve_budget``'s. ``request`` and ``bounds`` are not
+        named here: their modules import more than a record of facts should (tests/test_imports.py's depth)."""
         fixed = request.fixed
+        memory = resolve_budget(request.memory_budget, profile.memory)
         return cls(request.batch_size, request.device, fixed, bounds.cap, bounds.usable_cpus, bounds.reason,
                    bounds.by_open_files, budget, memory, profile.shm.free_bytes, epoch_samples(request),
-                   profile.disk.seq_read_mb_s if profile.disk else None, tolerance, trial_limit(budget),
+                   profile.disk.seq_read_mb_s if profile.disk else None, tolerance, trial_limit,
                    default_pin(fixed, request.device.type), int(fixed.get("prefetch_factor") or DEFAULT_PREFETCH),
                    request.threads is True, request.fixed_threads, request.native_threads, start, descend,
                    start_method(request.setting("multiprocessing_context")) == "fork")
-
-    def replace(self, **changes: Any) -> "Settings":
-        return dataclasses.replace(self, **changes)
 
 
 @dataclass

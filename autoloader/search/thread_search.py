@@ -1,25 +1,27 @@
-"""The thread part of the search (NOTE [ Processes x threads ] in ``threads_policy.py``; the decisions are there):
-threads first when the serial trial shows loading that waits (``search_threads_first``, the process-only climb only
-its fallback), else a few (processes, threads) candidates after the process-only search (``search_threads``)."""
+"""The thread part of the search (NOTE [ Processes x threads ] in ``threads_policy.py``; the decisions are there,
+their bounds in ``thread_bounds.py``): threads first when the serial trial shows loading that waits
+(``search_threads_first``, the process-only climb only its fallback), else a few (processes, threads) candidates
+after the process-only search (``search_threads``)."""
 from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, List, Optional, Protocol
+from typing import List, Optional, Protocol
 
 from ..config import LoaderConfig
 from ..results import TrialResult
-from . import threads_policy as policy
+from . import thread_bounds, threads_policy as policy
 from .candidates import Steps
+from .settings import Findings, Settings
 
 
 class Searching(Protocol):
     """What the thread part reads and calls of the ``search.Search`` running it."""
 
-    found: Any
-    """``settings.Findings``: trials, by_config."""
-    settings: Any
-    """``settings.Settings``: tolerance, batch_size, fixed, cap, usable, threads, trial_limit, budget."""
+    found: Findings
+    """Its trials, by_config."""
+    settings: Settings
+    """Its tolerance, batch_size, fixed, cap, usable, threads, trial_limit, budget."""
     stop_at: float
 
     def elapsed(self) -> float:
@@ -41,10 +43,11 @@ def search_threads(search: Searching, chosen: TrialResult, consumer_rate: Option
     ``MAX_THREAD_TRIALS`` candidates (controls included, and one more control at most), within the search's budget
     (one control may end past it)."""
     settings = search.settings
-    reference = max(t.samples_per_s for t in search.found.trials if t.ok and t.config.threads == settings.threads)
-    max_threads = policy.max_threads_per_process(chosen, batch_size=settings.batch_size)
-    processes = policy.thread_processes(chosen.config.num_workers, fixed_workers=settings.fixed.get("num_workers"),
-                                        cap=settings.cap, usable_cpus=settings.usable, max_threads=max_threads)
+    reference = max(policy.rate(t) for t in search.found.trials if t.ok and t.config.threads == settings.threads)
+    max_threads = thread_bounds.max_threads_per_process(chosen, batch_size=settings.batch_size)
+    processes = thread_bounds.thread_processes(chosen.config.num_workers,
+                                               fixed_workers=settings.fixed.get("num_workers"), cap=settings.cap,
+                                               usable_cpus=settings.usable, max_threads=max_threads)
     proposal = policy.first_thread_config(chosen, processes=processes, max_threads=max_threads,
                                           consumer_samples_per_s=consumer_rate, tolerance=search.settings.tolerance)
     busy = policy.busy_fraction(chosen)
@@ -82,9 +85,9 @@ def search_threads_first(search: Searching, opening: TrialResult, consumer_s: fl
     ``policy.workers_needed`` from the serial trial, which sizes the first. True when threads won (a choice with
     threads, faster than its control beside it and within the tolerance of the reference); False: the caller falls
     back to the process-only search."""
-    max_threads = policy.max_threads_per_process(opening, batch_size=search.settings.batch_size)
-    processes = policy.threads_first_processes(cap=search.settings.cap, usable_cpus=search.settings.usable,
-                                               max_threads=max_threads)
+    max_threads = thread_bounds.max_threads_per_process(opening, batch_size=search.settings.batch_size)
+    processes = thread_bounds.threads_first_processes(cap=search.settings.cap, usable_cpus=search.settings.usable,
+                                                      max_threads=max_threads)
     consumer_rate = search.settings.batch_size / consumer_s if consumer_s > 0 else None
     decide = functools.partial(policy.next_threads_first, processes=processes, max_threads=max_threads,
                                tolerance=search.settings.tolerance, consumer_samples_per_s=consumer_rate)
@@ -114,7 +117,7 @@ def search_threads_first(search: Searching, opening: TrialResult, consumer_s: fl
         if trial is not None:
             tried.append(trial)
     chosen = next(iter(policy.fewest_near(tried, tolerance=search.settings.tolerance)), chosen)
-    reference = policy.process_reference(chosen, cap=search.settings.cap) if chosen.config.threads > 1 else None
+    reference = thread_bounds.process_reference(chosen, cap=search.settings.cap) if chosen.config.threads > 1 else None
     if reference is not None:
         trial = yield from measure(search, (reference, 1), control=False)
         if trial is not None:

@@ -1,5 +1,6 @@
 """The tuner's decisions about threads inside each loading process (``threads.py``), as pure functions of what the
-trials measured; ``thread_search.py`` drives them (``policy.select`` borrows ``least_memory``).
+trials measured: whether loading waits, the first (processes, threads) candidate and the next; ``thread_search.py``
+drives them, within the bounds ``thread_bounds.py`` sets (``policy.select`` borrows ``fewest_near``).
 
 # NOTE [ Processes x threads ]
 # Threads first. With ``threads=True``, when the serial trial shows loading that mostly waits (its CPU
@@ -9,13 +10,14 @@ trials measured; ``thread_search.py`` drives them (``policy.select`` borrows ``l
 # feed the consumer. Then it climbs while the most samples in flight measure the best rate and gain over fewer:
 # short with a saturated process (collate, hand-over, GIL) -> twice the processes at the same threads; short with
 # an idle one -> twice the threads, and twice the processes once threads reach the batch's size or stop gaining (a
-# process short of CPU on a shared machine never looks saturated), up to ``threads_first_processes``. When the climb
-# stops, the descent below runs on the climb's own rates, the control first, then fewer processes with the same
-# samples in flight, never fewer threads: an idle thread costs a stack, not a process's memory, and on a busy machine
-# a thread count measured within the tolerance once may be well short of it the next time (the threads benchmark's
-# first run: 4 x 16 chosen at 0.98x of 4 x 32, 0.77x side by side). Last, one process-only candidate with the same
-# samples in flight (``process_reference``): a thread costs CPU per sample that a waiting process does not, so at
-# short waits processes can be faster (1 ms waits, 1 KB samples: 2 x 50 threads ran at 0.37x of 64 processes).
+# process short of CPU on a shared machine never looks saturated), up to ``threads_first_processes``
+# (thread_bounds.py). When the climb stops, the descent below runs on the climb's own rates, the control first, then
+# fewer processes with the same samples in flight, never fewer threads: an idle thread costs a stack, not a process's
+# memory, and on a busy machine a thread count measured within the tolerance once may be well short of it the next
+# time (the threads benchmark's first run: 4 x 16 chosen at 0.98x of 4 x 32, 0.77x side by side). Last, one
+# process-only candidate with the same samples in flight (``process_reference``): a thread costs CPU per sample that
+# a waiting process does not, so at short waits processes can be faster (1 ms waits, 1 KB samples: 2 x 50 threads ran
+# at 0.37x of 64 processes).
 # The process-only climb is the fallback: it runs only when the control keeps up (threads do not pay), that
 # reference is faster beyond the tolerance, or a thread candidate fails (a dataset that is not thread-safe).
 #
@@ -71,21 +73,10 @@ WAITING_BUSY = 0.5
 SATURATED_BUSY = 0.75
 """A loading process this busy has little idle CPU time left for more threads to use: it needs more processes (a
 GIL-bound process never gets past one CPU, and on a shared machine often not that far)."""
-MAX_THREADS = 64
-"""The most threads per process the search tries (also capped at the batch size)."""
 MAX_THREAD_TRIALS = 4
 """Thread candidates after the process-only search, at most."""
-THREADS_FIRST_PROCESSES_PER_CPU = 4
-"""Threads-first climbs to at most this many processes per usable CPU: a process's own collate and hand-over may
-need company past the core count, and with one runnable thread at a time (the GIL) a process gets one task's share
-of a busy machine's CPUs (the threads benchmark, at a load of 10-16 on 2 cores: 4 x 16 threads at 0.70x of 64
-processes). 8 processes on 2 CPUs still hold an eighth of 64's memory."""
 THREADS_FIRST_TRIALS = 8
 """Candidates of the threads-first search (controls included), at most; its climb and descent end sooner."""
-MEMORY_SLACK = 1.25
-MEMORY_SLACK_BYTES = 64 << 20
-"""Worker memory within this factor (or this many bytes) of the least measured counts as equal in ``least_memory``:
-USS varies by a few percent from one trial to the next."""
 
 ThreadConfig = Tuple[int, int]
 """(processes: ``num_workers``, threads per process)."""
@@ -113,17 +104,6 @@ def busy_fraction(trial: TrialResult) -> Optional[float]:
     return None
 
 
-def least_memory(trials: Sequence[TrialResult]) -> List[TrialResult]:
-    """``trials`` less those whose workers measured clearly more memory (``TrialResult.worker_memory_bytes``, the
-    sum of their USS) than the least (see ``MEMORY_SLACK``); a trial without a measurement stays."""
-    known = [t.worker_memory_bytes for t in trials if t.worker_memory_bytes is not None]
-    if not known:
-        return list(trials)
-    least = min(known)
-    bound = max(least * MEMORY_SLACK, least + MEMORY_SLACK_BYTES)
-    return [t for t in trials if (t.worker_memory_bytes or 0) <= bound]
-
-
 def fewest_near(trials: Sequence[TrialResult], *, tolerance: float) -> List[TrialResult]:
     """The trials within ``tolerance`` of the best measured rate with the fewest processes, then the fewest threads
     (``policy.select`` picks among them; threads-first asks whether they have threads); [] when none has a rate."""
@@ -134,29 +114,6 @@ def fewest_near(trials: Sequence[TrialResult], *, tolerance: float) -> List[Tria
     near = [t for t in ok if rate(t) >= (1.0 - tolerance) * best]
     fewest = min((t.config.num_workers, t.config.threads) for t in near)
     return [t for t in near if (t.config.num_workers, t.config.threads) == fewest]
-
-
-def max_threads_per_process(trial: TrialResult, *, batch_size: int) -> int:
-    """The most threads per process worth trying: ``MAX_THREADS``, and no more than a batch's samples (a process
-    fetches one batch at a time), as ``trial`` measured them (a ``batch_sampler`` decides them), else ``batch_size``."""
-    samples = batch_size
-    if trial.ok and trial.batches and trial.window_s:
-        samples = max(1, round(rate(trial) * trial.window_s / trial.batches))
-    return max(1, min(MAX_THREADS, samples))
-
-
-def thread_processes(chosen_workers: int, *, fixed_workers: Optional[int], cap: int, usable_cpus: int,
-                     max_threads: int) -> Tuple[int, int]:
-    """The range of processes thread candidates may use: the user's ``num_workers`` when fixed; none (the main
-    process) when the process-only choice or ``cap`` is 0; else 1 to the usable CPUs, or as many as it takes to keep
-    the process-only choice's samples in flight when a process may not have that many threads (``max_threads``: a
-    small batch), and never more than the process-only choice."""
-    if fixed_workers is not None:
-        return fixed_workers, fixed_workers
-    if chosen_workers == 0 or cap == 0:
-        return 0, 0
-    needed = math.ceil(chosen_workers / max(1, max_threads))
-    return 1, max(1, min(max(usable_cpus, needed), chosen_workers, cap))
 
 
 def first_thread_config(chosen: TrialResult, *, processes: Tuple[int, int], max_threads: int,
@@ -246,15 +203,6 @@ def waits(serial: TrialResult, *, max_threads: int) -> bool:
     return busy is not None and busy < WAITING_BUSY and max_threads >= 2
 
 
-def threads_first_processes(*, cap: int, usable_cpus: int, max_threads: int) -> Tuple[int, int]:
-    """The processes threads-first candidates may use: 1 to ``THREADS_FIRST_PROCESSES_PER_CPU`` x the usable CPUs,
-    or as many as keep ``cap`` samples in flight at ``max_threads`` a process, never more than ``cap``."""
-    if cap < 1:
-        return 0, 0
-    most = max(THREADS_FIRST_PROCESSES_PER_CPU * usable_cpus, math.ceil(cap / max(1, max_threads)))
-    return 1, max(1, min(cap, most))
-
-
 def first_threads_first(serial: TrialResult, *, workers_needed: float, processes: Tuple[int, int],
                         max_threads: int, usable_cpus: int) -> Optional[ThreadConfig]:
     """The first threads-first candidate from the serial trial: the threads that cover a process's wait (at least
@@ -298,15 +246,6 @@ def climb_threads(tried: Sequence[TrialResult], *, most_processes: int, max_thre
         proposal = (p, min(max_threads, 2 * t))
     seen = {(x.config.num_workers, x.config.threads) for x in tried}
     return None if proposal is None or proposal in seen else proposal
-
-
-def process_reference(chosen: TrialResult, *, cap: int) -> Optional[int]:
-    """The single-threaded workers that keep as many samples in flight as ``chosen`` (processes x threads), at most
-    ``cap``: threads first measures that process-only candidate once before it keeps threads (a thread costs CPU per
-    sample a waiting process does not, so at short waits processes can be faster); None when it would be
-    no more processes than ``chosen`` has."""
-    n = min(cap, chosen.config.num_workers * chosen.config.threads)
-    return n if n > chosen.config.num_workers else None
 
 
 def next_threads_first(tried: Sequence[TrialResult], *, processes: Tuple[int, int], max_threads: int,

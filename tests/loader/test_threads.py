@@ -20,7 +20,6 @@ from torch.utils.data import DataLoader, Subset, random_split
 
 from autoloader.errors import AutoloaderWarning
 from autoloader.loader.threads import ThreadedDataset, has_own_getitems, threads_of, unwrap, with_threads
-from autoloader.search.threads_policy import threads_to_cover_wait
 
 TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_DIR = os.path.dirname(TESTS_DIR)
@@ -259,20 +258,6 @@ def test_threads_is_validated(threads, error):
 
 def test_numpy_int_threads():
     assert threads_of(ThreadedDataset(Indexed(), threads=np.int64(4))) == 4
-
-
-@pytest.mark.parametrize("cpu_util, cap, expected", [
-    (1.0, 8, 1), (1.7, 8, 1), (0.5, 8, 2), (0.34, 16, 3), (1 / 3, 16, 3), (0.3, 8, 4), (0.25, 8, 4), (0.2, 16, 5),
-    (0.1, 16, 10), (0.05, 8, 8), (0.05, 64, 20), (0.001, 64, 64), (0.0, 8, 8), (0.5, 1, 1),
-])
-def test_threads_to_cover_wait(cpu_util, cap, expected):
-    assert threads_to_cover_wait(cpu_util, cap=cap) == expected
-
-
-@pytest.mark.parametrize("cpu_util, cap", [(float("nan"), 8), (float("inf"), 8), (-0.1, 8), (0.5, 0), (0.5, True)])
-def test_threads_to_cover_wait_refuses(cpu_util, cap):
-    with pytest.raises(ValueError, match="must be"):
-        threads_to_cover_wait(cpu_util, cap=cap)
 
 
 def test_loader_dataset_is_the_one_rule_and_never_wraps_twice():

@@ -49,3 +49,10 @@ def test_usable_cpus_fall_back_to_the_logical_count_then_one():
     assert bounds.usable_cpus(no_usable) == 8
     nothing = dataclasses.replace(profile, cpu=dataclasses.replace(profile.cpu, usable=None, logical=None))
     assert bounds.usable_cpus(nothing) == 1
+
+
+def test_default_max_workers():
+    assert bounds.default_max_workers(usable_cpus=2, nofile=20000) == 64
+    assert bounds.default_max_workers(usable_cpus=32, nofile=None) == 256
+    assert bounds.default_max_workers(usable_cpus=2, nofile=1024) == 32
+    assert bounds.default_max_workers(usable_cpus=None, nofile=16) == 1

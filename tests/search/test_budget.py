@@ -1,13 +1,13 @@
-"""The memory budget (NOTE [ Memory budget ] in search/budget.py): how it is decided, what a candidate takes of it,
-the copy-on-read forecast, and the search kept under it; tables of fake trials, plus one real trial whose workers grow
-by a known amount per sample."""
+"""The memory budget (NOTE [ Memory budget ] in search/budget.py): what a candidate takes of it, the checks before it
+starts and at its first batch, what a worker is sized at, and the search kept under it; tables of fake trials, plus
+one real trial whose workers grow by a known amount per sample. How the budget is decided: test_memory_budget.py; the
+footprint formula: test_footprint.py; the copy-on-read forecast: test_growth.py."""
 import dataclasses
 import math
 import time
 import warnings
 from typing import Callable, List
 
-import numpy as np
 import psutil
 import pytest
 import torch
@@ -19,65 +19,18 @@ from autoloader import AutoloaderWarning
 from autoloader.config import LoaderConfig
 from autoloader.consumer import Consumer
 from autoloader.measure.trial import run_trial
-from autoloader.probe import MemoryInfo
 from autoloader.request import Request
 from autoloader.results import TrialResult, TuneResult
-from autoloader.search import budget, growth, policy
+from autoloader.search import budget, growth, policy, verdict
 from autoloader.search.search import Search
-from autoloader.search.settings import epoch_samples
 from helpers import drive_search, full_profile
 from workloads import LatencyBound
 
 MIB, GIB = 2**20, 2**30
 
 
-def memory(available, budget_bytes, headroom=None):
-    return MemoryInfo(total_bytes=32 * GIB, available_bytes=available, limit_bytes=None if headroom is None else
-                      8 * GIB, budget_bytes=budget_bytes, headroom_bytes=headroom)
-
-
-@pytest.mark.parametrize("arg, mem, expected", [
-    # the default: half of what may still be allocated, the machine's available memory ...
-    (None, memory(10 * GIB, 10 * GIB), (5 * GIB, 0.5, "available")),
-    # ... or the cgroup's headroom when it is tighter
-    (None, memory(10 * GIB, 4 * GIB, headroom=4 * GIB), (2 * GIB, 0.5, "cgroup")),
-    # a cgroup limit far above what is available: the machine decides
-    (None, memory(3 * GIB, 3 * GIB, headroom=6 * GIB), (int(1.5 * GIB), 0.5, "available")),
-    # divided among local ranks already (share_profile halves budget_bytes, not available/headroom)
-    (None, memory(10 * GIB, 5 * GIB), (int(2.5 * GIB), 0.5, "available")),
-    # a fraction of the user's
-    (0.25, memory(8 * GIB, 8 * GIB), (2 * GIB, 0.25, "available")),
-    (1.0, memory(8 * GIB, 2 * GIB, headroom=2 * GIB), (2 * GIB, 1.0, "cgroup")),
-    # bytes, as given
-    (3 * GIB, memory(8 * GIB, 8 * GIB), (3 * GIB, None, "user")),
-    (123, memory(None, None), (123, None, "user")),
-    # nothing known: no budget
-    (None, memory(None, None), (None, 0.5, "unknown")),
-])
-def test_resolve_budget(arg, mem, expected):
-    got = budget.resolve_budget(arg, mem)
-    assert (got.bytes, got.fraction, got.source) == expected
-    assert got.describe()
-
-
 def config(n, *, prefetch=2, pin=False, threads=1):
     return LoaderConfig(n, prefetch if n else None, pin, False, threads=threads)
-
-
-@pytest.mark.parametrize("cfg, per_worker, batch, expected", [
-    # workers, (n x prefetch + 2) batches in /dev/shm, pinned copies, thread buffers
-    (config(4), 100 * MIB, MIB, (400 * MIB, 10 * MIB, 0, 0)),
-    (config(4, pin=True), 100 * MIB, MIB, (400 * MIB, 10 * MIB, 10 * MIB, 0)),
-    (config(2, prefetch=4, threads=4), 10 * MIB, 4 * MIB, (20 * MIB, 40 * MIB, 0, 2 * 4 * MIB)),
-    (config(0), None, MIB, (0, 0, 0, 0)),
-    (config(0, pin=True, threads=8), None, 8 * MIB, (0, 0, 16 * MIB, 8 * MIB)),
-    (config(4), None, MIB, (None, 10 * MIB, 0, 0)),  # one worker's memory not known yet
-    (config(4), 100 * MIB, None, (400 * MIB, 0, 0, 0)),  # the batch not known yet
-])
-def test_footprint(cfg, per_worker, batch, expected):
-    got = budget.footprint(cfg, per_worker_bytes=per_worker, batch_bytes=batch)
-    assert (got.workers_bytes, got.shm_bytes, got.pinned_bytes, got.threads_bytes) == expected
-    assert got.total_bytes == (None if expected[0] is None else sum(expected))
 
 
 def test_budget_guard_names_the_budget_and_the_fix():
@@ -113,19 +66,6 @@ def growth_for(n, slope, *, batches=40, batch=32, prefetch=2):
     """The growth a worker of ``n`` shows in a trial when it grows ``slope`` bytes per sample it makes (plus the
     noise any worker shows: these trials' batches are 1 MiB)."""
     return int(slope * (batches + n * prefetch + n) * batch / n) + max(growth.GROWTH_NOISE_BYTES, 2 * prefetch * MIB)
-
-
-def test_growth_per_sample_and_forecast():
-    slope = 4096
-    trial = fake(4, 1000.0, uss=50 * MIB, growth=growth_for(4, slope))
-    assert growth.growth_per_sample(trial) == pytest.approx(slope, rel=0.01)
-    # each of 4 workers reads a quarter of 100,000 samples: 50 MiB + 100 MB / 4 each, plus 10 batches in flight
-    forecast = growth.forecast_bytes(trial, epoch_samples=100_000)
-    assert forecast == pytest.approx(4 * 50 * MIB + slope * 100_000 + 10 * MIB, rel=0.01)
-    assert growth.growth_per_sample(fake(0, 500.0)) is None
-    assert growth.forecast_bytes(trial, epoch_samples=None) is None
-    assert growth.growth_per_sample(fake(4, 1000.0, growth=-MIB)) == 0
-    assert growth.growth_per_sample(fake(4, 1000.0, growth=3 * MIB)) == 0  # a healthy worker's noise
 
 
 @pytest.mark.parametrize("table, budget_bytes, expected, warned", [
@@ -164,8 +104,8 @@ def test_a_forecast_past_the_budget_warns_and_prefers_fewer_workers_or_threads()
 def test_a_cached_result_is_checked_with_the_same_footprint():
     trials = (fake(0, 100.0), fake(8, 400.0))
     result = TuneResult(LoaderConfig(8, 2, False, True), 400.0, "cpu", "tuned", trials)
-    assert policy.no_longer_fits(result, budget_bytes=GIB, shm_free_bytes=None) is None
-    reason = policy.no_longer_fits(result, budget_bytes=800 * MIB, shm_free_bytes=None)
+    assert budget.no_longer_fits(result, budget_bytes=GIB, shm_free_bytes=None) is None
+    reason = budget.no_longer_fits(result, budget_bytes=800 * MIB, shm_free_bytes=None)
     assert "memory budget of 800 MiB" in reason
 
 
@@ -234,13 +174,6 @@ def test_the_search_warns_when_growth_over_the_epoch_would_cross_the_budget():
     assert growth.forecast_bytes(chosen, epoch_samples=100_000) <= GIB, result
     fastest = max((t for t in result.trials if t.ok), key=lambda t: t.samples_per_s)
     assert result.num_workers < fastest.config.num_workers
-
-
-def test_epoch_samples_is_the_ranks_share():
-    data = LatencyBound(n=1000)
-    assert epoch_samples(Request.checked(data, 8, device="cpu")) == 1000
-    sampler = torch.utils.data.DistributedSampler(data, num_replicas=4, rank=1, shuffle=False)
-    assert epoch_samples(Request.checked(data, 8, device="cpu", dataloader_kwargs={"sampler": sampler})) == 250
 
 
 # ---------------------------------------------------------------- a real trial whose workers grow
@@ -364,6 +297,35 @@ def test_the_census_is_asked_for_only_where_copying_could_matter():
     assert search.memory_check(config(8)).budget_bytes == GIB
 
 
+@pytest.mark.parametrize("n, trials, budget_bytes, rss, expected, why", [
+    (0, [], GIB, None, None, "no workers: nothing to check at a first batch"),
+    (8, [], None, None, None, "no budget: nothing is checked"),
+    (8, [], GIB, None, (GIB, 0, True), "nothing known of this process yet: the census is read"),
+    (2, [], GIB, 300 * MIB, (GIB, 0, False), "2 x 300 MiB fit 1 GiB even copying all of this process: no census"),
+    (8, [], GIB, 300 * MIB, (GIB, 0, True), "8 x 300 MiB would not: the census"),
+    (2, [fake(2, 500.0, uss=220 * MIB, growth=3 * MIB)], GIB, 300 * MIB, (GIB, 3 * MIB, True),
+     "a measured worker's size and growth on top of the RSS: 2 x 523 MiB + batches, past 1 GiB"),
+    (2, [fake(2, 500.0, uss=200 * MIB, growth=3 * MIB)], GIB, 300 * MIB, (GIB, 3 * MIB, False),
+     "2 x 503 MiB + 6 batches of 1 MiB: just under 1 GiB"),
+    (1, [fake(2, 500.0, uss=20 * MIB, growth=-MIB)], GIB, 100 * MIB, (GIB, 0, False),
+     "a worker that shrank grew by nothing"),
+])
+def test_memory_check(n, trials, budget_bytes, rss, expected, why):
+    check = budget.memory_check(config(n), trials, budget_bytes=budget_bytes, main_rss_bytes=rss, batch_bytes=MIB)
+    assert (None if check is None else (check.budget_bytes, check.growth_bytes, check.census)) == expected, why
+
+
+@pytest.mark.parametrize("measured, forked, rss, expected, why", [
+    (16 * MIB, True, 300 * MIB, 16 * MIB, "a worker measured: its size, forked or not"),
+    (16 * MIB, False, 300 * MIB, 16 * MIB, "... spawned too"),
+    (None, True, 300 * MIB, None, "forked, none measured: not guessed (checked at its first batch)"),
+    (None, False, 300 * MIB, 300 * MIB, "spawned, none measured: this process's RSS, the estimate"),
+    (None, False, None, None, "spawned, before the first outcome: nothing to estimate from"),
+])
+def test_per_worker_estimate(measured, forked, rss, expected, why):
+    assert budget.per_worker_estimate(measured, forked=forked, main_rss_bytes=rss) == expected, why
+
+
 def test_forked_workers_are_never_refused_on_this_processs_rss():
     """Issue 45: under 380 MiB, 8 and 4 forked workers were skipped as 2,227 and 1,120 MiB (this process's RSS each)
     before any was measured; they take 15 MiB. Now the first worker candidate starts, checked at its first batch."""
@@ -408,9 +370,9 @@ def test_a_candidate_over_the_budget_at_its_first_batch_is_skipped_and_guards_th
 
 def test_a_time_skip_is_no_memory_limit():
     trial = TrialResult(config=config(8), status="skipped", reason="budget: 8 workers would take about 3.0 s")
-    assert not policy.skipped_for_memory(trial)
-    assert policy.skipped_for_memory(dataclasses.replace(trial, reason="memory: 8 workers need ..."))
-    assert policy.skipped_for_memory(dataclasses.replace(trial, reason="/dev/shm: 8 workers x prefetch 2 ..."))
+    assert not budget.skipped_for_memory(trial)
+    assert budget.skipped_for_memory(dataclasses.replace(trial, reason="memory: 8 workers need ..."))
+    assert budget.skipped_for_memory(dataclasses.replace(trial, reason="/dev/shm: 8 workers x prefetch 2 ..."))
 
 
 # ---------------------------------------------------------------- the copy-on-read forecast (NOTE [ Copy-on-read forecast ])
@@ -427,19 +389,6 @@ def copying(n, rate=1000.0, *, uss=10 * MIB, per_sample=4096, span=181 * MIB, sh
                                worker_shared_bytes=shared)
 
 
-def test_copy_forecast_saturates_over_the_span():
-    kw = dict(per_sample=4096, reach_bytes=160 * MIB, epoch_samples=300_000)
-    linear = 4096 * 300_000
-    assert growth.copy_forecast(workers=1, **kw) == 160 * MIB, "one worker reads all: it copies all it can reach"
-    four = growth.copy_forecast(workers=4, **kw)
-    assert four == pytest.approx(160 * MIB * (1 - 0.75 ** (linear / (160 * MIB))))
-    assert 0.85 * 160 * MIB < four < 160 * MIB and four < linear / 4
-    # few samples over a big span: the linear share
-    assert growth.copy_forecast(per_sample=4096, reach_bytes=10 * GIB, workers=4, epoch_samples=1000) == \
-        pytest.approx(4096 * 250, rel=0.01)
-    assert growth.copy_forecast(per_sample=4096, reach_bytes=0, workers=4, epoch_samples=1000) == 0
-
-
 def test_the_census_forecast_admits_what_fits_and_not_more():
     """The 300,000-object list of issue 45 under 700 MiB: 4 workers (605-633 MiB measured over an epoch) fit, 8
     (about 1 GiB) do not; the old USS growth less its 4 MiB noise floor saw nothing and admitted 32 (1,343 MiB)."""
@@ -454,57 +403,13 @@ def test_the_census_forecast_admits_what_fits_and_not_more():
     assert growth.growth_per_sample(blind) == 0 and growth.forecast_bytes(blind, epoch_samples=300_000) < 700 * MIB
 
 
-def test_copies_in_runs_grow_linearly():
-    """A worker writing 128 KiB a sample into inherited free space copies 32-page runs: what it writes, not what it
-    reads, so no span bounds it (the Hoarder below measured so: 0.3 GiB forecast instead of 12 GiB before runs were
-    told apart)."""
-    hoarding = copying(8, per_sample=128 * 1024)
-    hoarding = dataclasses.replace(hoarding, worker_copied_run_bytes=hoarding.worker_copied_bytes)
-    assert growth.copied_per_sample(hoarding) == 0 and growth.scattered_bytes(hoarding) == 0
-    assert growth.epoch_growth_bytes(hoarding, epoch_samples=300_000) > 0.9 * 128 * 1024 * 300_000 / 8
-    # the same, its runs broken by pages never present: its copies fill their span
-    dense = dataclasses.replace(hoarding, worker_copied_run_bytes=0, worker_copy_span_bytes=hoarding.worker_copied_bytes)
-    assert growth.scattered_bytes(dense) == 0 and growth.epoch_growth_bytes(dense, epoch_samples=300_000) > GIB
-    assert growth.lasting_bytes(hoarding) == budget.footprint(hoarding.config, per_worker_bytes=10 * MIB,
-                                                              batch_bytes=4096).total_bytes
-
-
-def test_copies_under_the_noise_are_none_and_other_growth_still_counts():
-    quiet = copying(8, per_sample=300)  # 0.1 MiB copied in a trial: the allocator reusing inherited pages
-    assert growth.copied_per_sample(quiet) == 0
-    assert growth.epoch_growth_bytes(quiet, epoch_samples=300_000) == 0
-    hoarding = copying(8, per_sample=300, other=64 * MIB)  # a per-worker cache the census does not see as copies
-    assert growth.epoch_growth_bytes(hoarding, epoch_samples=300_000) > GIB
-    assert growth.copied_per_sample(fake(8, 100.0)) is None
-    many = copying(2, per_sample=200, batches=400)  # 1.6 MiB over 6,400 samples each: still the allocator
-    assert many.worker_copied_bytes > growth.COPY_NOISE_BYTES and growth.copied_per_sample(many) == 0
-
-
 def test_workers_that_would_copy_past_the_budget_in_time_are_not_kept_alive():
     trial = copying(4)
     lasting = growth.lasting_bytes(trial)
     assert lasting == pytest.approx(4 * (10 * MIB + 181 * MIB) + 10 * 4096)
-    assert not policy.keep_workers_alive(4, per_worker_bytes=12 * MIB, budget_bytes=700 * MIB, lasting_bytes=lasting)
-    assert policy.keep_workers_alive(4, per_worker_bytes=12 * MIB, budget_bytes=GIB, lasting_bytes=lasting)
+    assert not verdict.keep_workers_alive(4, per_worker_bytes=12 * MIB, budget_bytes=700 * MIB, lasting_bytes=lasting)
+    assert verdict.keep_workers_alive(4, per_worker_bytes=12 * MIB, budget_bytes=GIB, lasting_bytes=lasting)
     assert growth.lasting_bytes(copying(4, per_sample=100)) == 4 * 10 * MIB + 10 * 4096, "copies nothing"
-
-
-@settings(max_examples=60, deadline=None)
-@given(pages=st.integers(200, 4000), per_page=st.floats(1.0, 16.0), workers=st.integers(1, 32),
-       skew=st.floats(0.0, 3.0), seed=st.integers(0, 2**31))
-def test_the_copy_forecast_bounds_what_a_worker_copies(pages, per_page, workers, skew, seed):
-    """The invariant ``copy_forecast`` rests on: whatever the spread of N objects over the pages (uniform, or skewed:
-    some pages hold many), a worker reading a random 1/n of them touches (copies) no more pages than the forecast
-    made from what a trial measures: one page per sample, and the pages the objects lie on."""
-    rng = np.random.default_rng(seed)
-    n_objects = int(pages * per_page)
-    weights = rng.pareto(1.0 + skew, pages) + 1e-3 if skew else np.ones(pages)
-    page_of = rng.choice(pages, size=n_objects, p=weights / weights.sum())
-    held = len(np.unique(page_of))  # the pages the objects lie on: the span the census sees
-    share = rng.permutation(n_objects)[:n_objects // workers]
-    touched = len(np.unique(page_of[share]))
-    forecast = growth.copy_forecast(per_sample=1.0, reach_bytes=held, workers=workers, epoch_samples=n_objects)
-    assert touched <= forecast * 1.02 + 3 * np.sqrt(forecast) + 1
 
 
 @settings(max_examples=300, deadline=None)
@@ -533,11 +438,11 @@ def test_a_lone_workers_size_does_not_size_the_others():
     or more measured 15-20 MiB each. Once a candidate of two or more measured a worker, it sizes every count."""
     lone = fake(1, 250.0, uss=59 * MIB, growth=4 * MIB)
     two = fake(2, 500.0, uss=15 * MIB, growth=MIB)
-    assert policy.per_worker_bytes([fake(0, 100.0), lone]) == 63 * MIB, "the only measurement there is"
-    assert policy.per_worker_bytes([fake(0, 100.0), lone, two]) == 16 * MIB
-    assert policy.worker_growth_bytes([lone, two]) == MIB and policy.worker_growth_bytes([fake(0, 100.0)]) == 0
+    assert budget.per_worker_bytes([fake(0, 100.0), lone]) == 63 * MIB, "the only measurement there is"
+    assert budget.per_worker_bytes([fake(0, 100.0), lone, two]) == 16 * MIB
+    assert budget.worker_growth_bytes([lone, two]) == MIB and budget.worker_growth_bytes([fake(0, 100.0)]) == 0
     stopped = TrialResult(config=config(8), status="skipped", reason="memory: stopped ...", worker_uss_bytes=40 * MIB)
-    assert policy.per_worker_bytes([lone, two, stopped]) == 40 * MIB, "measured at its first batch, it counts"
+    assert budget.per_worker_bytes([lone, two, stopped]) == 40 * MIB, "measured at its first batch, it counts"
 
 
 def test_the_search_looks_below_counts_forecast_past_the_budget():

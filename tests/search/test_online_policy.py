@@ -8,7 +8,6 @@ import pytest
 from autoloader.config import LoaderConfig
 from autoloader.results import TrialResult
 from autoloader.search import online_policy as op
-from autoloader.search import switching
 
 
 @pytest.mark.parametrize("fetch_s, cpu_s, delay_s, step_s, cpus, cap, expected, why", [
@@ -100,23 +99,6 @@ def test_nothing_to_jump_from():
     assert jump([]) is None
     assert jump([trial(0, 500.0, stall=0.9)]) is None, "serial: the prior decides, not a jump"
     assert jump([trial(4, 0.0, stall=0.0, ok=False)]) is None, "the last one failed"
-
-
-@pytest.mark.parametrize("remaining_s, gain, workers, window_s, expected", [
-    (10.0, 0.5, 16, 0.3, True),     # 5 s gained against 0.32 s of forks
-    (0.5, 0.5, 16, 0.3, False),     # 0.1 s gained against 0.32 s of forks: next epoch
-    (20.0, 0.0, 4, 0.3, True),      # only saves workers: worth the tolerance of 20 s = 1 s
-    (1.0, 0.0, 4, 0.3, False),
-    (None, 0.0, 64, 4.0, True),     # an epoch of unknown length
-])
-def test_a_switch_repays_itself_before_the_epoch_ends(remaining_s, gain, workers, window_s, expected):
-    assert switching.repays(remaining_s=remaining_s, gain=gain, workers=workers, window_s=window_s) is expected
-
-
-@pytest.mark.parametrize("epoch_s, bound", [(None, switching.MAX_WINDOW_BOUND_S), (math.inf, switching.MAX_WINDOW_BOUND_S),
-                                            (3.0, switching.MIN_WINDOW_BOUND_S), (60.0, 1.8), (600.0, switching.MAX_WINDOW_BOUND_S)])
-def test_a_window_lasts_a_few_percent_of_the_epoch(epoch_s, bound):
-    assert switching.window_bound_s(epoch_s) == pytest.approx(bound)
 
 
 @pytest.mark.parametrize("fetch_s, cpu_s, delay_s, share", [

@@ -1,6 +1,6 @@
 """``threads=`` end to end: the (processes, threads) search on real small datasets, fixed threads, the cache, online
 tuning, and the arguments. Margins are generous and relative (rates measured side by side in one run), never absolute
-throughput: the machine is shared. The search's choices themselves are tested on tables in test_policy.py."""
+throughput: the machine is shared. The search's choices themselves are tested on tables in test_threads_policy.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +17,8 @@ from autoloader.results.tune_result import format_tune_result
 from autoloader.config import LoaderConfig
 from autoloader.results import TrialResult, TuneResult
 from autoloader.loader.threads import ThreadedDataset, threads_of, unwrap
-from autoloader.search.threads_policy import (THREADS_FIRST_PROCESSES_PER_CPU, THREADS_FIRST_TRIALS, WAITING_BUSY,
-                                              busy_fraction)
+from autoloader.search.thread_bounds import THREADS_FIRST_PROCESSES_PER_CPU
+from autoloader.search.threads_policy import THREADS_FIRST_TRIALS, WAITING_BUSY, busy_fraction
 from online_data import Indexed
 from thread_data import Stream
 from workloads import GilBound, LatencyBound

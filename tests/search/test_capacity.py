@@ -1,0 +1,27 @@
+"""What both searches' policies read of a candidate's capacity (search/capacity.py): whether its processes keep the
+usable CPUs busy, on a table of fake trials."""
+import pytest
+
+from autoloader.config import LoaderConfig
+from autoloader.results import TrialResult
+from autoloader.search import capacity
+
+
+def trial(n, *, util=None, main=None):
+    return TrialResult(config=LoaderConfig(n, 2 if n else None), samples_per_s=1.0, worker_cpu_util=util,
+                       main_cpu_util=main)
+
+
+@pytest.mark.parametrize("trial_, usable, level, expected, why", [
+    (trial(2, util=0.9, main=0.1), 2, 0.85, True, "2 x 0.9 + 0.1 = 1.9 of 2 CPUs"),
+    (trial(2, util=0.4, main=0.1), 2, 0.85, False, "0.9 of 2 CPUs: room to spare"),
+    (trial(2), 2, 0.85, False, "nothing measured: not saturated"),
+    (trial(8, util=0.2, main=0.05), 2, 0.85, False, "1.65 of 2 CPUs: just under the level"),
+    (trial(8, util=0.2, main=0.2), 2, 0.85, True, "1.8 of 2 CPUs: past the level"),
+    (trial(0, main=0.95), 1, 0.85, True, "the main process alone fills one CPU"),
+    (trial(0, main=0.95), 2, 0.85, False, "... not two"),
+    (trial(4, util=0.5, main=0.0), 4, 0.5, True, "a lower level: half the CPUs busy is saturated"),
+    (trial(4, util=0.5, main=0.0), 0, 0.85, True, "no usable CPU reads as saturated"),
+])
+def test_cpu_saturated(trial_, usable, level, expected, why):
+    assert capacity.cpu_saturated(trial_, usable_cpus=usable, level=level) is expected, why

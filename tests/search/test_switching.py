@@ -1,0 +1,59 @@
+"""Whether an online switch repays itself before the epoch ends, and how long a candidate's window may last
+(search/switching.py, NOTE [ Online convergence ], 2. and 4., in search/online_policy.py), on tables. No clock."""
+import math
+
+import pytest
+
+from autoloader.search import switching
+from autoloader.search.capacity import DEFAULT_TOLERANCE, FORK_S
+
+
+@pytest.mark.parametrize("remaining_s, gain, workers, window_s, expected", [
+    (10.0, 0.5, 16, 0.3, True),     # 5 s gained against 0.32 s of forks
+    (0.5, 0.5, 16, 0.3, False),     # 0.1 s gained against 0.32 s of forks: next epoch
+    (20.0, 0.0, 4, 0.3, True),      # only saves workers: worth the tolerance of 20 s = 1 s
+    (1.0, 0.0, 4, 0.3, False),
+    (None, 0.0, 64, 4.0, True),     # an epoch of unknown length
+])
+def test_a_switch_repays_itself_before_the_epoch_ends(remaining_s, gain, workers, window_s, expected):
+    assert switching.repays(remaining_s=remaining_s, gain=gain, workers=workers, window_s=window_s) is expected
+
+
+@pytest.mark.parametrize("epoch_s, bound", [
+    (None, switching.MAX_WINDOW_BOUND_S), (math.inf, switching.MAX_WINDOW_BOUND_S), (3.0, switching.MIN_WINDOW_BOUND_S),
+    (60.0, 1.8), (600.0, switching.MAX_WINDOW_BOUND_S)])
+def test_a_window_lasts_a_few_percent_of_the_epoch(epoch_s, bound):
+    assert switching.window_bound_s(epoch_s) == pytest.approx(bound)
+
+
+@pytest.mark.parametrize("remaining_s, gain, workers, window_s, expected, why", [
+    (1.0, 0.5, 10, 0.0, True, "0.5 s gained, exactly 10 forks of 20 ms + no window: it repays, just"),
+    (1.0, 0.5, 26, 0.0, False, "26 forks (0.52 s) cost more than the 0.5 s gained"),
+    (0.2, 0.5, 0, 0.3, False, "a window longer than what is left gains nothing and risks the tolerance"),
+    (0.0, 1.0, 0, 0.0, True, "an unmeasured candidate costing nothing at the epoch's end: nothing lost"),
+    (10.0, -0.3, 4, 0.3, True, "a predicted loss is still worth the tolerance: fewer workers at the same rate"),
+])
+def test_what_a_switch_is_worth(remaining_s, gain, workers, window_s, expected, why):
+    assert switching.repays(remaining_s=remaining_s, gain=gain, workers=workers, window_s=window_s) is expected, why
+
+
+@pytest.mark.parametrize("gain, fork_s, tolerance, expected, why", [
+    (0.15, FORK_S, DEFAULT_TOLERANCE, True, "0.18 s gained over 1.2 s against 8 forks of 20 ms and 5 % of the window"),
+    (0.15, 0.05, DEFAULT_TOLERANCE, False, "a process holding gigabytes forks slowly: 0.4 s of forks"),
+    (0.12, FORK_S, DEFAULT_TOLERANCE, False, "0.144 s gained: short of 0.175 s"),
+    (0.0, FORK_S, 0.01, False, "only saving workers, worth 1 % of 1.2 s: not the forks"),
+    (0.0, FORK_S, 0.5, True, "a wide tolerance values saving workers at half the time left"),
+])
+def test_forks_and_the_windows_risk_are_the_price(gain, fork_s, tolerance, expected, why):
+    assert switching.repays(remaining_s=1.5, gain=gain, workers=8, window_s=0.3, tolerance=tolerance,
+                            fork_s=fork_s) is expected, why
+
+
+@pytest.mark.parametrize("epoch_s, bound, why", [
+    (10.0, switching.MIN_WINDOW_BOUND_S * 1.2, "3 % of 10 s is 0.3 s, above the floor"),
+    (8.0, switching.MIN_WINDOW_BOUND_S, "3 % of 8 s is 0.24 s: the floor"),
+    (-math.inf, switching.MAX_WINDOW_BOUND_S, "a length that is no number: the upper bound"),
+    (0.0, switching.MIN_WINDOW_BOUND_S, "an empty epoch: still a few batches"),
+])
+def test_a_windows_bound_at_its_edges(epoch_s, bound, why):
+    assert switching.window_bound_s(epoch_s) == pytest.approx(bound), why
