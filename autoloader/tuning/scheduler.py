@@ -1,8 +1,6 @@
-"""One online epoch as an explicit state machine: which run serves each slice of the epoch, when a candidate's
-measurement is complete, and what happens then (``EpochScheduler``; the search behind it is
-``online_search.OnlineSearch``, which answers as ``plan.Plan``). Its phases and their moves: NOTE [ Online epoch
-scheduler ] in phases.py.
-"""
+"""One online epoch as an explicit state machine (``EpochScheduler``): which run serves each slice, when a
+candidate's measurement is complete and what happens then, as NOTE [ Online epoch scheduler ] in phases.py says; the
+search behind it (``online_search.OnlineSearch``) answers as ``plan.Plan``."""
 from __future__ import annotations
 
 import logging
@@ -50,7 +48,7 @@ class EpochScheduler:
         """Seconds per batch expected before the loop got two (a probe's estimate over the prior's workers)."""
 
     def batches(self) -> Generator[Any, None, None]:
-        with self.guard:  # NOTE above: between two stages, a worker of the one a switch started may die
+        with self.guard:  # NOTE [ Online epoch scheduler ]: between two stages, a worker of the one started may die
             try:
                 while not self.source.done:
                     stage, self.started = self.started or self._build(), None
@@ -66,8 +64,7 @@ class EpochScheduler:
 
     # -- the epoch's clock -------------------------------------------------------------------------------------------
     def _per_batch_s(self) -> Optional[float]:
-        """Seconds per batch the loop got this epoch so far; before two batches, what a probe's estimate says (None
-        without one)."""
+        """Seconds per batch the loop got this epoch so far; before two, a probe's estimate (None without one)."""
         batches = self.trace.batches
         if len(batches) < 2:
             return self._pace
