@@ -23,15 +23,15 @@ from autoloader import make_loader
 class Work(Dataset):
     """``n`` tiny samples, each costing a little CPU so trials measure real loading; yields (tensor, index)."""
 
-    def __init__(self, n: int) -> None:
-        self.n = n
+    def __init__(self, n: int, cost: int = 1500) -> None:
+        self.n, self.cost = n, cost
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, index: int):
         acc = 0
-        for j in range(1500):
+        for j in range(self.cost):
             acc += (j * index) % 7
         return torch.full((4,), float(acc)), index
 
@@ -121,8 +121,10 @@ def record_epoch(loader, epoch: int) -> dict:
 def _online(args: argparse.Namespace, rank: int) -> int:
     """Epochs of an online-tuned loader until it decided, and at least two (a decision often comes within the first),
     at most 10: per epoch, the sample indices this rank got and the configuration in force at each batch."""
-    loader = make_loader(Work(400), batch_size=8, shuffle=True, device="cpu", cache=args.cache_dir, max_workers=4,
-                         tuning="online")
+    # a batch costs ~5 ms beside no step: workers are worth trying (at 1,500 a sample, the median of the probe's
+    # batches sometimes put serial loading within the margin, and no candidate served)
+    loader = make_loader(Work(400, cost=6000), batch_size=8, shuffle=True, device="cpu", cache=args.cache_dir,
+                         max_workers=4, tuning="online")
     epochs = []
     while (not loader.decisions or len(epochs) < 2) and len(epochs) < 10:
         epochs.append(record_epoch(loader, len(epochs)))
