@@ -24,11 +24,13 @@ starts = []
 
 
 class Slow(Dataset):
+    """160 ms batches: online, the prior's workers start inside the first batch (``online_policy.starts_early``)."""
+
     def __len__(self):
         return 3000
 
     def __getitem__(self, i):
-        time.sleep(0.002)
+        time.sleep(0.01)
         return torch.full((4,), float(i))
 
 

@@ -366,7 +366,7 @@ def test_the_next_candidate_starts_while_the_measured_one_serves_its_tail(monkey
     """NOTE [ Hidden switch ]: at each switch the measured candidate serves what it holds in flight (none lost or
     loaded twice: its slice gives nothing back) while the next candidate's workers start; the epochs stay exact."""
     records = _recording_hand_overs(monkeypatch)
-    data = Indexed(960, latency_s=0.002)  # the prior (6 workers) starts early; a 30 ms step needs 1: a hidden switch
+    data = Indexed(960, latency_s=0.015)  # 120 ms batches: the prior (6 workers) starts early; a 30 ms step needs 5
     torch.manual_seed(4)
     loader = make_loader(data, 8, shuffle=True, cache=False, tuning="online", max_workers=6)
     online = _until_decided(loader, step_s=0.03)
@@ -384,7 +384,7 @@ def test_the_next_candidate_starts_while_the_measured_one_serves_its_tail(monkey
 @pytest.mark.slow
 def test_a_worker_lost_in_the_tail_loses_no_batch_and_the_next_candidate_starts_again(monkeypatch, caplog):
     records = _recording_hand_overs(monkeypatch, kill_tail=True)
-    data = Indexed(960, latency_s=0.002)
+    data = Indexed(960, latency_s=0.015)  # as above: 6 workers start early, then 5 meet the step
     torch.manual_seed(6)
     loader = make_loader(data, 8, shuffle=True, cache=False, tuning="online", max_workers=6)
     with caplog.at_level("WARNING", logger="autoloader.online"):
