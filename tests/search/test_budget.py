@@ -25,12 +25,7 @@ from autoloader.search import budget, growth, policy, verdict
 from autoloader.search.search import Search
 from helpers import drive_search, full_profile
 from workloads import LatencyBound
-
-MIB, GIB = 2**20, 2**30
-
-
-def config(n, *, prefetch=2, pin=False, threads=1):
-    return LoaderConfig(n, prefetch if n else None, pin, False, threads=threads)
+from search_fakes import GIB, MIB, config, copying, fake, growth_for
 
 
 def test_budget_guard_names_the_budget_and_the_fix():
@@ -52,20 +47,6 @@ def test_budget_guard_checks_dev_shm_as_its_own_limit():
     reason = budget.budget_guard(config(4), shm_free_bytes=64 * MIB, **kw)
     assert "/dev/shm" in reason and "--shm-size" in reason
     assert budget.budget_guard(config(0), shm_free_bytes=1, **kw) is None
-
-
-def fake(n, rate, *, uss=100 * MIB, growth=0, batch_bytes=MIB, threads=1, status="ok", batches=40, batch=32):
-    """A measured trial: ``batches`` of ``batch`` samples in its window."""
-    return TrialResult(config=config(n, threads=threads), status=status,
-                       samples_per_s=rate if status == "ok" else None, batches=batches,
-                       window_s=batches * batch / rate if rate else 0.0, batch_bytes=batch_bytes,
-                       worker_uss_bytes=uss if n else None, worker_uss_growth_bytes=growth if n else None)
-
-
-def growth_for(n, slope, *, batches=40, batch=32, prefetch=2):
-    """The growth a worker of ``n`` shows in a trial when it grows ``slope`` bytes per sample it makes (plus the
-    noise any worker shows: these trials' batches are 1 MiB)."""
-    return int(slope * (batches + n * prefetch + n) * batch / n) + max(growth.GROWTH_NOISE_BYTES, 2 * prefetch * MIB)
 
 
 @pytest.mark.parametrize("table, budget_bytes, expected, warned", [
@@ -376,18 +357,6 @@ def test_a_time_skip_is_no_memory_limit():
 
 
 # ---------------------------------------------------------------- the copy-on-read forecast (NOTE [ Copy-on-read forecast ])
-
-def copying(n, rate=1000.0, *, uss=10 * MIB, per_sample=4096, span=181 * MIB, shared=260 * MIB, batches=None,
-            batch=64, other=0):
-    """A trial whose worker copied ``per_sample`` bytes per sample it made (the census), out of ``span``; its window
-    holds 3 waves of batches, as measure/window.py's."""
-    batches = batches or max(24, 3 * n)
-    made = (batches + config(n).burst_batches()) * batch / n
-    copied = int(per_sample * made)
-    trial = fake(n, rate, uss=uss, growth=copied + other, batch_bytes=4096, batches=batches, batch=batch)
-    return dataclasses.replace(trial, worker_copied_bytes=copied, worker_copy_span_bytes=span,
-                               worker_shared_bytes=shared)
-
 
 def test_the_census_forecast_admits_what_fits_and_not_more():
     """The 300,000-object list of issue 45 under 700 MiB: 4 workers (605-633 MiB measured over an epoch) fit, 8

@@ -5,6 +5,7 @@ import pytest
 from autoloader.search import policy, thread_bounds, threads_policy
 from autoloader.config import LoaderConfig
 from autoloader.results import TrialResult
+from search_fakes import MIB, tt
 
 
 def trial(n, rate, *, prefetch=2, status="ok", util=None, main=None, stall=None, fetch=None, cpu=None, pin=False):
@@ -133,16 +134,6 @@ def test_worth_more_prefetch():
 
 # ---------------------------------------------------------------- processes x threads (NOTE [ Processes x threads ])
 # select's side of it: the thread decisions are tested in test_threads_policy.py, their bounds in test_thread_bounds.py
-
-MIB = 1 << 20
-
-
-def tt(n, threads, rate, *, util=None, memory=None, prefetch=2, status="ok", fetch=None, cpu=None):
-    """A trial of ``n`` processes x ``threads`` threads; ``memory``: the workers' summed USS in MiB."""
-    config = LoaderConfig(n, prefetch if n else None, False, False, threads)
-    return TrialResult(config=config, status=status, samples_per_s=rate if status == "ok" else None,
-                       worker_cpu_util=util, fetch_s_per_batch=fetch, fetch_cpu_s_per_batch=cpu,
-                       worker_uss_total_bytes=None if memory is None else memory * MIB)
 
 
 @pytest.mark.parametrize("table, expected", [

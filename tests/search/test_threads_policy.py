@@ -7,20 +7,9 @@ import itertools
 
 import pytest
 
-from autoloader.config import LoaderConfig
-from autoloader.results import TrialResult
 from autoloader.search import policy, threads_policy
 from autoloader.search.threads_policy import threads_to_cover_wait
-
-MIB = 1 << 20
-
-
-def tt(n, threads, rate, *, util=None, memory=None, prefetch=2, status="ok", fetch=None, cpu=None):
-    """A trial of ``n`` processes x ``threads`` threads; ``memory``: the workers' summed USS in MiB."""
-    config = LoaderConfig(n, prefetch if n else None, False, False, threads)
-    return TrialResult(config=config, status=status, samples_per_s=rate if status == "ok" else None,
-                       worker_cpu_util=util, fetch_s_per_batch=fetch, fetch_cpu_s_per_batch=cpu,
-                       worker_uss_total_bytes=None if memory is None else memory * MIB)
+from search_fakes import tt
 
 
 @pytest.mark.parametrize("cpu_util, cap, expected", [
