@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+import psutil
 import torch
 from torch.utils.data import Dataset
 
@@ -174,3 +175,11 @@ def check_same_config(tunings: Sequence[Optional[dict]], *, what: str = "") -> N
     labels = [tuple(sorted(t["config"].items(), key=lambda kv: kv[0])) for t in tunings]
     assert len(set(labels)) == 1, f"{what}ranks chose different configs: {labels}"
     assert all(t == tunings[0] for t in tunings), f"{what}ranks returned different tunings"
+
+
+def spawned_by(process: psutil.Process, roots: set) -> bool:
+    """``process`` is one of ``roots`` or their descendant (or already gone): a module-scoped Ray session's own."""
+    try:
+        return process.pid in roots or any(parent.pid in roots for parent in process.parents())
+    except psutil.NoSuchProcess:
+        return True

@@ -25,6 +25,7 @@ pytest.importorskip("ray", reason="Ray Data is not installed: pip install '.[int
 import autoloader.ray  # noqa: E402
 from autoloader import make_loader  # noqa: E402
 from autoloader.ray import session as ray_session_module  # noqa: E402
+from _helpers import spawned_by  # noqa: E402
 from helpers import live_children, wait_no_children  # noqa: E402
 from ray_data import Failing, Indexed  # noqa: E402
 
@@ -52,23 +53,16 @@ def ray_session():
     assert session_dir and not os.path.exists(session_dir), f"Ray's session directory {session_dir} was not removed"
 
 
-def _ours(process: psutil.Process, roots: set) -> bool:
-    try:
-        return process.pid in roots or any(parent.pid in roots for parent in process.parents())
-    except psutil.NoSuchProcess:
-        return True
-
-
 @pytest.fixture(autouse=True)
 def no_process_left_behind(ray_session):
     """conftest's check, but Ray's own processes (and their workers) live for the module (``ray_session``)."""
     yield
     _, roots = ray_session
     deadline = time.monotonic() + 10.0
-    strays = [p for p in live_children() if not _ours(p, roots)]
+    strays = [p for p in live_children() if not spawned_by(p, roots)]
     while strays and time.monotonic() < deadline:
         time.sleep(0.1)
-        strays = [p for p in live_children() if not _ours(p, roots)]
+        strays = [p for p in live_children() if not spawned_by(p, roots)]
     assert not strays, f"processes left behind: {[(p.pid, p.name()) for p in strays]}"
 
 

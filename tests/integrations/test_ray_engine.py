@@ -29,6 +29,7 @@ from autoloader.ray.source import Payload  # noqa: E402
 from autoloader.ray.trials import Bench, Costs, run_trial, tune_pool  # noqa: E402
 from helpers import live_children, wait_no_children  # noqa: E402
 from ray_data import Indexed  # noqa: E402
+from _helpers import spawned_by  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
@@ -48,22 +49,15 @@ def ray_session():
     assert temp_dir is None or not os.path.exists(temp_dir)
 
 
-def _ours(process: psutil.Process, roots: set) -> bool:
-    try:
-        return process.pid in roots or any(parent.pid in roots for parent in process.parents())
-    except psutil.NoSuchProcess:
-        return True
-
-
 @pytest.fixture(autouse=True)
 def no_process_left_behind(ray_session):
     """conftest's check, but Ray's own processes (and their workers) live for the module (``ray_session``)."""
     yield
     deadline = time.monotonic() + 10.0
-    strays = [p for p in live_children() if not _ours(p, ray_session[1])]
+    strays = [p for p in live_children() if not spawned_by(p, ray_session[1])]
     while strays and time.monotonic() < deadline:
         time.sleep(0.1)
-        strays = [p for p in live_children() if not _ours(p, ray_session[1])]
+        strays = [p for p in live_children() if not spawned_by(p, ray_session[1])]
     assert not strays, f"processes left behind: {[(p.pid, p.name()) for p in strays]}"
 
 
