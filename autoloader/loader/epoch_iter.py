@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Optional
 
-from .epochs import EpochClock
+from .epochs import Ahead, EpochClock
 
 logger = logging.getLogger("autoloader.prefetch")
 
@@ -82,14 +82,14 @@ class Epoch:
     ``fetch()``: the next item, a batch ready to hand out, ``END`` or ``Failed``; ``first(fetch)``: the first item
     (a resumed epoch's may be loaded as its saver did); ``handed(batch)``: called right before a batch is handed out
     (the stream synchronisation); ``ahead``: the next item is fetched before a batch is handed out (with a side
-    stream); ``hold(flag)``: whether an item fetched ahead is held unyielded (a checkpoint reads it)."""
+    stream); ``hold(ahead)``: what was fetched ahead and is held unyielded (``Ahead``; a checkpoint reads it)."""
 
     clock: EpochClock
     fetch: Fetcher
     first: Callable[[Callable[[], Any]], Any]
     handed: Callable[[Any], None]
     ahead: bool
-    hold: Callable[[bool], None]
+    hold: Callable[[Ahead], None]
 
 
 class EpochIter:
@@ -118,7 +118,7 @@ class EpochIter:
         self._done = True
         self._held = _NOTHING
         if self._epoch is not None:
-            self._epoch.hold(False)
+            self._epoch.hold("nothing")
             self._epoch.fetch.close()
 
     def __next__(self) -> Any:
@@ -138,7 +138,7 @@ class EpochIter:
             self._finish(epoch, entered)
             raise StopIteration
         if isinstance(item, Failed):
-            epoch.hold(False)
+            epoch.hold("nothing")
             self._tick(epoch.clock, entered, failed=int(item.consumed))
             error = item.exception
             try:
@@ -150,7 +150,7 @@ class EpochIter:
             self._held = item  # a Ctrl-C while the next one loads: the next call hands this one out
             following = epoch.fetch()
             self._held = following
-            epoch.hold(following is not END)
+            epoch.hold("end" if following is END else "item")
         self._tick(epoch.clock, entered, batches=1)
         return item
 
@@ -173,7 +173,7 @@ class EpochIter:
 
     def _finish(self, epoch: Epoch, entered: float) -> None:
         self._done = True
-        epoch.hold(False)
+        epoch.hold("nothing")
         clock = epoch.clock
         clock.end = time.perf_counter()
         clock.wait += clock.end - entered

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Sequence
+from typing import Any, Iterator, List, Literal, Optional, Sequence
 
 import torch
 from torch.utils.data import DataLoader
@@ -62,6 +62,12 @@ def stall_fraction(wait_s: float, span_s: float) -> float:
     an empty span. An epoch's (``EpochStats``), a candidate's window (``measure.window``) and a served epoch's tally
     read it here. Pure."""
     return min(1.0, max(0.0, wait_s / span_s)) if span_s > 0 else 0.0
+
+
+Ahead = Literal["nothing", "item", "end"]
+"""What an epoch had fetched ahead of the loop and not handed out yet (``EpochIter``, with a side stream): nothing, a
+batch (or a failed one), or the epoch's end, for which the source's iterator asked its sampler past the end: a pull
+a checkpoint counts (``Checkpoints.state``)."""
 
 
 class EpochClock:

@@ -27,7 +27,7 @@ from ..errors import quiet_worker_count_warning
 from ..results import Decision, EpochTrace, TuneResult
 from .device import resolve_device, side_stream
 from .epoch_iter import Epoch, EpochIter, Fetcher
-from .epochs import EpochClock, EpochStats, samplers
+from .epochs import Ahead, EpochClock, EpochStats, samplers
 from .mirror import DataLoaderMirror
 from .resume.checkpoint import Checkpoints, ends_epoch
 from .resume.redraw import stream_rule
@@ -97,7 +97,7 @@ class PrefetchLoader(DataLoaderMirror):
         self._single_process = single_process
         self._clocks: List[EpochClock] = []
         self._checkpoints = Checkpoints()
-        self._held = False  # a batch fetched ahead, not yet yielded (with a side stream)
+        self._ahead: Ahead = "nothing"  # fetched ahead of the loop, not handed out yet (with a side stream)
 
     @property
     def cache_key(self) -> Optional[str]:
@@ -176,7 +176,7 @@ class PrefetchLoader(DataLoaderMirror):
         """
         tuning = self.tuning
         own = self._checkpoints.state(self._source, clock=self._clocks[-1] if self._clocks else None,
-                                      next_epoch=self._next_epoch, held=self._held,
+                                      next_epoch=self._next_epoch, ahead=self._ahead,
                                       sampler_record=self._sampler_epochs, epoch_set=self._epoch_set,
                                       decision=tuning.config.label() if tuning is not None else None)
         return gather_states(own, format=FORMAT)
@@ -249,13 +249,13 @@ class PrefetchLoader(DataLoaderMirror):
         dataset = stream_rule(self._template)[0]
         with quiet_worker_count_warning(self._tuned_workers()):
             it = self._checkpoints.begin(self._source, stream_dataset=dataset)
-        self._held = False
+        self._ahead = "nothing"
         fetch = Fetcher(partial(self._items, it, stream, dataset, ahead))
         return Epoch(clock, fetch=fetch, first=self._checkpoints.fetched, handed=partial(handed, stream, self.device),
                      ahead=ahead, hold=self._hold)
 
-    def _hold(self, held: bool) -> None:
-        self._held = held
+    def _hold(self, ahead: Ahead) -> None:
+        self._ahead = ahead
 
     def _items(self, it: Iterator[Any], stream: Optional[torch.cuda.Stream], dataset: Any,
                ahead: bool) -> Generator[Any, None, None]:

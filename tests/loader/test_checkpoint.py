@@ -21,7 +21,7 @@ def make(n: int = N, **kwargs) -> PlainSource:
                                   generator=torch.Generator().manual_seed(7), **kwargs))
 
 
-def saved_after(k: int, source: PlainSource, *, done: bool = False) -> tuple:
+def saved_after(k: int, source: PlainSource, *, done: bool = False, ahead: str = "nothing") -> tuple:
     """(the state ``Checkpoints`` writes after the loop got ``k`` batches of a fresh epoch, the batches after them)."""
     checkpoints = Checkpoints()
     it = checkpoints.begin(source, stream_dataset=None)
@@ -30,7 +30,7 @@ def saved_after(k: int, source: PlainSource, *, done: bool = False) -> tuple:
         next(it)
         clock.batches += 1
     clock.done = done
-    state = checkpoints.state(source, clock=clock, next_epoch=1, held=False, sampler_record=None, epoch_set=False,
+    state = checkpoints.state(source, clock=clock, next_epoch=1, ahead=ahead, sampler_record=None, epoch_set=False,
                               decision=None)
     return json.loads(json.dumps(state)), [b.tolist() for b in it]
 
@@ -53,6 +53,14 @@ def test_a_state_saved_between_epochs_begins_a_fresh_epoch():
     assert len(list(checkpoints.begin(source, stream_dataset=None))) == 8
 
 
+@pytest.mark.parametrize("k, ahead, pulls", [(3, "nothing", 3), (3, "item", 4), (8, "nothing", 8), (8, "end", 9)])
+def test_what_was_fetched_ahead_counts_as_a_pull_of_the_sampler(k, ahead, pulls):
+    """A batch fetched ahead, or after the last batch the epoch's end (the sampler asked past it, where a
+    ``RandomSampler`` with a generator draws once more), was pulled before the save."""
+    state, _ = saved_after(k, make(), ahead=ahead)
+    assert state["drawn"] == pulls
+
+
 def test_a_state_saved_after_the_last_batch_ends_its_epoch():
     state, rest = saved_after(8, make())
     assert rest == []
@@ -64,7 +72,7 @@ def test_a_loaded_state_not_iterated_yet_is_saved_again_unchanged():
     state, _ = saved_after(2, make())
     checkpoints, source = Checkpoints(), make()
     checkpoints.load(state, source)
-    assert checkpoints.state(source, clock=None, next_epoch=0, held=False, sampler_record=None, epoch_set=False,
+    assert checkpoints.state(source, clock=None, next_epoch=0, ahead="nothing", sampler_record=None, epoch_set=False,
                              decision=None) == state
 
 
@@ -95,5 +103,5 @@ class Stream(IterableDataset):
 def test_a_stream_without_its_own_state_cannot_be_saved():
     source = PlainSource(DataLoader(Stream(), batch_size=2))
     with pytest.raises(ValueError, match="cannot be resumed exactly: .*no state_dict\\(\\)/load_state_dict\\(\\)"):
-        Checkpoints().state(source, clock=None, next_epoch=0, held=False, sampler_record=None, epoch_set=False,
+        Checkpoints().state(source, clock=None, next_epoch=0, ahead="nothing", sampler_record=None, epoch_set=False,
                             decision=None)

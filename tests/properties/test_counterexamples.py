@@ -1,6 +1,7 @@
 """Every counterexample hypothesis found while the contract properties were written, as an explicit test. Each was a
-configuration where the property's first statement of the README's contract was wrong (not the library): the README
-and ``contracts.agree`` now say what holds there, and these keep it so."""
+configuration where the property's first statement of the README's contract was wrong: the README and
+``contracts.agree`` now say what holds there, and these keep it so; or where the library was (the docstring names
+the fix)."""
 from __future__ import annotations
 
 from unittest import mock
@@ -99,4 +100,15 @@ def test_threads_that_augment_from_the_global_rng_move_a_global_order_later():
     sampler draws the next epoch's order from: that order is not the plain DataLoader's (``errors_agree``)."""
     data = Data(n=43, batch_size=2, drop_last=False, sampler="global-rng", rng="generator", augment=True, bad=(0,))
     check_errors(data, Mode("plain", 0, threads=2))
+    assert wait_no_children() == []
+
+
+def test_reading_ahead_saved_after_the_last_item_resumes_at_the_next_epochs_order():
+    """CI seed 49280: reading ahead, the saver had fetched its epoch's end (the RandomSampler's generator drew once
+    more there) before the state was saved after the last item, an error; the resumer drew that pull again and served
+    the next epoch in another order. The library's fix: ``Checkpoints.state`` counts an end fetched ahead as a pull
+    (``Ahead``)."""
+    data = Data(n=4, batch_size=1, drop_last=False, sampler="shuffle", rng="generator", augment=True, bad=(0,))
+    with mock.patch.object(_prefetch, "reads_ahead", lambda stream: True):
+        check_errors(data, PLAIN, resumer=Mode("lazy", None), epoch=0, k=4, how="json", ahead=True)
     assert wait_no_children() == []

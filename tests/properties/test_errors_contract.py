@@ -7,6 +7,7 @@ autoloader/loader/source.py). Online tuning's part is the test at the end (its s
 Every counterexample found is a plain test in test_counterexamples.py."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Optional, Tuple
 from unittest import mock
@@ -145,7 +146,7 @@ def test_a_batch_that_raises_is_raised_and_the_epoch_goes_on(draw):
     data = draw.draw(failing(), label="data")
     mode = draw.draw(error_modes(data=data), label="mode")
     ahead = draw.draw(st.booleans(), label="ahead")
-    with mock.patch.object(_prefetch, "reads_ahead", lambda stream: True) if ahead else _nothing():
+    with mock.patch.object(_prefetch, "reads_ahead", lambda stream: True) if ahead else contextlib.nullcontext():
         if draw.draw(st.booleans(), label="resume"):
             check_errors(data, mode, resumer=draw.draw(error_modes(data=data), label="resumer"),
                          epoch=draw.draw(st.integers(0, 1), label="epoch"), k=draw.draw(st.integers(0, 12), label="k"),
@@ -168,11 +169,3 @@ def test_online_a_batch_that_raises_is_raised_and_the_epoch_goes_on(draw):
     else:
         check_errors(data, online)
     assert wait_no_children() == []
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None

@@ -1,14 +1,18 @@
 """Contract (a), README "Checkpoint and resume": a state saved at any point of any configuration, loaded into a new
 loader of any other configuration or tuning mode (in another RNG state), yields exactly the batches the uninterrupted
 run yields after the save, and the loop's RNG draws match; or a ValueError/TypeError is raised before the first batch,
-only where the README says so. Hypothesis draws the whole configuration (tests/contracts.py); every counterexample it
+only where the README says so. With or without reading ahead (a side stream's path, forced on the CPU), in every run. Hypothesis draws the whole configuration (tests/contracts.py); every counterexample it
 found is an explicit test in test_counterexamples.py."""
 from __future__ import annotations
 
+import contextlib
+from unittest import mock
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
+import autoloader.loader.prefetch as _prefetch
 
 from contracts import Record, agree, build, closed, compare, datas, modes, run, seed_all
 from helpers import round_trip, wait_no_children
@@ -87,8 +91,10 @@ def test_resume_is_exact_or_refused_before_the_first_batch(draw):
     data = draw.draw(datas(), label="data")
     saver = draw.draw(modes(data=data), label="saver")
     resumer = draw.draw(modes(data=data), label="resumer")
-    check_resume(data, saver, resumer, epoch=draw.draw(st.integers(0, 1), label="epoch"),
-                 k=draw.draw(st.integers(0, 60), label="k"), how=draw.draw(st.sampled_from(["torch", "json"])),
-                 chain=draw.draw(st.sampled_from(["once", "once", "after-load", "chained"]), label="chain"),
-                 j=draw.draw(st.integers(0, 8), label="j"))
+    ahead = draw.draw(st.booleans(), label="ahead")
+    with mock.patch.object(_prefetch, "reads_ahead", lambda stream: True) if ahead else contextlib.nullcontext():
+        check_resume(data, saver, resumer, epoch=draw.draw(st.integers(0, 1), label="epoch"),
+                     k=draw.draw(st.integers(0, 60), label="k"), how=draw.draw(st.sampled_from(["torch", "json"])),
+                     chain=draw.draw(st.sampled_from(["once", "once", "after-load", "chained"]), label="chain"),
+                     j=draw.draw(st.integers(0, 8), label="j"))
     assert wait_no_children() == []

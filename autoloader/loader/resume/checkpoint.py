@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from torch.utils.data import DataLoader
 
-from ..epochs import EpochClock, numbered_samplers, pulls_made, samplers
+from ..epochs import Ahead, EpochClock, numbered_samplers, pulls_made, samplers
 from ..slices import EpochSource
 from .redraw import check_next_order, ended_at, redrawn, stream_rule
 from .rng import Ambient, RngState, parts_of
@@ -40,16 +40,20 @@ class Checkpoints:
         return self._pending
 
     # -- saving -----------------------------------------------------------------------------------------------------
-    def state(self, source: Any, *, clock: Optional[EpochClock], next_epoch: int, held: bool,
+    def state(self, source: Any, *, clock: Optional[EpochClock], next_epoch: int, ahead: Ahead,
               sampler_record: Optional[List[int]], epoch_set: bool, decision: Optional[str]) -> Dict[str, Any]:
         """This rank's state, JSON-safe. ``source`` is what PrefetchLoader wraps (its ``in_force`` the DataLoader
-        serving: online, a candidate's), ``held`` whether a batch was fetched ahead and not yet yielded."""
+        serving: online, a candidate's), ``ahead`` what was fetched ahead and not yet yielded: a batch is held (its
+        RNGs and stream position are the ones before it), and either one, or the epoch's end, was a pull of the
+        sampler the saver made (after its last batch a ``RandomSampler`` with a generator has then drawn once more,
+        which the resumer must not draw again)."""
         template = source.template
         if self._pending_json is not None:
             return self._pending_json  # loaded, not iterated yet: the loaded position (torchdata's rule)
         dataset, why = stream_rule(template)
         if why:
             raise ValueError(f"state_dict(): this loader cannot be resumed exactly: {why}")
+        held = ahead == "item"
         in_epoch = clock is not None and not clock.done
         passed = clock.batches + clock.failed if clock is not None else 0  # a failed batch used its indices
         batches = self._skipped + passed if in_epoch else 0
@@ -62,7 +66,7 @@ class Checkpoints:
             sampler_epochs=epochs_of(samplers(template)), sampler_record=sampler_record, epoch_set=epoch_set,
             start=self._start if in_epoch and dataset is None else None,
             now=RngState.take(parts_of(template), samplers=not in_epoch), ahead=self._ahead_rng if held else None,
-            drawn=self._drawn(source, passed + held) if in_epoch else None,
+            drawn=self._drawn(source, passed + (ahead != "nothing")) if in_epoch else None,
             stream=stream, decision=decision).to_json()
 
     def _drawn(self, source: Any, returned: int) -> Optional[int]:
