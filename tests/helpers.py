@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Iterator, Optional
@@ -44,6 +45,11 @@ def live_children():
         except psutil.NoSuchProcess:
             continue
     return alive
+
+
+def pool_threads() -> list:
+    """The threads of every live ``DaemonPool`` (loader/thread_pool.py) in this process."""
+    return [t for t in threading.enumerate() if t.name.startswith("autoloader-threads")]
 
 
 def wait_no_children(timeout: float = 10.0):

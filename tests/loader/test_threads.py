@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from helpers import wait_no_children
+from helpers import pool_threads, wait_no_children
 from thread_data import Batched, Indexed, SampleError, Stream
 from torch.utils.data import DataLoader, Subset, random_split
 
@@ -23,10 +23,6 @@ from autoloader.loader.threads import ThreadedDataset, has_own_getitems, threads
 
 TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_DIR = os.path.dirname(TESTS_DIR)
-
-
-def pool_threads() -> list:
-    return [t for t in threading.enumerate() if t.name.startswith("autoloader-threads")]
 
 
 def wait_no_pool_threads(timeout: float = 5.0) -> list:
