@@ -188,18 +188,19 @@ class OnlineSearch:
         self.current = None
         self.spanned, self.tried_fewer = len(current.epochs) > 1, current.down or not current.threads
         self.decision, self.reference = result, None
-        chosen = next((t for t in reversed(current.measured) if t.ok and t.config.same_candidate(result.config)),
-                      None)
-        self.decisions.append(Decision(epoch, result.config, result.samples_per_s,
-                                       chosen.stall_fraction if chosen else None, f"{current.why}: {result.reason}",
-                                       len(current.measured), current.search_s, current.switch_s))
+        self.decisions.append(Decision(epoch, result.config, result.samples_per_s, _stall_of(result),
+                                       f"{current.why}: {result.reason}", len(current.measured), current.search_s,
+                                       current.switch_s))
         log.info("decided online: %s, %s samples/s", result.config.label(),
                  "-" if result.samples_per_s is None else f"{result.samples_per_s:,.0f}")
         self.slot.store(result)
 
 
 def _stall_of(result: TuneResult) -> Optional[float]:
-    chosen = next((t for t in result.trials if t.ok and t.config.same_candidate(result.config)), None)
+    """The stall of the last measurement of ``result``'s configuration, as every rank of the node agreed it (the
+    re-tune rule reads it: a rank's own figure would let the ranks' searches part ways, NOTE [ One decision across
+    ranks ] in distributed.py)."""
+    chosen = next((t for t in reversed(result.trials) if t.ok and t.config.same_candidate(result.config)), None)
     return chosen.stall_fraction if chosen else None
 
 

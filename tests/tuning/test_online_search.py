@@ -1,10 +1,14 @@
 """The search behind an online loader (autoloader/tuning/online_search.py), driven by hand as the epoch scheduler
 drives it: a cached decision is served and only checked; a search from scratch probes, measures the prior, decides,
-stores its decision and answers for it; a candidate cut by the epoch's end is retried a bounded number of times."""
+stores its decision and answers for it; a candidate cut by the epoch's end is retried a bounded number of times; what
+the re-tune rule reads is what the node's ranks agreed."""
+import dataclasses
+
 import pytest
 
 from autoloader.cache.slot import Slot
 from autoloader.config import make_config
+from autoloader.coordination import Agreed, Coordinator
 from autoloader.probe import probe_machine
 from autoloader.request import Request
 from autoloader.results import TrialResult, TuneResult
@@ -83,3 +87,32 @@ def test_a_search_spanning_epochs_says_so(profile):
         search.tell(_measured(search.candidate, 1500.0), epoch=epoch)
         epoch += 1
     assert search.spanned, "candidates measured in different epochs"
+
+
+class OtherRankStalled(Coordinator):
+    """One process whose outcomes come back as if another rank of its node had waited 60 % of every window (the node
+    agrees on the largest stall: ``Coordinator.outcome``)."""
+
+    def outcome(self, outcome, *, elapsed_s, main_rss_bytes):
+        agreed = super().outcome(outcome, elapsed_s=elapsed_s, main_rss_bytes=main_rss_bytes)
+        if agreed.trial is None or agreed.trial.stall_fraction is None:
+            return agreed
+        return Agreed(dataclasses.replace(agreed.trial, stall_fraction=0.6), None, agreed.elapsed_s,
+                      agreed.main_rss_bytes)
+
+
+def test_the_decisions_stall_is_the_one_the_ranks_agreed_not_this_ranks(profile):
+    """The re-tune rule compares an epoch's agreed stall with the decision's: this rank's own 0 % there (its told
+    trial) made one rank of a node search again while the other served on, and their exchanges parted (the two-node
+    online test, once in four runs)."""
+    request = Request.checked(Indexed(1600, latency_s=0.0), 16, shuffle=True, max_workers=4, dataloader_kwargs={})
+    search = OnlineSearch(request, profile, slot=Slot(request, profile, None, None), coordinator=OtherRankStalled(),
+                          decision=None)
+    probe = search.candidate
+    search.tell(TrialResult(config=probe.config, samples_per_s=16 / 0.045, batches=3, window_s=0.135,
+                            fetch_s_per_batch=0.04, fetch_cpu_s_per_batch=0.04, consumer_s_per_batch=0.005,
+                            steady=False), epoch=0)
+    while search.searching:
+        search.tell(_measured(search.candidate, 1500.0, stall=0.0), epoch=0)
+    [made] = search.decisions
+    assert made.stall_fraction == pytest.approx(0.6)
