@@ -17,7 +17,7 @@ field by field and against a digest when loaded, then against the loader it resu
 #   indices at a time with ``replacement=True``, and one more ``randperm`` when asked past its end. The resume asks
 #   the redrawn epoch for exactly as many (keeping the ones not yet delivered), so those draws happen once, before
 #   ``now`` is put back, as in the saver; what the resumer pulls beyond them draws from ``now``, as the saver would
-#   have. Reading ahead counts what was fetched ahead too, the epoch's end included (``Ahead`` in epoch_iter.py):
+#   have. Reading ahead counts what was fetched ahead too, the epoch's end included (``Ahead`` in epochs.py):
 #   saved after the last batch, the saver had asked past the end, and its ``now`` holds that draw.
 # - ``now``: every RNG when ``state_dict()`` was called: the loop's own draws continue from there.
 # - ``ahead``: the ambient RNGs just before the batch the prefetcher held unyielded was loaded in the main process
