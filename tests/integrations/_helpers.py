@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -183,3 +184,16 @@ def spawned_by(process: psutil.Process, roots: set) -> bool:
         return process.pid in roots or any(parent.pid in roots for parent in process.parents())
     except psutil.NoSuchProcess:
         return True
+
+
+def strays(roots: set, *, timeout_s: float = 10.0) -> list:
+    """The live children of this process that are not ``roots`` or their descendants, waited for up to
+    ``timeout_s`` to exit: what a test left behind beside a module-scoped Ray session (``spawned_by``)."""
+    from helpers import live_children  # tests/: on the tests' path, not on the scripts that import this module
+
+    deadline = time.monotonic() + timeout_s
+    found = [p for p in live_children() if not spawned_by(p, roots)]
+    while found and time.monotonic() < deadline:
+        time.sleep(0.1)
+        found = [p for p in live_children() if not spawned_by(p, roots)]
+    return found

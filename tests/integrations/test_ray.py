@@ -25,8 +25,8 @@ pytest.importorskip("ray", reason="Ray Data is not installed: pip install '.[int
 import autoloader.ray  # noqa: E402
 from autoloader import make_loader  # noqa: E402
 from autoloader.ray import session as ray_session_module  # noqa: E402
-from _helpers import spawned_by  # noqa: E402
-from helpers import live_children, wait_no_children  # noqa: E402
+from _helpers import strays  # noqa: E402
+from helpers import wait_no_children  # noqa: E402
 from ray_data import Failing, Indexed  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
@@ -58,12 +58,8 @@ def no_process_left_behind(ray_session):
     """conftest's check, but Ray's own processes (and their workers) live for the module (``ray_session``)."""
     yield
     _, roots = ray_session
-    deadline = time.monotonic() + 10.0
-    strays = [p for p in live_children() if not spawned_by(p, roots)]
-    while strays and time.monotonic() < deadline:
-        time.sleep(0.1)
-        strays = [p for p in live_children() if not spawned_by(p, roots)]
-    assert not strays, f"processes left behind: {[(p.pid, p.name()) for p in strays]}"
+    left = strays(roots)
+    assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
 
 
 def _ids(batch) -> list:

@@ -27,9 +27,9 @@ from autoloader.ray.pipeline import Feed, dataset_for  # noqa: E402
 from autoloader.ray.records import RayConfig  # noqa: E402
 from autoloader.ray.source import Payload  # noqa: E402
 from autoloader.ray.trials import Bench, Costs, run_trial, tune_pool  # noqa: E402
-from helpers import live_children, wait_no_children  # noqa: E402
+from helpers import wait_no_children  # noqa: E402
 from ray_data import Indexed  # noqa: E402
-from _helpers import spawned_by  # noqa: E402
+from _helpers import strays  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
@@ -53,12 +53,8 @@ def ray_session():
 def no_process_left_behind(ray_session):
     """conftest's check, but Ray's own processes (and their workers) live for the module (``ray_session``)."""
     yield
-    deadline = time.monotonic() + 10.0
-    strays = [p for p in live_children() if not spawned_by(p, ray_session[1])]
-    while strays and time.monotonic() < deadline:
-        time.sleep(0.1)
-        strays = [p for p in live_children() if not spawned_by(p, ray_session[1])]
-    assert not strays, f"processes left behind: {[(p.pid, p.name()) for p in strays]}"
+    left = strays(ray_session[1])
+    assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
 
 
 def _ids(batch) -> list:
