@@ -6,9 +6,10 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 # NOTE [ Online convergence ]
 # The first epoch is the trial, so every second a slow configuration serves is a second of training lost. The rules:
 # 1. Start from the best prior. The main process serves the first batch (nothing else is known yet), and its first
-#    samples are timed as they load (``measure/sample_clock.py``): as soon as a batch is known to cost more than
-#    starting the workers would (``starts_early``), the prior's workers start, inside that first batch, while the
-#    main process finishes it and serves a short tail. The prior (``prior_workers``) is the count that fills the
+#    samples are timed as they load (``measure/sample_clock.py``): as soon as a batch is known to cost so much that
+#    waiting for the step's time would regret more than starting now (``starts_early``: the serial batches a late
+#    start serves against the forks an early one wastes if the step wants fewer), the prior's workers start, inside
+#    that first batch, while the main process finishes it and serves a short tail. The prior (``prior_workers``) is the count that fills the
 #    usable CPUs at the CPU share the samples showed (the cores rule for CPU-bound loading, several times it for
 #    loading that waits), and, once the step is known, no more than meet it (Little's law: a worker makes a batch per
 #    ``fetch_s``, the loop eats one per ``consumer_s``). Serial serving goes on only while the evidence says the
@@ -104,10 +105,12 @@ def prior_gain(*, fetch_s: float, consumer_s: Optional[float], workers: int, han
 
 def starts_early(*, fetch_s: float, workers: int, fork_s: float = FORK_S) -> bool:
     """Whether the prior's ``workers`` start before the first batch is served, on an estimate of its cost
-    (``fetch_s``, from its first samples): when the ``EARLY_BATCHES`` serial batches they save pay for forking them
-    twice: now, and again if the step, timed later, wants another count (before it is timed the prior is the CPUs',
-    and a step slower than the loading needs fewer). Pure."""
-    return workers > 0 and fetch_s * EARLY_BATCHES >= 2 * workers * fork_s
+    (``fetch_s``, from its first samples): the choice of least regret (NOTE [ Online convergence ], 1.). Before the
+    step is timed the prior is the CPUs'; if the step keeps it, starting late lost the ``EARLY_BATCHES`` serial
+    batches (its workers fork either way); if the step wants fewer, starting early lost forking ``workers`` less those
+    batches. Early when the first loss is at least the second: ``2 x EARLY_BATCHES x fetch_s >= workers x fork_s``.
+    Pure."""
+    return workers > 0 and 2 * EARLY_BATCHES * fetch_s >= workers * fork_s
 
 
 @dataclass(frozen=True)

@@ -36,11 +36,13 @@ def test_serial_is_competitive_while_workers_could_not_gain_the_margin(fetch_s, 
 
 
 @pytest.mark.parametrize("fetch_s, workers, early", [
-    (0.33, 16, True),  # 1 s of loading in the probe's 3 batches against 2 x 0.32 s of forks
+    (0.33, 16, True),  # 1 s of loading in the probe's 3 batches against 0.32 s of forks
+    (0.33, 64, True),  # the emulated 64-core host: a late start serves 3 batches serially (1 s), forks wasted 1.3 s
+    (0.2, 64, False),  # 0.6 s of serial batches saved against 1.3 s of forks wasted if the step wants fewer
     (0.05, 3, True), (0.005, 16, False), (0.001, 2, False), (0.33, 0, False),
     (0.021, 8, False),  # the emulated 8-core host, a 10 ms step: 8 workers started early were replaced by 3
 ])
-def test_the_prior_starts_inside_the_first_batch_when_its_forks_repay_twice_within_the_probe(fetch_s, workers, early):
+def test_the_prior_starts_inside_the_first_batch_when_that_regrets_less_than_a_late_start(fetch_s, workers, early):
     assert op.starts_early(fetch_s=fetch_s, workers=workers) is early
 
 
