@@ -149,6 +149,9 @@ class Step:
     """Its window is complete at the first batch, "skipped" for the memory budget (NOTE [ Memory budget ])."""
     probe: bool = False
     gain: float = 0.0
+    too_big_beside: bool = False
+    """Its workers would pass the memory budget beside the previous candidate's serving their tail (``fits_beside``
+    False: the switch to it is not hidden)."""
 
     @property
     def config(self) -> LoaderConfig:
@@ -179,6 +182,9 @@ class ScriptedPlan:
 
     def early(self, estimate: Any, *, epoch: int) -> None:
         return None
+
+    def fits_beside(self, result: TrialResult) -> bool:
+        return not (self.steps and self.steps[0].too_big_beside)
 
     def keeps(self, config: LoaderConfig) -> bool:
         return not self.steps and config.same_candidate(self.decide)

@@ -9,7 +9,8 @@ the machine's facts and of what trials measured (tested on tables).
 # ``distributed.Group.share_profile`` already divided among the ranks of a node. Half is tf.data's anchor for its
 # ``ram_budget``: the training process itself (model, optimizer, CUDA context, the batches it holds) needs the rest.
 # A candidate's footprint (``footprint``, footprint.py) is what autoloader adds to the process tree:
-#   workers      num_workers x one worker's private memory (USS) measured, plus its growth during the trial;
+#   workers      num_workers x one worker's private memory (USS) measured, plus its growth during the trial beyond
+#                what any worker shows once (``growth.window_growth_bytes``: the batches it was building);
 #   in flight    ``LoaderConfig.shm_batches``: those in flight + 2, in /dev/shm (tmpfs: RAM, charged to the cgroup),
 #                which is also checked against free /dev/shm as a limit of its own (``shm_need_bytes``);
 #   pinned       as many page-locked copies when pin_memory (the pin thread copies every batch it takes);
@@ -45,9 +46,10 @@ from ..config import LoaderConfig
 from .._text import mib
 from ..results import TrialResult, TuneResult
 from .footprint import Footprint, footprint, shm_need_bytes
+from .growth import window_growth_bytes
 
 __all__ = ["SHM_MARGIN", "Footprint", "MemoryCheck", "budget_guard", "first_batch_check", "footprint", "memory_check",
-           "no_longer_fits", "per_worker_bytes", "per_worker_estimate", "shm_need_bytes", "sized", "skipped_for_memory",
+           "no_longer_fits", "overlap_guard", "per_worker_bytes", "per_worker_estimate", "shm_need_bytes", "sized", "skipped_for_memory",
            "trial_footprint", "worker_growth_bytes"]
 
 SHM_MARGIN = 0.9
@@ -58,8 +60,7 @@ def trial_footprint(trial: TrialResult) -> Optional[int]:
     """The footprint a trial measured: its own workers' memory (the largest USS plus growth, per worker)."""
     if trial.config.num_workers and trial.worker_uss_bytes is None:
         return None
-    per_worker = None if trial.worker_uss_bytes is None else \
-        trial.worker_uss_bytes + max(0, trial.worker_uss_growth_bytes or 0)
+    per_worker = None if trial.worker_uss_bytes is None else trial.worker_uss_bytes + window_growth_bytes(trial)
     return footprint(trial.config, per_worker_bytes=per_worker, batch_bytes=trial.batch_bytes).total_bytes
 
 
@@ -113,16 +114,35 @@ def first_batch_check(config: LoaderConfig, check: Optional[MemoryCheck], *, uss
             f"try fewer")
 
 
+def overlap_guard(running: TrialResult, following: LoaderConfig, trials: Sequence[TrialResult], *,
+                  budget_bytes: Optional[int]) -> Optional[str]:
+    """Why ``following`` must not start while ``running``'s workers serve their tail (a hidden switch, NOTE [ Hidden
+    switch ] in tuning/handover.py): the two footprints together, ``running``'s as measured and ``following``'s with a
+    worker sized by ``trials`` (``per_worker_bytes``; nothing while none was measured), over the budget. None when
+    they fit or nothing is checked. Pure."""
+    if budget_bytes is None or not following.num_workers or not running.config.num_workers:
+        return None
+    batch_bytes = running.batch_bytes or next((t.batch_bytes for t in trials if t.batch_bytes is not None), None)
+    here = trial_footprint(running) or 0
+    there = footprint(following, per_worker_bytes=per_worker_bytes(trials) or 0, batch_bytes=batch_bytes).total_bytes
+    if (there or 0) + here <= budget_bytes:
+        return None
+    return (f"{following.label()} ({mib(there or 0)}) beside the {mib(here)} of {running.config.label()} serving its "
+            f"tail would pass the memory budget of {mib(budget_bytes)}")
+
+
 def per_worker_bytes(trials: Sequence[TrialResult]) -> Optional[int]:
     """What one worker needs, from trials that measured it (``sized``): the largest USS plus its growth during the
-    trial (copy-on-read keeps growing, see NOTE [ Copy-on-read ]); None when no trial measured a worker."""
-    return max((t.worker_uss_bytes + max(0, t.worker_uss_growth_bytes or 0) for t in sized(trials)
-                if t.worker_uss_bytes is not None), default=None)
+    trial beyond the noise (``growth.window_growth_bytes``; copy-on-read keeps growing, see NOTE [ Copy-on-read ]);
+    None when no trial measured a worker."""
+    return max((t.worker_uss_bytes + window_growth_bytes(t) for t in sized(trials) if t.worker_uss_bytes is not None),
+               default=None)
 
 
 def worker_growth_bytes(trials: Sequence[TrialResult]) -> int:
-    """The most one worker grew during a window, of the trials ``sized`` keeps (0: none measured)."""
-    return max((max(0, t.worker_uss_growth_bytes or 0) for t in sized(trials)), default=0)
+    """The most one worker grew during a window beyond the noise (``growth.window_growth_bytes``), of the trials
+    ``sized`` keeps (0: none measured)."""
+    return max((window_growth_bytes(t) for t in sized(trials)), default=0)
 
 
 def sized(trials: Sequence[TrialResult]) -> Sequence[TrialResult]:

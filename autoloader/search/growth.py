@@ -41,7 +41,7 @@ from .footprint import footprint
 
 __all__ = ["COPY_NOISE_BYTES", "COPY_NOISE_PER_SAMPLE", "DENSE", "GROWTH_NOISE_BYTES", "copied_per_sample",
            "copy_forecast", "copy_rate", "epoch_growth_bytes", "forecast_bytes", "forecast_guard", "growth_noise_bytes",
-           "growth_per_sample", "lasting_bytes", "samples_made", "scattered_bytes"]
+           "growth_per_sample", "lasting_bytes", "samples_made", "scattered_bytes", "window_growth_bytes"]
 
 GROWTH_NOISE_BYTES = 4 * 2**20
 """A worker's USS grows this much once in any trial, whatever it reads: allocator warm-up, the collector's first pass
@@ -62,6 +62,15 @@ def growth_noise_bytes(trial: TrialResult) -> int:
     (``LoaderConfig.worker_batches``) when more (a batch built in shared memory counts as the worker's own until the
     main process maps it)."""
     return max(GROWTH_NOISE_BYTES, trial.config.worker_batches() * (trial.batch_bytes or 0))
+
+
+def window_growth_bytes(trial: TrialResult) -> int:
+    """What one worker of ``trial`` grew during its window beyond what any worker shows once (``growth_noise_bytes``):
+    the growth every memory check adds to a worker's measured size (budget.py); 0 when not measured. Below the noise,
+    the difference of two readings is the batches a worker was building at each, which its size already holds (a
+    waiting-bound worker of 12 MiB read 3.2 MiB "growth" from 6 MiB batches, and 13 workers were refused under a
+    budget their epoch peaked at 82 % of)."""
+    return max(0, (trial.worker_uss_growth_bytes or 0) - growth_noise_bytes(trial))
 
 
 def samples_made(trial: TrialResult) -> Optional[float]:

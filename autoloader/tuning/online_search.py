@@ -19,6 +19,7 @@ from ..results import Decision, TrialResult, TuneResult
 from ..search import online_policy
 from ..search.candidates import Candidate, Steps
 from ..search.online_plan import online_steps
+from ..search.budget import overlap_guard
 from ..search.retune import retune
 from ..search.search import Search
 
@@ -131,6 +132,19 @@ class OnlineSearch:
                               fetch_delay_s_per_batch=estimate.fetch_delay_s,
                               steady=False), epoch=epoch)
         return self.candidate
+
+    def fits_beside(self, result: TrialResult) -> bool:
+        current = self.current
+        if current is not None and current.candidate is not None:
+            following, trials = current.candidate.config, current.search.found.trials
+            budget_bytes = current.search.settings.memory_budget
+        else:
+            following, trials, budget_bytes = self.decision.config, self.decision.trials, \
+                self.decision.memory_budget_bytes
+        reason = overlap_guard(result, following, trials, budget_bytes=budget_bytes)
+        if reason is not None:
+            log.info("switching without a tail: %s", reason)
+        return reason is None
 
     def keeps(self, config: LoaderConfig) -> bool:
         return self.current is None and self.decision.config.same_candidate(config)

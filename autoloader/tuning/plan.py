@@ -33,6 +33,10 @@ class Plan(Protocol):
     def early(self, estimate: BatchEstimate, *, epoch: int) -> Optional[Candidate]:
         """The probe's first samples: the candidate to start now, or None (the probe goes on)."""
 
+    def fits_beside(self, result: TrialResult) -> bool:
+        """What starts next (the candidate, or the decision) fits the memory budget beside ``result``'s workers serving
+        their tail: the switch may be hidden (NOTE [ Hidden switch ] in handover.py)."""
+
     def keeps(self, config: LoaderConfig) -> bool:
         """The search decided on ``config`` itself (its run serves on)."""
 

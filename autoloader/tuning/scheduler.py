@@ -256,6 +256,8 @@ class EpochScheduler:
         if not same_tail:
             log.info("the ranks' candidates hold different numbers of batches in flight: switching without a tail")
             return "plain-switch"
+        if self.coordinator.size == 1 and not self.plan.fits_beside(result):
+            return "plain-switch"  # both pools at once would pass the memory budget (logged by the plan)
         self._start_next(stage, extra=tail_extra(stage.config))
         return "switch"
 

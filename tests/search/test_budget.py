@@ -284,12 +284,15 @@ def test_the_census_is_asked_for_only_where_copying_could_matter():
     (8, [], GIB, None, (GIB, 0, True), "nothing known of this process yet: the census is read"),
     (2, [], GIB, 300 * MIB, (GIB, 0, False), "2 x 300 MiB fit 1 GiB even copying all of this process: no census"),
     (8, [], GIB, 300 * MIB, (GIB, 0, True), "8 x 300 MiB would not: the census"),
-    (2, [fake(2, 500.0, uss=220 * MIB, growth=3 * MIB)], GIB, 300 * MIB, (GIB, 3 * MIB, True),
-     "a measured worker's size and growth on top of the RSS: 2 x 523 MiB + batches, past 1 GiB"),
-    (2, [fake(2, 500.0, uss=200 * MIB, growth=3 * MIB)], GIB, 300 * MIB, (GIB, 3 * MIB, False),
+    (2, [fake(2, 500.0, uss=220 * MIB, growth=7 * MIB)], GIB, 300 * MIB, (GIB, 3 * MIB, True),
+     "a measured worker's size and growth beyond the noise (4 MiB) on top of the RSS: 2 x 523 MiB + batches, past "
+     "1 GiB"),
+    (2, [fake(2, 500.0, uss=200 * MIB, growth=7 * MIB)], GIB, 300 * MIB, (GIB, 3 * MIB, False),
      "2 x 503 MiB + 6 batches of 1 MiB: just under 1 GiB"),
     (1, [fake(2, 500.0, uss=20 * MIB, growth=-MIB)], GIB, 100 * MIB, (GIB, 0, False),
      "a worker that shrank grew by nothing"),
+    (1, [fake(2, 500.0, uss=20 * MIB, growth=3 * MIB)], GIB, 100 * MIB, (GIB, 0, False),
+     "3 MiB is the noise of two readings (batches being built): no growth"),
 ])
 def test_memory_check(n, trials, budget_bytes, rss, expected, why):
     check = budget.memory_check(config(n), trials, budget_bytes=budget_bytes, main_rss_bytes=rss, batch_bytes=MIB)
@@ -405,8 +408,8 @@ def test_nothing_a_measurement_could_admit_is_refused_unmeasured(n, prefetch, pi
 def test_a_lone_workers_size_does_not_size_the_others():
     """A lone worker holds alone every page the main process writes meanwhile (measure/cow.py): 59 MiB online where 2
     or more measured 15-20 MiB each. Once a candidate of two or more measured a worker, it sizes every count."""
-    lone = fake(1, 250.0, uss=59 * MIB, growth=4 * MIB)
-    two = fake(2, 500.0, uss=15 * MIB, growth=MIB)
+    lone = fake(1, 250.0, uss=59 * MIB, growth=8 * MIB)  # the growth beyond the noise (4 MiB here) counts
+    two = fake(2, 500.0, uss=15 * MIB, growth=5 * MIB)
     assert budget.per_worker_bytes([fake(0, 100.0), lone]) == 63 * MIB, "the only measurement there is"
     assert budget.per_worker_bytes([fake(0, 100.0), lone, two]) == 16 * MIB
     assert budget.worker_growth_bytes([lone, two]) == MIB and budget.worker_growth_bytes([fake(0, 100.0)]) == 0
@@ -438,3 +441,18 @@ def test_the_search_looks_below_counts_forecast_past_the_budget():
     chosen = next(t for t in result.trials if t.ok and t.config.same_candidate(result.config))
     assert growth.forecast_bytes(chosen, epoch_samples=300_000) <= 700 * MIB
     assert not result.config.persistent_workers, "in time its workers would copy all 181 MiB each"
+
+
+@pytest.mark.parametrize("running, following, budget_bytes, refused, why", [
+    (fake(8, 1400.0, uss=12 * MIB, batch_bytes=6 * MIB), config(12), 380 * MIB, True,
+     "8 x 12 MiB + 18 batches of 6 MiB beside 12 x 12 MiB + 26 batches: 504 MiB"),
+    (fake(8, 1400.0, uss=12 * MIB, batch_bytes=6 * MIB), config(12), GIB, False, "both fit 1 GiB"),
+    (fake(8, 1400.0, uss=12 * MIB, batch_bytes=6 * MIB), config(12), None, False, "no budget: nothing checked"),
+    (fake(0, 100.0), config(12), 380 * MIB, False, "serial: the next pool is checked alone at its first batch"),
+    (fake(8, 1400.0, uss=12 * MIB, batch_bytes=6 * MIB), config(0), 380 * MIB, False, "serial next: no pool"),
+])
+def test_a_switch_is_hidden_only_where_both_pools_fit_the_budget(running, following, budget_bytes, refused, why):
+    reason = budget.overlap_guard(running, following, [running], budget_bytes=budget_bytes)
+    assert (reason is not None) is refused, why
+    if refused:
+        assert "workers=12" in reason and "workers=8" in reason and "memory budget of 380 MiB" in reason

@@ -88,6 +88,17 @@ def test_a_candidate_over_the_memory_budget_at_its_first_batch_stops_without_a_t
     assert served["got"] == list(range(2 * BATCHES)), "every batch once, in order"
 
 
+def test_a_next_candidate_that_would_pass_the_memory_budget_beside_the_tail_starts_after_it_stops(monkeypatch):
+    """NOTE [ Hidden switch ]: both pools at once would pass the memory budget (``Plan.fits_beside``), so the measured
+    candidate stops first, its batches in flight re-issued to the next one, as when the ranks' tails differ."""
+    plan = ScriptedPlan([Step(8, 900.0), Step(12, 1300.0, too_big_beside=True)], 12)
+    served = serve(plan, monkeypatch=monkeypatch)
+    assert served["moves"][0] == ("measuring", "plain-switch")
+    first = served["runs"][0]
+    assert first.record.delivered == 6 and first.stopped == "orderly", "no tail served beside the next pool"
+    assert served["got"] == list(range(2 * BATCHES)), "every batch once, in order"
+
+
 def test_an_epoch_that_ends_before_the_window_opens_asks_the_search_to_carry_the_candidate(monkeypatch):
     plan = ScriptedPlan([Step(3, 100.0, measure_after=None)], 0)
     serve(plan, monkeypatch=monkeypatch)
