@@ -71,6 +71,11 @@ class BatchSlice(Sampler):
         self._recent: Deque[Indices] = collections.deque(maxlen=keep)
 
     @property
+    def reusable(self) -> bool:
+        """Never bound, or closed: ``EpochSource.take(reuse=)`` may bind it again (a persistent DataLoader's)."""
+        return self._source is None or self._closed
+
+    @property
     def source(self) -> SlicedEpoch:
         if self._source is None:
             raise RuntimeError("this BatchSlice is not bound to an epoch: get one from EpochSource.take()")

@@ -146,7 +146,7 @@ class EpochSource:
                                f"of batches the loop received from it (or cap() it) before taking the next slice")
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be >= 0 or None (the rest of the epoch), got {limit}")
-        if reuse is not None and reuse._source is not None and not reuse._closed:
+        if reuse is not None and not reuse.reusable:
             raise RuntimeError("reuse= needs a closed slice: call its delivered(n) first")
         part = reuse if reuse is not None else BatchSlice()
         part._bind(self, len(self._records) + len(self._open), limit)

@@ -7,9 +7,10 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 # The first epoch is the trial, so every second a slow configuration serves is a second of training lost. The rules:
 # 1. Start from the best prior. The main process serves the first batch (nothing else is known yet), and its first
 #    samples are timed as they load (``measure/sample_clock.py``): as soon as a batch is known to cost so much that
-#    waiting for the step's time would regret more than starting now (``starts_early``: the serial batches a late
-#    start serves against the forks an early one wastes if the step wants fewer), the prior's workers start, inside
-#    that first batch, while the main process finishes it and serves a short tail. The prior (``prior_workers``) is the count that fills the
+#    waiting for the step's time would regret more than starting now (``starts_early``: when the prior fills the
+#    CPUs, the serial batches a late start serves against the forks an early one wastes if the step wants fewer;
+#    when it is the cap, a guess, those batches must pay the forks twice), the prior's workers start, inside that
+#    first batch, while the main process finishes it and serves a short tail. The prior (``prior_workers``) is the count that fills the
 #    usable CPUs at the CPU share the samples showed (the cores rule for CPU-bound loading, several times it for
 #    loading that waits), and, once the step is known, no more than meet it (Little's law: a worker makes a batch per
 #    ``fetch_s``, the loop eats one per ``consumer_s``). Serial serving goes on only while the evidence says the
@@ -42,8 +43,9 @@ from ..results import TrialResult
 from .capacity import DEFAULT_TOLERANCE, FORK_S, HEADROOM, cpu_saturated
 from .threads_policy import rate
 
-__all__ = ["EARLY_BATCHES", "HANDOVER_S", "Jump", "KEEPS_UP_STALL", "MAX_JUMPS", "SERIAL_MARGIN", "cpu_share", "jump",
-           "keeps_up", "prior_gain", "prior_workers", "serial_competitive", "starts_early", "sustained"]
+__all__ = ["EARLY_BATCHES", "HANDOVER_S", "Jump", "KEEPS_UP_STALL", "MAX_JUMPS", "SERIAL_MARGIN", "cpu_share",
+           "fills_cpus", "jump", "keeps_up", "prior_gain", "prior_workers", "serial_competitive", "starts_early",
+           "sustained", "untimed_cap"]
 
 HANDOVER_S = 0.5e-3
 """What the main process pays to receive one batch from a worker (unpickling, mapping its shared memory), before any
@@ -88,7 +90,7 @@ def prior_workers(*, fetch_s: float, fetch_cpu_s: float, consumer_s: Optional[fl
     if consumer_s is not None and serial_competitive(fetch_s=fetch_s, consumer_s=consumer_s):
         return 0
     share = cpu_share(fetch_s=fetch_s, fetch_cpu_s=fetch_cpu_s, fetch_delay_s=fetch_delay_s)
-    meets = HEADROOM * fetch_s / consumer_s if consumer_s else max(8, 2 * usable_cpus)
+    meets = HEADROOM * fetch_s / consumer_s if consumer_s else untimed_cap(usable_cpus)
     count = min(usable_cpus / share, meets)
     return max(1, min(cap, math.ceil(count - 1e-9)))
 
@@ -103,14 +105,31 @@ def prior_gain(*, fetch_s: float, consumer_s: Optional[float], workers: int, han
     return (fetch_s + step) / max(step + handover_s, fetch_s / workers) - 1.0
 
 
-def starts_early(*, fetch_s: float, workers: int, fork_s: float = FORK_S) -> bool:
+def untimed_cap(usable_cpus: int) -> int:
+    """The most workers a prior starts before the step is timed: ``max(8, 2 x CPUs)``. Pure."""
+    return max(8, 2 * usable_cpus)
+
+
+def fills_cpus(*, fetch_s: float, fetch_cpu_s: float, usable_cpus: int, fetch_delay_s: Optional[float] = None) -> bool:
+    """Whether the prior before the step is timed is the count that fills the usable CPUs (loading busy enough that
+    ``usable_cpus / cpu_share`` is under the cap of ``prior_workers``), rather than that cap: a guess. Pure."""
+    share = cpu_share(fetch_s=fetch_s, fetch_cpu_s=fetch_cpu_s, fetch_delay_s=fetch_delay_s)
+    return usable_cpus / share <= untimed_cap(usable_cpus)
+
+
+def starts_early(*, fetch_s: float, workers: int, fills: bool, fork_s: float = FORK_S) -> bool:
     """Whether the prior's ``workers`` start before the first batch is served, on an estimate of its cost
-    (``fetch_s``, from its first samples): the choice of least regret (NOTE [ Online convergence ], 1.). Before the
-    step is timed the prior is the CPUs'; if the step keeps it, starting late lost the ``EARLY_BATCHES`` serial
-    batches (its workers fork either way); if the step wants fewer, starting early lost forking ``workers`` less those
-    batches. Early when the first loss is at least the second: ``2 x EARLY_BATCHES x fetch_s >= workers x fork_s``.
-    Pure."""
-    return workers > 0 and 2 * EARLY_BATCHES * fetch_s >= workers * fork_s
+    (``fetch_s``, from its first samples; NOTE [ Online convergence ], 1.). When the prior fills the CPUs
+    (``fills``), a step timed later can only want fewer: if it keeps the count, starting late lost the
+    ``EARLY_BATCHES`` serial batches (its workers fork either way); if it wants fewer, starting early lost forking
+    ``workers`` less those batches; the choice of least regret is early when ``2 x EARLY_BATCHES x fetch_s >= workers
+    x fork_s``. Otherwise the prior is the cap, a guess the step may move either way: early only when those batches
+    pay for forking the workers twice (now, and again for another count). Pure."""
+    if workers < 1:
+        return False
+    if fills:
+        return 2 * EARLY_BATCHES * fetch_s >= workers * fork_s
+    return EARLY_BATCHES * fetch_s >= 2 * workers * fork_s
 
 
 @dataclass(frozen=True)

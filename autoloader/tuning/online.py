@@ -25,7 +25,9 @@ which searches again when the regime changes. ``PrefetchLoader`` wraps it as it 
 #   (``EpochSource.take(reuse=...)``), serves them on with the same workers (``mode="serve"``; the epoch's index order
 #   is still the slicer's, so checkpoints count its pulls there). Without such a stage, a steady epoch makes one. A
 #   decision without persistent workers, a failure or a new decision shuts them down; a ``break`` does not (as a plain
-#   DataLoader's persistent workers). Nothing else holds them: once the loader goes, they go.
+#   DataLoader's persistent workers). A search that starts again from the decision measures it on those workers
+#   (no restart: a re-tune had made a steady epoch 10 % slower forking them again); they go as soon as a stage of
+#   another configuration is built. Nothing else holds them: once the loader goes, they go.
 # - Failures. Signals are guarded as in trials (NOTE [ Asynchronous exceptions ]), with worker deaths held until our
 #   own code checks, so they never land in the user's step. A candidate whose workers die is recorded as failed
 #   (``failures.classify``); its undelivered batches are re-issued, so no sample is lost or repeated. The user's own
@@ -186,8 +188,9 @@ class OnlineLoader(DataLoaderStandIn, Source):
         try:
             yield from scheduler.batches()
             if scheduler.kept is not None:  # the stage that served the decision to the end serves on
-                self._drop_steady()
                 (run, batch_slice), scheduler.kept = scheduler.kept, None
+                if self._steady_loader is None or self._steady_loader[0] is not run.serving.loader:
+                    self._drop_steady()
                 self._steady_loader = (run.serving.loader, batch_slice, run.config)
         finally:
             self._last_run, self._scheduler = scheduler.last, None  # no cycle keeps the workers past the loader
@@ -199,15 +202,21 @@ class OnlineLoader(DataLoaderStandIn, Source):
         self._rebuild()
         candidate = self.search.candidate
         config = candidate.config if candidate is not None else self.search.decision.config
-        batch_slice = source.take(None)
-        batch_slice.expect(config.in_flight())
-        try:
-            loader = self._build(config, sampling=batch_slice.sampling(), generator=batch_slice.private_generator(),
-                                 in_order=True,
-                                 persistent_workers=self._persistent(config), measured=candidate is not None)
-        except BaseException:
-            batch_slice.delivered(0)
-            raise
+        kept = self._steady_loader
+        if kept is not None and kept[2].same_candidate(config) and kept[1].reusable:
+            loader, batch_slice = kept[0], source.take(None, reuse=kept[1])  # NOTE [ Online switching ]: re-tuning
+            batch_slice.expect(config.in_flight())
+        else:
+            self._drop_steady()  # another configuration starts: the decision's idle workers go now
+            batch_slice = source.take(None)
+            batch_slice.expect(config.in_flight())
+            try:
+                loader = self._build(config, sampling=batch_slice.sampling(),
+                                     generator=batch_slice.private_generator(), in_order=True,
+                                     persistent_workers=self._persistent(config), measured=candidate is not None)
+            except BaseException:
+                batch_slice.delivered(0)
+                raise
         spec = WindowSpec("probe" if candidate is not None and candidate.probe else "candidate", bound_s)
         run = Run(loader, config, mode="candidate" if candidate is not None else "serve", consumer=self.consumer,
                   batch_size=self.request.batch_size, window=spec)

@@ -122,7 +122,9 @@ class OnlineSearch:
                                               usable_cpus=current.search.settings.usable,
                                               cap=current.search.climb_cap())
         search = current.search
-        if not online_policy.starts_early(fetch_s=estimate.fetch_s, workers=workers) or \
+        fills = online_policy.fills_cpus(fetch_s=estimate.fetch_s, fetch_cpu_s=estimate.fetch_cpu_s,
+                                         fetch_delay_s=estimate.fetch_delay_s, usable_cpus=current.search.settings.usable)
+        if not online_policy.starts_early(fetch_s=estimate.fetch_s, workers=workers, fills=fills) or \
                 search.guard(search.config(workers), search.per_worker_estimate()) is not None:
             return None
         log.info("the first samples cost %.1f ms a batch: starting %d workers now", 1e3 * estimate.fetch_s, workers)

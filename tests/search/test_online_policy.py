@@ -35,15 +35,28 @@ def test_serial_is_competitive_while_workers_could_not_gain_the_margin(fetch_s, 
     assert op.serial_competitive(fetch_s=fetch_s, consumer_s=step_s) is competitive
 
 
-@pytest.mark.parametrize("fetch_s, workers, early", [
-    (0.33, 16, True),  # 1 s of loading in the probe's 3 batches against 0.32 s of forks
-    (0.33, 64, True),  # the emulated 64-core host: a late start serves 3 batches serially (1 s), forks wasted 1.3 s
-    (0.2, 64, False),  # 0.6 s of serial batches saved against 1.3 s of forks wasted if the step wants fewer
-    (0.05, 3, True), (0.005, 16, False), (0.001, 2, False), (0.33, 0, False),
-    (0.021, 8, False),  # the emulated 8-core host, a 10 ms step: 8 workers started early were replaced by 3
+@pytest.mark.parametrize("fetch_s, workers, fills, early", [
+    (0.33, 16, True, True),  # 1 s of loading in the probe's 3 batches against 0.32 s of forks
+    (0.33, 64, True, True),  # the emulated 64-core host: a late start serves 3 batches serially (1 s), forks 1.3 s
+    (0.2, 64, True, False),  # 0.6 s of serial batches saved against 1.3 s of forks wasted if the step wants fewer
+    (0.05, 3, True, True), (0.005, 16, True, False), (0.001, 2, True, False), (0.33, 0, True, False),
+    (0.021, 8, True, False),  # the emulated 8-core host, a 10 ms step: 8 workers started early were replaced by 3
+    # the cap, not the CPUs' fill: 68 ms of waiting a batch, 8 workers started early, then 16 once the step was timed
+    (0.066, 8, False, False), (0.33, 8, False, True),
 ])
-def test_the_prior_starts_inside_the_first_batch_when_that_regrets_less_than_a_late_start(fetch_s, workers, early):
-    assert op.starts_early(fetch_s=fetch_s, workers=workers) is early
+def test_the_prior_starts_inside_the_first_batch_when_that_regrets_less_than_a_late_start(fetch_s, workers, fills,
+                                                                                          early):
+    assert op.starts_early(fetch_s=fetch_s, workers=workers, fills=fills) is early
+
+
+@pytest.mark.parametrize("fetch_s, cpu_s, delay_s, cpus, fills", [
+    (0.33, 0.33, None, 64, True),  # CPU-bound: 64 workers fill 64 CPUs
+    (0.33, 0.30, 0.03, 16, True),  # the wait for a CPU is not waiting for data
+    (0.066, 0.004, None, 2, False),  # 6 % of a CPU: 33 workers would fill 2 CPUs, the prior is the cap (8)
+    (0.02, 0.01, None, 2, True),  # half a CPU: 4 workers
+])
+def test_the_prior_fills_the_cpus_only_where_loading_keeps_them_busy(fetch_s, cpu_s, delay_s, cpus, fills):
+    assert op.fills_cpus(fetch_s=fetch_s, fetch_cpu_s=cpu_s, fetch_delay_s=delay_s, usable_cpus=cpus) is fills
 
 
 def trial(workers, rate, *, stall, util=None, main=None, step=0.01, batch=16, ok=True):

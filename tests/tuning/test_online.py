@@ -320,6 +320,38 @@ def test_an_epoch_that_never_waits_for_data_tries_fewer_workers_once():
     del loader, source
 
 
+def test_a_search_again_from_the_decision_measures_it_on_the_workers_that_serve_it():
+    """NOTE [ Online switching ], the decision's workers: a re-tune's first candidate is the configuration in force,
+    measured on its persistent workers, not on a pool forked again (a 16-worker re-tune had made an epoch 10 %
+    slower); a stage of another configuration then lets them go. Every epoch is still the plain DataLoader's."""
+    data = Indexed(1600, latency_s=0.0005)
+    request = Request.checked(data, 16, shuffle=True, max_workers=4, dataloader_kwargs={})
+    profile = probe_machine(disk=False, gpus=False)
+    cached = TuneResult(make_config(2, fixed={}, pin_memory=False, persistent_workers=True), 2000.0, None, "cache",
+                        reason="cached")
+    search = OnlineSearch.create(request, profile, slot=Slot(request, profile, None, None), decision=cached)
+    source = OnlineLoader(request, search, retune=True)
+    loader = PrefetchLoader(source, device="cpu", tuning=None)
+    me = psutil.Process()
+    first = [batch for batch in loader]
+    serving = {p.pid for p in me.children()}
+    assert len(serving) == 2, serving
+    search.after_epoch(0, 2000.0, 0.04)  # an epoch that hardly waited: search fewer, from the 2 in force
+    assert source.searching
+    epoch = iter(loader)
+    again = [next(epoch)]
+    assert {p.pid for p in me.children()} == serving, "the configuration in force was forked again"
+    again += list(epoch)
+    assert len(again) == len(first) == 100 and sorted(int(i) for b in again for i in b) == list(range(1600))
+    for _ in range(6):
+        if not source.searching:
+            break
+        list(loader)
+    assert not source.searching and [t.config.num_workers for t in source.tuning.trials][:1] == [2]
+    del epoch, loader, source
+    gc.collect()
+
+
 def _until_dead(procs, timeout=5.0):
     """Wait until ``procs`` exited (a zombie counts: multiprocessing, not the test, reaps a worker)."""
     deadline = time.monotonic() + timeout
