@@ -49,8 +49,8 @@ from .footprint import Footprint, footprint, shm_need_bytes
 from .growth import window_growth_bytes
 
 __all__ = ["SHM_MARGIN", "Footprint", "MemoryCheck", "budget_guard", "first_batch_check", "footprint", "memory_check",
-           "no_longer_fits", "overlap_guard", "per_worker_bytes", "per_worker_estimate", "shm_need_bytes", "sized", "skipped_for_memory",
-           "trial_footprint", "worker_growth_bytes"]
+           "no_longer_fits", "overlap_guard", "per_worker_bytes", "per_worker_estimate", "shm_need_bytes", "sized",
+           "skipped_for_memory", "trial_footprint", "worker_growth_bytes"]
 
 SHM_MARGIN = 0.9
 """/dev/shm is full well before its last byte: keep this share of what is free."""

@@ -10,8 +10,8 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 #    waiting for the step's time would regret more than starting now (``starts_early``: when the prior fills the
 #    CPUs, the serial batches a late start serves against the forks an early one wastes if the step wants fewer;
 #    when it is the cap, a guess, those batches must pay the forks twice), the prior's workers start, inside that
-#    first batch, while the main process finishes it and serves a short tail. The prior (``prior_workers``) is the count that fills the
-#    usable CPUs at the CPU share the samples showed (the cores rule for CPU-bound loading, several times it for
+#    first batch, while the main process finishes it and serves a short tail. The prior (``prior_workers``) is the
+#    count that fills the usable CPUs at the CPU share the samples showed (the cores rule for CPU-bound loading, several times it for
 #    loading that waits), and, once the step is known, no more than meet it (Little's law: a worker makes a batch per
 #    ``fetch_s``, the loop eats one per ``consumer_s``). Serial serving goes on only while the evidence says the
 #    loop could not be ``SERIAL_MARGIN`` faster with workers: they hide at most the loading, and each batch they hand

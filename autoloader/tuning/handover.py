@@ -27,8 +27,8 @@
 # plainly.
 # Memory. Under a memory budget both pools at once must fit it (``Plan.fits_beside``, ``search/budget.py
 # overlap_guard``: A's footprint as measured plus B's with a worker sized as measured); otherwise A stops first, as
-# when the ranks' tails differ below (a waiting-bound tuning had peaked at 502 MiB under 380 MiB, 12 workers' tail beside
-# 13 starting). One process only: the ranks agree their tails, not their memory.
+# when the ranks' tails differ below (a waiting-bound tuning had peaked at 502 MiB under 380 MiB, 12 workers' tail
+# beside 13 starting). One process only: the ranks agree their tails, not their memory.
 # Ranks. Every rank's window ends at the same batch with the same search decision (NOTE [ Online switching ]); they
 # hide the switch only when their tails are as long (agreed with each batch: ``Coordinator.batch``), so that B starts
 # at the same batch everywhere and

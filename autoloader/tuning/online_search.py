@@ -17,9 +17,9 @@ from ..probe import MachineProfile
 from ..request import Request
 from ..results import Decision, TrialResult, TuneResult
 from ..search import online_policy
+from ..search.budget import overlap_guard
 from ..search.candidates import Candidate, Steps
 from ..search.online_plan import online_steps
-from ..search.budget import overlap_guard
 from ..search.retune import retune
 from ..search.search import Search
 
@@ -123,7 +123,7 @@ class OnlineSearch:
                                               cap=current.search.climb_cap())
         search = current.search
         fills = online_policy.fills_cpus(fetch_s=estimate.fetch_s, fetch_cpu_s=estimate.fetch_cpu_s,
-                                         fetch_delay_s=estimate.fetch_delay_s, usable_cpus=current.search.settings.usable)
+                                         fetch_delay_s=estimate.fetch_delay_s, usable_cpus=search.settings.usable)
         if not online_policy.starts_early(fetch_s=estimate.fetch_s, workers=workers, fills=fills) or \
                 search.guard(search.config(workers), search.per_worker_estimate()) is not None:
             return None
@@ -138,11 +138,11 @@ class OnlineSearch:
     def fits_beside(self, result: TrialResult) -> bool:
         current = self.current
         if current is not None and current.candidate is not None:
-            following, trials = current.candidate.config, current.search.found.trials
+            following, trials = current.candidate.config, tuple(current.search.found.trials)
             budget_bytes = current.search.settings.memory_budget
         else:
-            following, trials, budget_bytes = self.decision.config, self.decision.trials, \
-                self.decision.memory_budget_bytes
+            following, trials = self.decision.config, tuple(self.decision.trials)
+            budget_bytes = self.decision.memory_budget_bytes
         reason = overlap_guard(result, following, trials, budget_bytes=budget_bytes)
         if reason is not None:
             log.info("switching without a tail: %s", reason)
