@@ -12,7 +12,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Set, Tuple
 
 import psutil
 
@@ -83,11 +83,14 @@ class Serving:
     start-up overlaps it); else at once, after ``before_stop`` (a trial: the device's queued work first)."""
 
     def __init__(self, loader: Any, *, guard: SignalGuard, owned: bool = True, retire: bool = True,
-                 before_stop: Callable[[], None] = lambda: None) -> None:
+                 before_stop: Callable[[], None] = lambda: None,
+                 workers: Optional[Sequence[psutil.Process]] = None) -> None:
         self.loader, self.guard, self.owned, self.retire, self.before_stop = loader, guard, owned, retire, before_stop
         self.started = time.perf_counter()
         self.record = Record()
         self.processes = WorkerProcesses()
+        if workers is not None:  # a DataLoader whose persistent workers run already: they are its workers
+            self.processes.fixed = list(workers)
         self._it: Optional[Iterator[Any]] = None
         self._start_error: Optional[Exception] = None
 

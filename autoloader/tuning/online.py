@@ -42,10 +42,13 @@ which searches again when the regime changes. ``PrefetchLoader`` wraps it as it 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional, Protocol, Tuple
 
+import psutil
 from torch.utils.data import DataLoader
 
 from ..config import LoaderConfig
@@ -84,6 +87,17 @@ class Searcher(Plan, Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class KeptPool:
+    """The decision's DataLoader with persistent workers, over a slice rebound to each epoch (NOTE [ Online
+    switching ], the decision's workers), and those workers: a search again from the decision measures them."""
+
+    loader: DataLoader
+    batch_slice: BatchSlice
+    config: LoaderConfig
+    workers: Tuple[psutil.Process, ...] = ()
+
+
 class OnlineLoader(DataLoaderStandIn, Source):
     """The epochs of one loader tuned in its own training loop (see NOTE [ Online switching ]): from scratch when
     the search starts undecided, else re-tuning from its decision when an epoch's rate or stall moves away
@@ -105,7 +119,7 @@ class OnlineLoader(DataLoaderStandIn, Source):
         self.slicer = EpochSlicer(self.plain)
         self._scheduler: Optional[EpochScheduler] = None
         self._next_epoch = 0
-        self._steady_loader: Optional[Tuple[DataLoader, BatchSlice, LoaderConfig]] = None
+        self._steady_loader: Optional[KeptPool] = None
         """The decision's DataLoader with persistent workers, over a slice rebound to each epoch (NOTE [ Online
         switching ], the decision's workers): kept from the stage that served the decision at the end of an epoch,
         or made at a steady epoch's start."""
@@ -143,7 +157,7 @@ class OnlineLoader(DataLoaderStandIn, Source):
         if scheduler is not None and scheduler.in_force is not None:
             return scheduler.in_force
         serving = self._steady_source is not None and self._steady_loader is not None
-        return self._steady_loader[0] if serving and self._steady_loader is not None else self.plain
+        return self._steady_loader.loader if serving and self._steady_loader is not None else self.plain
 
     @property
     def epoch_source(self) -> Optional[EpochSource]:
@@ -155,7 +169,7 @@ class OnlineLoader(DataLoaderStandIn, Source):
     def serving_loader(self) -> DataLoader:
         """The DataLoader whose persistent workers outlive an epoch (the decision's), else the plain one: what a
         framework shuts down through ``_iterator`` (``DataLoaderStandIn``)."""
-        return self._steady_loader[0] if self._steady_loader is not None else self.plain
+        return self._steady_loader.loader if self._steady_loader is not None else self.plain
 
     def set_epoch(self, epoch: int) -> None:
         """Number the next epoch (its decisions and trace say it)."""
@@ -189,9 +203,10 @@ class OnlineLoader(DataLoaderStandIn, Source):
             yield from scheduler.batches()
             if scheduler.kept is not None:  # the stage that served the decision to the end serves on
                 (run, batch_slice), scheduler.kept = scheduler.kept, None
-                if self._steady_loader is None or self._steady_loader[0] is not run.serving.loader:
+                if self._steady_loader is None or self._steady_loader.loader is not run.serving.loader:
                     self._drop_steady()
-                self._steady_loader = (run.serving.loader, batch_slice, run.config)
+                self._steady_loader = KeptPool(run.serving.loader, batch_slice, run.config,
+                                               tuple(run.serving.processes.current()))
         finally:
             self._last_run, self._scheduler = scheduler.last, None  # no cycle keeps the workers past the loader
             self._rebuild()
@@ -202,10 +217,11 @@ class OnlineLoader(DataLoaderStandIn, Source):
         self._rebuild()
         candidate = self.search.candidate
         config = candidate.config if candidate is not None else self.search.decision.config
-        kept = self._steady_loader
-        if kept is not None and kept[2].same_candidate(config) and kept[1].reusable:
-            loader, batch_slice = kept[0], source.take(None, reuse=kept[1])  # NOTE [ Online switching ]: re-tuning
+        kept, workers = self._steady_loader, None
+        if kept is not None and kept.config.same_candidate(config) and kept.batch_slice.reusable:
+            loader, batch_slice = kept.loader, source.take(None, reuse=kept.batch_slice)  # NOTE [ Online switching ]
             batch_slice.expect(config.in_flight())
+            workers = kept.workers
         else:
             self._drop_steady()  # another configuration starts: the decision's idle workers go now
             batch_slice = source.take(None)
@@ -219,7 +235,7 @@ class OnlineLoader(DataLoaderStandIn, Source):
                 raise
         spec = WindowSpec("probe" if candidate is not None and candidate.probe else "candidate", bound_s)
         run = Run(loader, config, mode="candidate" if candidate is not None else "serve", consumer=self.consumer,
-                  batch_size=self.request.batch_size, window=spec)
+                  batch_size=self.request.batch_size, window=spec, workers=workers)
         if after is not None:
             run.follows(after)
         run.window.memory_check = candidate.memory if candidate is not None else None  # NOTE [ Memory budget ]
@@ -238,7 +254,7 @@ class OnlineLoader(DataLoaderStandIn, Source):
         config = self.search.decision.config
         source = self._steady_source = self.slicer.epoch()
         kept = self._steady_loader
-        batch_slice = source.take(None, reuse=kept[1] if kept is not None else None)
+        batch_slice = source.take(None, reuse=kept.batch_slice if kept is not None else None)
         batch_slice.expect(config.in_flight())
         if kept is None:
             try:
@@ -247,8 +263,8 @@ class OnlineLoader(DataLoaderStandIn, Source):
             except BaseException:
                 batch_slice.delivered(0)
                 raise
-            kept = self._steady_loader = (loader, batch_slice, config)
-        run = Run(kept[0], config, mode="serve", consumer=self.consumer, batch_size=self.request.batch_size,
+            kept = self._steady_loader = KeptPool(loader, batch_slice, config)
+        run = Run(kept.loader, config, mode="serve", consumer=self.consumer, batch_size=self.request.batch_size,
                   owned=False)
         failed = True
         try:
@@ -262,6 +278,8 @@ class OnlineLoader(DataLoaderStandIn, Source):
             self._steady_source = None
             if failed or not config.persistent_workers:
                 self._drop_steady()  # a failure, or no persistent workers: the next epoch starts afresh
+            elif self._steady_loader is kept and not kept.workers:
+                self._steady_loader = dataclasses.replace(kept, workers=tuple(run.serving.processes.current()))
         source.finish()
         if self.retune:
             self.search.after_epoch(epoch, *run.rate_and_stall)
@@ -269,8 +287,8 @@ class OnlineLoader(DataLoaderStandIn, Source):
     def _drop_steady(self) -> None:
         """The decision's persistent workers shut down (their DataLoader's iterator dropped)."""
         kept, self._steady_loader = self._steady_loader, None
-        if kept is not None and getattr(kept[0], "_iterator", None) is not None:
-            kept[0]._iterator = None
+        if kept is not None and getattr(kept.loader, "_iterator", None) is not None:
+            kept.loader._iterator = None
 
     # -- the decision's DataLoader ------------------------------------------------------------------------------
     def _build(self, config: LoaderConfig, **forced: Any) -> DataLoader:
@@ -284,7 +302,7 @@ class OnlineLoader(DataLoaderStandIn, Source):
         if getattr(previous, "_iterator", None) is not None:
             previous._iterator = None  # persistent workers of the old configuration: shut down
         kept = self._steady_loader
-        if kept is not None and not self._built.config.same_candidate(kept[2]):
+        if kept is not None and not self._built.config.same_candidate(kept.config):
             self._drop_steady()
         self.plain = self._build(self._built.config)
         self.slicer = EpochSlicer(self.plain)

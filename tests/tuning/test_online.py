@@ -348,6 +348,9 @@ def test_a_search_again_from_the_decision_measures_it_on_the_workers_that_serve_
             break
         list(loader)
     assert not source.searching and [t.config.num_workers for t in source.tuning.trials][:1] == [2]
+    measured = source.tuning.trials[0]
+    assert measured.ok and measured.worker_cpu_util is not None and measured.worker_uss_bytes is not None, \
+        "the workers that served on were measured as the candidate's own"
     del epoch, loader, source
     gc.collect()
 
