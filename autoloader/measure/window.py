@@ -98,7 +98,8 @@ class Window:
 
     def first_batch(self, batch: Any, t_got: float, *, workers: Sequence[Any], memory: bool = True) -> None:
         """The first batch arrived: start-up is over; start tracking ``workers`` (their memory too, for the budget's
-        check and their growth during the window: reading it costs 10-20 ms per worker on a busy 2-core machine)."""
+        check and their growth during the window: reading it costs 2-20 ms per worker, so ``procs.MEMORY_SAMPLE`` of
+        them are read)."""
         self.startup_s = t_got - self.started
         self.batch_bytes = batch_nbytes(batch)
         if workers:
@@ -261,12 +262,11 @@ class Window:
     def _stopped(self, elapsed: float) -> TrialResult:
         """The result of a candidate stopped at its first batch for the memory budget: what its workers measured."""
         memory = self.edges.memory_start
-        uss = memory.uss_by_pid if memory is not None else {}
         return TrialResult(config=self.config, status="skipped", reason=self.over_budget, startup_s=self.startup_s,
                            elapsed_s=elapsed, batch_bytes=self.batch_bytes, steady=False,
                            worker_rss_bytes=memory.max_rss if memory is not None else None,
                            worker_uss_bytes=memory.max_uss if memory is not None else None,
-                           worker_uss_total_bytes=sum(uss.values()) if uss else None)
+                           worker_uss_total_bytes=memory.uss_total if memory is not None else None)
 
     def _worker_fields(self, span: float, batches: int) -> dict:
         start, end = self.edges.opened, self.edges.closed
@@ -290,7 +290,7 @@ class Window:
             worker_rss_bytes=end.workers.max_rss,
             worker_uss_bytes=end.workers.max_uss,
             worker_uss_growth_bytes=max(growth) if growth else None,
-            worker_uss_total_bytes=sum(end.workers.uss_by_pid.values()) if end.workers.uss_by_pid else None,
+            worker_uss_total_bytes=end.workers.uss_total,
         )
         copies = self.edges.copies
         if copies is not None:

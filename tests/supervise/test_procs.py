@@ -97,3 +97,25 @@ def test_a_failed_stop_terminates_workers_only_after_their_shutdown_began(monkey
     assert time.monotonic() - began < 10
     assert seen and all(seen), f"stuck workers terminated, and only once their shutdown had set the event: {seen}"
     assert not [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_readings_memory_reads_a_spread_sample_of_a_large_pool_and_scales_its_total(monkeypatch):
+    """``WorkerTracker``: memory is read of ``MEMORY_SAMPLE`` workers at most, the first always among them, the same
+    ones at every reading (growth is per worker); the total counts every worker running at the sample's mean."""
+    monkeypatch.setattr(procs, "MEMORY_SAMPLE", 3)
+    loader = DataLoader(LatencyBound(n=64, latency_s=0.0), batch_size=4, num_workers=7, persistent_workers=True)
+    it = iter(loader)
+    next(it)
+    workers = procs.new_children(set())
+    try:
+        tracker = procs.WorkerTracker(workers)
+        first, second = tracker.sample(), tracker.sample()
+        assert len(first.uss_by_pid) == 3 and workers[0].pid in first.uss_by_pid, first.uss_by_pid
+        assert first.uss_by_pid.keys() == second.uss_by_pid.keys()
+        mean = sum(first.uss_by_pid.values()) / 3
+        assert abs(first.uss_total - 7 * mean) <= 7, (first.uss_total, mean)
+        assert first.max_uss == max(first.uss_by_pid.values())
+        assert tracker.sample(memory=False).uss_by_pid == {} and tracker.sample(memory=False).cpu_s >= 0
+    finally:
+        del it, loader
+        procs.reap(workers)
