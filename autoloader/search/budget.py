@@ -23,8 +23,9 @@ the machine's facts and of what trials measured (tested on tables).
 # process copy-on-write, so this process's RSS (the old estimate) said 280 MiB for workers that measured 15 MiB and
 # refused 8 workers (2,227 MiB "needed") whose epoch peaked at 129 MiB. ``budget_guard`` then checks only what is
 # known (the batches in /dev/shm, pinned, in threads' hands), the candidate starts, and its workers' USS is read at
-# their first batch (``MemoryCheck``, trials and online alike): when the footprint measured there, plus the growth an
-# earlier candidate's workers showed during their window, is over the budget, the candidate stops at once, "skipped"
+# their first batch (``MemoryCheck``, trials and online alike; ``procs.MEMORY_SAMPLE`` of them, spread over the pool,
+# sizing all: one read costs 2-20 ms): when the footprint measured there, plus the growth an earlier candidate's
+# workers showed during their window beyond the noise, is over the budget, the candidate stops at once, "skipped"
 # with the figures, and its measured worker size guards every later candidate (``per_worker_bytes``: sized by
 # candidates of two workers or more, a lone worker holding alone every page this process writes meanwhile). What this
 # admits: the process tree passes the budget only from the start of a candidate to its first batch, and by less than
