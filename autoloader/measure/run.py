@@ -52,9 +52,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Iterator, Literal, Optional, Sequence, Tuple
+from typing import Any, Iterator, Literal, Optional, Tuple
 
-import psutil
 from torch.utils.data import IterableDataset
 
 from ..config import LoaderConfig
@@ -82,21 +81,20 @@ class Run:
 
     ``limit_s``: the soft limit of a trial or candidate (a trial's hard limit follows it by ``HARD_LIMIT_GRACE_S``);
     ``window``: how its window opens and closes (None: as its ``mode`` says, ``WindowSpec``);
-    ``owned``: the run stops the loader's workers when it ends (else it only drops its iterator); ``workers``: those
-    workers, when its DataLoader's persistent ones run already (else those that appear). ``follows(run)``:
+    ``owned``: the run stops the loader's workers when it ends (else it only drops its iterator; ``serving.adopt``:
+    a DataLoader whose persistent workers run already). ``follows(run)``:
     the window waits for the previous run's workers to be reaped (NOTE [ Trial timing ], 5.). ``serving.record``:
     batches handed out, whether the loader ran out, whose code failed, start-up and what the loop waited for.
     """
 
     def __init__(self, loader: Any, config: LoaderConfig, *, mode: Mode, consumer: Consumer, batch_size: int,
-                 limit_s: float = math.inf, owned: bool = True, window: Optional[WindowSpec] = None,
-                 workers: Optional[Sequence[psutil.Process]] = None) -> None:
+                 limit_s: float = math.inf, owned: bool = True, window: Optional[WindowSpec] = None) -> None:
         self.config, self.mode, self.consumer, self.batch_size = config, mode, consumer, batch_size
         hard = limit_s + HARD_LIMIT_GRACE_S if mode == "trial" else None
         guard = SignalGuard(limit_s=hard, make_timeout=lambda: TrialTimeout(_cut_message(limit_s)),
                             hold_worker_errors=mode != "trial")
         self.serving = Serving(loader, guard=guard, owned=owned, retire=mode != "trial",
-                               before_stop=lambda: _synchronize_quietly(consumer), workers=workers)
+                               before_stop=lambda: _synchronize_quietly(consumer))
         self.deadline = self.serving.started + limit_s
         spec = window or WindowSpec("trial" if mode == "trial" else "candidate")
         self.window = Window(config, started=self.serving.started, batch_size=batch_size, spec=spec)

@@ -10,7 +10,7 @@ the machine's facts and of what trials measured (tested on tables).
 # ``ram_budget``: the training process itself (model, optimizer, CUDA context, the batches it holds) needs the rest.
 # A candidate's footprint (``footprint``, footprint.py) is what autoloader adds to the process tree:
 #   workers      num_workers x one worker's private memory (USS) measured, plus its growth during the trial beyond
-#                what any worker shows once (``growth.window_growth_bytes``: the batches it was building);
+#                what any worker shows once (``footprint.window_growth_bytes``: the batches it was building);
 #   in flight    ``LoaderConfig.shm_batches``: those in flight + 2, in /dev/shm (tmpfs: RAM, charged to the cgroup),
 #                which is also checked against free /dev/shm as a limit of its own (``shm_need_bytes``);
 #   pinned       as many page-locked copies when pin_memory (the pin thread copies every batch it takes);
@@ -46,8 +46,7 @@ from typing import Optional, Sequence
 from ..config import LoaderConfig
 from .._text import mib
 from ..results import TrialResult, TuneResult
-from .footprint import Footprint, footprint, shm_need_bytes
-from .growth import window_growth_bytes
+from .footprint import Footprint, footprint, shm_need_bytes, window_growth_bytes
 
 __all__ = ["SHM_MARGIN", "Footprint", "MemoryCheck", "budget_guard", "first_batch_check", "footprint", "memory_check",
            "no_longer_fits", "overlap_guard", "per_worker_bytes", "per_worker_estimate", "shm_need_bytes", "sized",
@@ -134,14 +133,14 @@ def overlap_guard(running: TrialResult, following: LoaderConfig, trials: Sequenc
 
 def per_worker_bytes(trials: Sequence[TrialResult]) -> Optional[int]:
     """What one worker needs, from trials that measured it (``sized``): the largest USS plus its growth during the
-    trial beyond the noise (``growth.window_growth_bytes``; copy-on-read keeps growing, see NOTE [ Copy-on-read ]);
+    trial beyond the noise (``footprint.window_growth_bytes``; copy-on-read keeps growing, see NOTE [ Copy-on-read ]);
     None when no trial measured a worker."""
     return max((t.worker_uss_bytes + window_growth_bytes(t) for t in sized(trials) if t.worker_uss_bytes is not None),
                default=None)
 
 
 def worker_growth_bytes(trials: Sequence[TrialResult]) -> int:
-    """The most one worker grew during a window beyond the noise (``growth.window_growth_bytes``), of the trials
+    """The most one worker grew during a window beyond the noise (``footprint.window_growth_bytes``), of the trials
     ``sized`` keeps (0: none measured)."""
     return max((window_growth_bytes(t) for t in sized(trials)), default=0)
 

@@ -1,15 +1,17 @@
 """What one configuration adds to the process tree's memory (``footprint``, NOTE [ Memory budget ] in budget.py): the
-one formula every memory check and forecast uses, a pure function of the configuration and two measured sizes."""
+one formula every memory check and forecast uses, a pure function of the configuration and two measured sizes; and
+how much of a worker's growth during a window counts (``window_growth_bytes``: beyond ``growth_noise_bytes``)."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Protocol
 
 from ..config import LoaderConfig
 from .._text import mib
 
-__all__ = ["Footprint", "footprint", "shm_need_bytes"]
+__all__ = ["GROWTH_NOISE_BYTES", "Footprint", "Measured", "footprint", "growth_noise_bytes", "shm_need_bytes",
+           "window_growth_bytes"]
 
 
 @dataclass(frozen=True)
@@ -48,3 +50,40 @@ def footprint(config: LoaderConfig, *, per_worker_bytes: Optional[int], batch_by
     threads = max(1, n) * config.threads * math.ceil(batch / config.threads) if config.threads > 1 else 0
     workers = 0 if n == 0 else (None if per_worker_bytes is None else n * per_worker_bytes)
     return Footprint(workers, shm, pinned, threads)
+
+
+GROWTH_NOISE_BYTES = 4 * 2**20
+"""A worker's USS grows this much once in any trial, whatever it reads: allocator warm-up, the collector's first pass
+over inherited objects, batches being built (measured 1-3 MiB in a pytest process)."""
+
+
+class Measured(Protocol):
+    """What the noise floor reads of a measured trial (a ``results.TrialResult``)."""
+
+    @property
+    def config(self) -> LoaderConfig:
+        ...
+
+    @property
+    def batch_bytes(self) -> Optional[int]:
+        ...
+
+    @property
+    def worker_uss_growth_bytes(self) -> Optional[int]:
+        ...
+
+
+def growth_noise_bytes(trial: Measured) -> int:
+    """Growth any worker shows once during a trial: ``GROWTH_NOISE_BYTES``, or the batches a worker holds
+    (``LoaderConfig.worker_batches``) when more (a batch built in shared memory counts as the worker's own until the
+    main process maps it)."""
+    return max(GROWTH_NOISE_BYTES, trial.config.worker_batches() * (trial.batch_bytes or 0))
+
+
+def window_growth_bytes(trial: Measured) -> int:
+    """What one worker of ``trial`` grew during its window beyond what any worker shows once (``growth_noise_bytes``):
+    the growth every memory check adds to a worker's measured size (budget.py); 0 when not measured. Below the noise,
+    the difference of two readings is the batches a worker was building at each, which its size already holds (a
+    waiting-bound worker of 12 MiB read 3.2 MiB "growth" from 6 MiB batches, and 13 workers were refused under a
+    budget their epoch peaked at 82 % of)."""
+    return max(0, (trial.worker_uss_growth_bytes or 0) - growth_noise_bytes(trial))

@@ -37,15 +37,12 @@ from typing import Optional, Sequence, Tuple
 from ..config import LoaderConfig
 from .._text import mib
 from ..results import TrialResult
-from .footprint import footprint
+from .footprint import GROWTH_NOISE_BYTES, footprint, growth_noise_bytes, window_growth_bytes
 
 __all__ = ["COPY_NOISE_BYTES", "COPY_NOISE_PER_SAMPLE", "DENSE", "GROWTH_NOISE_BYTES", "copied_per_sample",
            "copy_forecast", "copy_rate", "epoch_growth_bytes", "forecast_bytes", "forecast_guard", "growth_noise_bytes",
            "growth_per_sample", "lasting_bytes", "samples_made", "scattered_bytes", "window_growth_bytes"]
 
-GROWTH_NOISE_BYTES = 4 * 2**20
-"""A worker's USS grows this much once in any trial, whatever it reads: allocator warm-up, the collector's first pass
-over inherited objects, batches being built (measured 1-3 MiB in a pytest process)."""
 DENSE = 0.25
 """Copies filling more of their span than this were written, not read: a trial's reads at random copy a few percent
 of the span they fall in (1 % measured on a list of 300,000 objects)."""
@@ -55,22 +52,6 @@ COPY_NOISE_PER_SAMPLE = 1024
 heap pages: measured 0.2-0.8 MiB (0.1-3.1 KiB a sample: the most where samples are few) in workers of a pytest
 process reading tensors, numpy arrays or sleeping; a list of objects read at random copies a 4 KiB page per sample
 (1.5-2.1 MiB in 400-600 samples). Copies are copy-on-read only past both."""
-
-
-def growth_noise_bytes(trial: TrialResult) -> int:
-    """Growth any worker shows once during a trial: ``GROWTH_NOISE_BYTES``, or the batches a worker holds
-    (``LoaderConfig.worker_batches``) when more (a batch built in shared memory counts as the worker's own until the
-    main process maps it)."""
-    return max(GROWTH_NOISE_BYTES, trial.config.worker_batches() * (trial.batch_bytes or 0))
-
-
-def window_growth_bytes(trial: TrialResult) -> int:
-    """What one worker of ``trial`` grew during its window beyond what any worker shows once (``growth_noise_bytes``):
-    the growth every memory check adds to a worker's measured size (budget.py); 0 when not measured. Below the noise,
-    the difference of two readings is the batches a worker was building at each, which its size already holds (a
-    waiting-bound worker of 12 MiB read 3.2 MiB "growth" from 6 MiB batches, and 13 workers were refused under a
-    budget their epoch peaked at 82 % of)."""
-    return max(0, (trial.worker_uss_growth_bytes or 0) - growth_noise_bytes(trial))
 
 
 def samples_made(trial: TrialResult) -> Optional[float]:

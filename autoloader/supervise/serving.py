@@ -83,14 +83,11 @@ class Serving:
     start-up overlaps it); else at once, after ``before_stop`` (a trial: the device's queued work first)."""
 
     def __init__(self, loader: Any, *, guard: SignalGuard, owned: bool = True, retire: bool = True,
-                 before_stop: Callable[[], None] = lambda: None,
-                 workers: Optional[Sequence[psutil.Process]] = None) -> None:
+                 before_stop: Callable[[], None] = lambda: None) -> None:
         self.loader, self.guard, self.owned, self.retire, self.before_stop = loader, guard, owned, retire, before_stop
         self.started = time.perf_counter()
         self.record = Record()
         self.processes = WorkerProcesses()
-        if workers is not None:  # a DataLoader whose persistent workers run already: they are its workers
-            self.processes.fixed = list(workers)
         self._it: Optional[Iterator[Any]] = None
         self._start_error: Optional[Exception] = None
 
@@ -126,6 +123,10 @@ class Serving:
         except BaseException as exc:  # noqa: B036 - a worker's death held by the guard
             return END, exc
         return batch, None
+
+    def adopt(self, workers: Sequence[psutil.Process]) -> None:
+        """Its DataLoader's persistent workers run already (a decision's, measured again): they are its workers."""
+        self.processes.fixed = list(workers)
 
     def keep_workers(self) -> None:
         """Fix the workers a stop stops as those running now (once: another DataLoader is about to start its own)."""

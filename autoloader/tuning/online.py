@@ -235,7 +235,9 @@ class OnlineLoader(DataLoaderStandIn, Source):
                 raise
         spec = WindowSpec("probe" if candidate is not None and candidate.probe else "candidate", bound_s)
         run = Run(loader, config, mode="candidate" if candidate is not None else "serve", consumer=self.consumer,
-                  batch_size=self.request.batch_size, window=spec, workers=workers)
+                  batch_size=self.request.batch_size, window=spec)
+        if workers is not None:
+            run.serving.adopt(workers)
         if after is not None:
             run.follows(after)
         run.window.memory_check = candidate.memory if candidate is not None else None  # NOTE [ Memory budget ]
