@@ -221,7 +221,7 @@ class OnlineLoader(DataLoaderStandIn, Source):
         if kept is not None and kept.config.same_candidate(config) and kept.batch_slice.reusable:
             loader, batch_slice = kept.loader, source.take(None, reuse=kept.batch_slice)  # NOTE [ Online switching ]
             batch_slice.expect(config.in_flight())
-            workers = kept.workers
+            workers, self._steady_loader = kept.workers, None  # the run holds them now: its stop stops them
         else:
             self._drop_steady()  # another configuration starts: the decision's idle workers go now
             batch_slice = source.take(None)
