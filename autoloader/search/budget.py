@@ -48,9 +48,10 @@ from .._text import mib
 from ..results import TrialResult, TuneResult
 from .footprint import Footprint, footprint, shm_need_bytes, window_growth_bytes
 
-__all__ = ["SHM_MARGIN", "Footprint", "MemoryCheck", "budget_guard", "first_batch_check", "footprint", "memory_check",
-           "no_longer_fits", "overlap_guard", "per_worker_bytes", "per_worker_estimate", "shm_need_bytes", "sized",
-           "skipped_for_memory", "trial_footprint", "worker_growth_bytes"]
+__all__ = ["SHM_MARGIN", "Footprint", "MemoryCheck", "budget_guard", "first_batch_check", "footprint",
+           "measured_batch_bytes", "memory_check", "no_longer_fits", "overlap_guard", "per_worker_bytes",
+           "per_worker_estimate", "shm_need_bytes", "sized", "skipped_for_memory", "trial_footprint",
+           "worker_growth_bytes"]
 
 SHM_MARGIN = 0.9
 """/dev/shm is full well before its last byte: keep this share of what is free."""
@@ -122,13 +123,18 @@ def overlap_guard(running: TrialResult, following: LoaderConfig, trials: Sequenc
     they fit or nothing is checked. Pure."""
     if budget_bytes is None or not following.num_workers or not running.config.num_workers:
         return None
-    batch_bytes = running.batch_bytes or next((t.batch_bytes for t in trials if t.batch_bytes is not None), None)
+    batch_bytes = running.batch_bytes or measured_batch_bytes(trials)
     here = trial_footprint(running) or 0
     there = footprint(following, per_worker_bytes=per_worker_bytes(trials) or 0, batch_bytes=batch_bytes).total_bytes
     if (there or 0) + here <= budget_bytes:
         return None
     return (f"{following.label()} ({mib(there or 0)}) beside the {mib(here)} of {running.config.label()} serving its "
             f"tail would pass the memory budget of {mib(budget_bytes)}")
+
+
+def measured_batch_bytes(trials: Sequence[TrialResult]) -> Optional[int]:
+    """A batch's size as the first of ``trials`` that measured one read it; None when none did."""
+    return next((t.batch_bytes for t in trials if t.batch_bytes is not None), None)
 
 
 def per_worker_bytes(trials: Sequence[TrialResult]) -> Optional[int]:
@@ -162,8 +168,8 @@ def skipped_for_memory(trial: TrialResult) -> bool:
 def no_longer_fits(result: TuneResult, *, budget_bytes: Optional[int], shm_free_bytes: Optional[int]) -> Optional[str]:
     """Why a cached configuration would not fit in today's memory budget or free /dev/shm (``budget.budget_guard``,
     the check every candidate passed), or None."""
-    batch_bytes = next((t.batch_bytes for t in result.trials if t.batch_bytes is not None), None)
-    return budget_guard(result.config, per_worker_bytes=per_worker_bytes(result.trials), batch_bytes=batch_bytes,
+    return budget_guard(result.config, per_worker_bytes=per_worker_bytes(result.trials),
+                        batch_bytes=measured_batch_bytes(result.trials),
                         budget_bytes=budget_bytes, shm_free_bytes=shm_free_bytes)
 
 
