@@ -30,8 +30,8 @@ Clocks = Tuple[float, Optional[float]]
 
 
 class MemoryCheck(Protocol):
-    """The search's ``budget.MemoryCheck`` (a candidate's ``memory``): (config, the largest worker's USS at the first
-    batch, the batch's bytes) -> why it must stop, or None; ``census``: read which pages a worker copies (``cow``)."""
+    """The search's ``budget.MemoryCheck`` (a candidate's ``memory``): (config, one worker's USS at the first batch
+    (the mean of those read), the batch's bytes) -> why it must stop, or None; ``census``: read which pages a worker copies (``cow``)."""
 
     @property
     def census(self) -> bool:
@@ -106,7 +106,7 @@ class Window:
             self.edges.tracker = WorkerTracker(workers)
             self.edges.memory_start = self.edges.tracker.sample(memory=memory)
             if self.memory_check is not None:
-                self.over_budget = self.memory_check(self.config, self.edges.memory_start.max_uss, self.batch_bytes)
+                self.over_budget = self.memory_check(self.config, self.edges.memory_start.mean_uss, self.batch_bytes)
             census = self.memory_check is not None and self.memory_check.census
             if census and memory and self.over_budget is None and len(workers) >= 2:  # cow.py: not one worker
                 self.edges.census_pid = workers[0].pid
@@ -265,7 +265,7 @@ class Window:
         return TrialResult(config=self.config, status="skipped", reason=self.over_budget, startup_s=self.startup_s,
                            elapsed_s=elapsed, batch_bytes=self.batch_bytes, steady=False,
                            worker_rss_bytes=memory.max_rss if memory is not None else None,
-                           worker_uss_bytes=memory.max_uss if memory is not None else None,
+                           worker_uss_bytes=memory.mean_uss if memory is not None else None,
                            worker_uss_total_bytes=memory.uss_total if memory is not None else None)
 
     def _worker_fields(self, span: float, batches: int) -> dict:
@@ -288,7 +288,7 @@ class Window:
             worker_cpu_s_per_batch=cpu * per_batch,
             read_bytes_per_batch=None if read is None else read * per_batch,
             worker_rss_bytes=end.workers.max_rss,
-            worker_uss_bytes=end.workers.max_uss,
+            worker_uss_bytes=end.workers.mean_uss,
             worker_uss_growth_bytes=max(growth) if growth else None,
             worker_uss_total_bytes=end.workers.uss_total,
         )

@@ -48,7 +48,7 @@ class TrialResult:
         main_cpu_util (float): How busy the main process kept a CPU during the window.
         read_bytes_per_batch (float): Bytes the workers read from storage per batch.
         worker_rss_bytes (int): The largest worker's resident memory at the window's end.
-        worker_uss_bytes (int): The largest worker's private memory (USS) at the window's end.
+        worker_uss_bytes (int): One worker's private memory (USS) at the window's end: the mean of the workers read.
         worker_uss_growth_bytes (int): The most one worker's USS grew from its first batch to the window's end
             (copy-on-read, PyTorch issue 13246).
         batch_bytes (int): Bytes of one batch's tensors.

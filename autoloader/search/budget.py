@@ -10,7 +10,11 @@ the machine's facts and of what trials measured (tested on tables).
 # ``ram_budget``: the training process itself (model, optimizer, CUDA context, the batches it holds) needs the rest.
 # A candidate's footprint (``footprint``, footprint.py) is what autoloader adds to the process tree:
 #   workers      num_workers x one worker's private memory (USS) measured, plus its growth during the trial beyond
-#                what any worker shows once (``footprint.window_growth_bytes``: the batches it was building);
+#                what any worker shows once (``footprint.window_growth_bytes``: the batches it was building); one
+#                worker is the mean of those read (``procs.WorkerSample.mean_uss``), so that the count times it is
+#                the pool's sum: the largest is a worker holding the samples and the output of the batch it builds,
+#                which the term below counts already (20 MiB beside 12 idle, waiting-bound 384 KiB samples: counted
+#                13 times, 104 MiB, it refused pools whose epochs peaked at 77-98 % of the budget);
 #   in flight    ``LoaderConfig.shm_batches``: those in flight + 2, in /dev/shm (tmpfs: RAM, charged to the cgroup),
 #                which is also checked against free /dev/shm as a limit of its own (``shm_need_bytes``);
 #   pinned       as many page-locked copies when pin_memory (the pin thread copies every batch it takes);
@@ -58,7 +62,7 @@ SHM_MARGIN = 0.9
 
 
 def trial_footprint(trial: TrialResult) -> Optional[int]:
-    """The footprint a trial measured: its own workers' memory (the largest USS plus growth, per worker)."""
+    """The footprint a trial measured: its own workers' memory (a worker's USS plus growth, per worker)."""
     if trial.config.num_workers and trial.worker_uss_bytes is None:
         return None
     per_worker = None if trial.worker_uss_bytes is None else trial.worker_uss_bytes + window_growth_bytes(trial)
@@ -99,9 +103,9 @@ class MemoryCheck:
 
 def first_batch_check(config: LoaderConfig, check: Optional[MemoryCheck], *, uss_bytes: Optional[int],
                       batch_bytes: Optional[int]) -> Optional[str]:
-    """Why ``config`` must stop at its first batch, whose largest worker's USS is ``uss_bytes``: its footprint with
-    that worker size plus ``check.growth_bytes`` is over ``check.budget_bytes`` (NOTE [ Memory budget ]); None when it
-    fits, or when nothing is checked or measured. Pure."""
+    """Why ``config`` must stop at its first batch, where one worker's USS is ``uss_bytes`` (the mean of those read):
+    its footprint with that worker size plus ``check.growth_bytes`` is over ``check.budget_bytes`` (NOTE [ Memory
+    budget ]); None when it fits, or when nothing is checked or measured. Pure."""
     if check is None or uss_bytes is None or config.num_workers == 0:
         return None
     need = footprint(config, per_worker_bytes=uss_bytes + check.growth_bytes, batch_bytes=batch_bytes)
@@ -138,8 +142,8 @@ def measured_batch_bytes(trials: Sequence[TrialResult]) -> Optional[int]:
 
 
 def per_worker_bytes(trials: Sequence[TrialResult]) -> Optional[int]:
-    """What one worker needs, from trials that measured it (``sized``): the largest USS plus its growth during the
-    trial beyond the noise (``footprint.window_growth_bytes``; copy-on-read keeps growing, see NOTE [ Copy-on-read ]);
+    """What one worker needs, from trials that measured it (``sized``): the most any measured, its USS plus its growth
+    during the trial beyond the noise (``footprint.window_growth_bytes``; copy-on-read keeps growing, see NOTE [ Copy-on-read ]);
     None when no trial measured a worker."""
     return max((t.worker_uss_bytes + window_growth_bytes(t) for t in sized(trials) if t.worker_uss_bytes is not None),
                default=None)

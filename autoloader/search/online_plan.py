@@ -11,7 +11,7 @@ from typing import Any, List, Optional, Protocol
 
 from ..config import LoaderConfig
 from ..results import TrialResult, TuneResult
-from . import online_policy, policy
+from . import budget, online_policy, policy
 from .candidates import Steps
 from .native_search import compare_native
 
@@ -76,13 +76,20 @@ def online_steps(search: Search, *, serial: Optional[TrialResult] = None) -> Ste
             if workers:
                 log.info("serial loading takes %.1f ms a batch beside a %.1f ms step: trying %d workers",
                          1e3 * (serial.fetch_s_per_batch or 0.0), 1e3 * (serial.consumer_s_per_batch or 0.0), workers)
-        while workers:  # a prior that would not fit the memory budget: half as many (nothing started: no cost)
+        while workers:  # the most of the prior that the memory budget admits, by what is known or measured
+            fitting = _fitting(search, low=0, high=workers) or 0
+            if fitting != workers:
+                log.info("online: %d workers would not fit the memory budget; %d do", workers, fitting)
+            workers = fitting
+            if not workers:
+                break
             gain = online_policy.prior_gain(fetch_s=serial.fetch_s_per_batch or 0.0,
                                             consumer_s=serial.consumer_s_per_batch, workers=workers)
             yield from search.run(search.config(workers), gain=gain)
-            if search.found.trials[-1].status != "skipped":
+            last = search.found.trials[-1]
+            if last.status != "skipped":
                 break
-            workers //= 2
+            workers = workers - 1 if budget.skipped_for_memory(last) else workers // 2  # its workers' size is known
     else:
         yield from search.run(search.config(settings.start.num_workers), first=True)
     yield from _jumps(search, serial)

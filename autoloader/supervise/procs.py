@@ -215,12 +215,13 @@ window's end had cost an emulated 64-core epoch about 0.3 s; the others are take
 @dataclass(frozen=True)
 class WorkerSample:
     """Cumulative counters of a set of workers at one instant; memory of ``MEMORY_SAMPLE`` of them at most
-    (``uss_by_pid``), ``uss_total`` scaled to every worker running."""
+    (``uss_by_pid``), ``uss_total`` scaled to every worker running; ``mean_uss``: one worker's size, the mean of those
+    read (what the pool's total is made of: NOTE [ Memory budget ] in search/budget.py)."""
 
     cpu_s: float
     read_bytes: Optional[int]
     max_rss: Optional[int]
-    max_uss: Optional[int]
+    mean_uss: Optional[int]
     uss_by_pid: Dict[int, int]
     uss_total: Optional[int] = None
 
@@ -281,4 +282,4 @@ class WorkerTracker:
         read = None if any(r is None for r in reads) else sum(r for r in reads if r is not None)
         cpu = sum(self._cpu.values()) + max(0.0, _children_cpu_s() - self._children_at_start)
         total = sum(uss.values()) * running // len(uss) if uss else None
-        return WorkerSample(cpu, read, rss, max(uss.values()) if uss else None, uss, total)
+        return WorkerSample(cpu, read, rss, sum(uss.values()) // len(uss) if uss else None, uss, total)

@@ -101,14 +101,45 @@ def test_a_re_tune_measures_the_configuration_in_force_first_and_only_goes_down_
     assert asked == [16, 4] and result.config.num_workers == 4
 
 
-def test_a_prior_over_the_memory_budget_is_halved_until_it_fits(monkeypatch):
+def test_a_prior_over_the_memory_budget_starts_at_the_most_that_fit(monkeypatch):
     host = Host(fetch_s=0.33, cpu=1.0, step_s=0.001, cpus=64)
     monkeypatch.setattr(Search, "guard", lambda self, config, per_worker: "memory: too many" if
-                        config.num_workers > 16 else None)
+                        config.num_workers > 21 else None)
     asked, result = drive(host)
-    assert asked == [0, 16], "64 and 32 skipped before they started (nothing measured), 16 measured"
-    assert [t.config.num_workers for t in result.trials if t.status == "skipped"] == [64, 32]
-    assert result.config.num_workers == 16, "no jump past what the budget admits"
+    assert asked == [0, 21], "64 would not fit: the most that do, not a half (32) nor a quarter (16)"
+    assert result.config.num_workers == 21, "no jump past what the budget admits"
+
+
+@dataclasses.dataclass
+class Budgeted(Host):
+    """A host whose workers measure ``worker_mib`` each at their first batch, stopped there when ``workers x
+    worker_mib`` passes ``budget_mib`` (``budget.first_batch_check``)."""
+
+    worker_mib: int = 16
+    budget_mib: int = 380
+
+    def measure(self, config, *, probe=False, early=False):
+        n, uss = config.num_workers, self.worker_mib * 2**20
+        if n and n * self.worker_mib > self.budget_mib:
+            return TrialResult(config=config, status="skipped", reason="memory: stopped at its first batch: ...",
+                               worker_uss_bytes=uss, steady=False)
+        return dataclasses.replace(super().measure(config, probe=probe, early=early), worker_uss_bytes=uss if n else None)
+
+
+def test_a_prior_stopped_at_its_first_batch_for_memory_goes_to_the_most_its_measured_workers_fit(monkeypatch):
+    """Issue 45: waiting-bound 384 KiB samples under 380 MiB started a prior of 28 workers, stopped at their first
+    batch (16 MiB each measured), then halved to 14 (refused), then 7; 23 fit by what the 28 measured."""
+    host = Budgeted(fetch_s=0.07, cpu=0.07, step_s=0.0001, cpus=2, batch=16)
+
+    def guard(self, config, per_worker):
+        n = config.num_workers
+        return "memory: too many" if per_worker is not None and n * per_worker > host.budget_mib * 2**20 else None
+
+    monkeypatch.setattr(Search, "guard", guard)
+    asked, result = drive(host)
+    assert asked[:3] == [0, 29, 23], asked
+    assert [t.config.num_workers for t in result.trials if t.status == "skipped"] == [29]
+    assert result.config.num_workers == 23
 
 
 def test_a_jump_stops_at_what_the_memory_budget_admits(monkeypatch):
