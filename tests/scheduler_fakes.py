@@ -230,7 +230,7 @@ def serve(plan: ScriptedPlan, *, coordinator: Optional[Coordinator] = None, monk
     source = EpochSlicer(DataLoader(list(range(2 * BATCHES)), batch_size=2)).epoch()
     runs: List[FakeRun] = []
 
-    def build(epoch: EpochSource, after: Optional[FakeRun], bound_s: float) -> Stage:
+    def build(epoch: EpochSource, after: Optional[FakeRun], bound_s: Callable[[int], float]) -> Stage:
         step = plan.candidate
         config = config_of(step.workers) if step is not None else plan.decide
         batch_slice = epoch.take(None)

@@ -46,7 +46,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Protocol, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Protocol, Tuple
 
 import psutil
 from torch.utils.data import DataLoader
@@ -211,9 +211,9 @@ class OnlineLoader(DataLoaderStandIn, Source):
             self._last_run, self._scheduler = scheduler.last, None  # no cycle keeps the workers past the loader
             self._rebuild()
 
-    def _stage(self, source: EpochSource, after: Optional[Run], bound_s: float) -> Stage:
+    def _stage(self, source: EpochSource, after: Optional[Run], bound_s: Callable[[int], float]) -> Stage:
         """The next slice of ``source`` and its run: the search's candidate (measured, its window bounded to
-        ``bound_s`` seconds) or the decision (served)."""
+        ``bound_s(workers)`` seconds) or the decision (served)."""
         self._rebuild()
         candidate = self.search.candidate
         config = candidate.config if candidate is not None else self.search.decision.config
@@ -233,7 +233,8 @@ class OnlineLoader(DataLoaderStandIn, Source):
             except BaseException:
                 batch_slice.delivered(0)
                 raise
-        spec = WindowSpec("probe" if candidate is not None and candidate.probe else "candidate", bound_s)
+        spec = WindowSpec("probe" if candidate is not None and candidate.probe else "candidate",
+                          bound_s(config.num_workers))
         run = Run(loader, config, mode="candidate" if candidate is not None else "serve", consumer=self.consumer,
                   batch_size=self.request.batch_size, window=spec)
         if workers is not None:

@@ -24,7 +24,7 @@ from .plan import Plan
 
 log = logging.getLogger("autoloader.online")
 
-Build = Callable[[EpochSource, Optional[Run], float], Stage]
+Build = Callable[[EpochSource, Optional[Run], Callable[[int], float]], Stage]
 """The next stage over the source's next slice, after the run that served before it (its window waits for it), its
 window bounded to the seconds given."""
 
@@ -63,27 +63,33 @@ class EpochScheduler:
             self.in_force = None
 
     # -- the epoch's clock -------------------------------------------------------------------------------------------
-    def _per_batch_s(self) -> Optional[float]:
-        """Seconds per batch the loop got this epoch so far; before two, a probe's estimate (None without one)."""
+    def _per_batch_s(self, workers: int = 0) -> Optional[float]:
+        """Seconds per batch the loop got this epoch so far; before two, a probe's estimate, or the one batch served
+        (in the main process) over the ``workers`` of the stage to come: they make that many batches in its time at
+        most (None without either)."""
         batches = self.trace.batches
-        if len(batches) < 2:
+        if len(batches) >= 2:
+            return (batches[-1][0] - batches[0][0]) / (len(batches) - 1)
+        if self._pace is not None or not batches:
             return self._pace
-        return (batches[-1][0] - batches[0][0]) / (len(batches) - 1)
+        return batches[0][0] / max(1, workers)
 
     def _remaining_s(self) -> Optional[float]:
         """The rest of the epoch at its pace so far; None when unknown (no pace yet, a sampler without a length)."""
         per_batch, left = self._per_batch_s(), self.source.unclaimed
         return None if per_batch is None or left is None else per_batch * left
 
-    def _bound_s(self) -> float:
-        """The window bound of the next stage: a share of the epoch as predicted now."""
-        per_batch = self._per_batch_s()
+    def _bound_s(self, workers: int = 0) -> float:
+        """The window bound of the next stage (of ``workers``): a share of the epoch as predicted now; before the loop
+        got two batches, at the pace those workers could serve (the epoch's first candidate after a probe of one slow
+        batch had the longest bound, 4 s, and measured 9 workers for 2 s of a 4 s epoch)."""
+        per_batch = self._per_batch_s(workers)
         total = None if per_batch is None or self.source.remaining is None else \
             per_batch * (self.source.remaining + len(self.trace.batches))
         return window_bound_s(total)
 
     def _build(self) -> Stage:
-        return self.build(self.source, self.last, self._bound_s())
+        return self.build(self.source, self.last, self._bound_s)
 
     # -- one stage ---------------------------------------------------------------------------------------------------
     def _serve(self, stage: Stage) -> Generator[Any, None, str]:

@@ -11,6 +11,13 @@ import time
 import pytest
 
 from autoloader.supervise.torch_watch import install_first
+from torch.utils.data import DataLoader
+
+from autoloader.coordination import Coordinator
+from autoloader.loader.slices import EpochSlicer
+from autoloader.results import EpochTrace
+from autoloader.search.switching import MAX_WINDOW_BOUND_S, WINDOW_SHARE
+from autoloader.tuning.scheduler import EpochScheduler
 from scheduler_fakes import BATCHES, Agreeing, ScriptedPlan, Step, config_of, serve
 
 
@@ -165,3 +172,18 @@ def test_a_ctrl_c_between_two_stages_stops_the_one_a_switch_started(raising_sign
     assert isinstance(served["error"], KeyboardInterrupt)
     first, started = served["runs"]
     assert first.stopped == "orderly" and started.stopped == "failed", "the started stage was left running"
+
+
+def test_a_window_bound_before_two_batches_is_a_share_of_the_epoch_at_the_pace_of_the_workers_to_come():
+    """After a probe of one slow batch (70 ms, of 250), the first candidate's window had the longest bound (4 s) and
+    measured 9 workers for 2 s of a 4 s epoch: at 9 workers' pace the epoch lasts about 2 s, a share of which bounds
+    it. With no batch served, the bound stays the longest."""
+    source = EpochSlicer(DataLoader(list(range(500)), batch_size=2)).epoch()
+    trace = EpochTrace(0, 0.0)
+    scheduler = EpochScheduler(source, plan=ScriptedPlan([], 0), build=lambda *_: None, coordinator=Coordinator(),
+                               trace=trace)
+    assert scheduler._bound_s(9) == MAX_WINDOW_BOUND_S
+    trace.batches.append((0.07, 2))
+    epoch = source.remaining + 1  # the one served, and those to come
+    assert abs(scheduler._bound_s(9) - max(0.25, WINDOW_SHARE * 0.07 / 9 * epoch)) < 1e-9
+    assert abs(scheduler._bound_s(0) - WINDOW_SHARE * 0.07 * epoch) < 1e-9, "serial: the batch's own pace"
