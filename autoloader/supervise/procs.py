@@ -26,7 +26,10 @@
 #    kills itself, the OOM killer) raised in the next stage's setup or in the user's own loop, outside any guard,
 #    and a raise inside a lock hangs (1 stress run of 40 hung, 1 of 90 raised). The candidate's outcome is decided,
 #    so its workers are first taken out of what that handler watches, as the iterator's own shutdown does at its
-#    end (``torch_watch.unwatch``); the helper thread still joins and reaps them.
+#    end (``torch_watch.unwatch``); the helper thread still joins and reaps them. A candidate without workers (an
+#    online probe) has nothing to shut down: its references are dropped at once, with no thread and no collection
+#    (starting that thread beside 16 workers just forked, and its ``gc.collect()`` holding the GIL, cost the loop
+#    85 ms at a latency-bound epoch's first switch).
 # We never ``waitpid`` a worker ourselves: multiprocessing owns that, and reaping a pid behind its back would let it
 # signal a recycled pid later. ``multiprocessing.active_children()`` lets it collect what is left.
 # The trial only ever touches children that did not exist when it started (less multiprocessing's resource tracker and
