@@ -65,6 +65,18 @@ def least_memory(trials: Sequence[TrialResult]) -> List[TrialResult]:
     return [t for t in trials if (t.worker_memory_bytes or 0) <= bound]
 
 
+def over_budget(trial: TrialResult, *, budget_bytes: Optional[int], epoch_samples: Optional[int]) -> bool:
+    """Whether ``trial``'s workers take more than ``budget_bytes``, as measured or forecast by the end of an epoch of
+    ``epoch_samples`` (copy-on-read growth): ``select_within_budget`` passes it over, so the search takes its count for
+    a ceiling. Pure."""
+    if budget_bytes is None or trial.config.num_workers == 0:
+        return False
+    if (trial_footprint(trial) or 0) > budget_bytes:
+        return True
+    forecast = forecast_bytes(trial, epoch_samples=epoch_samples)
+    return forecast is not None and forecast > budget_bytes
+
+
 def select_within_budget(trials: Sequence[TrialResult], *, tolerance: float = DEFAULT_TOLERANCE,
                          budget_bytes: Optional[int], epoch_samples: Optional[int]
                          ) -> Tuple[Optional[TrialResult], Optional[str]]:
@@ -80,7 +92,7 @@ def select_within_budget(trials: Sequence[TrialResult], *, tolerance: float = DE
     if chosen is None or forecast is None or forecast <= budget_bytes:
         return chosen, None
     forecasts = {id(t): forecast_bytes(t, epoch_samples=epoch_samples) for t in fits if t.ok}
-    lasting = [t for t in fits if t.ok and (forecasts[id(t)] or 0) <= budget_bytes]
+    lasting = [t for t in fits if t.ok and not over_budget(t, budget_bytes=budget_bytes, epoch_samples=epoch_samples)]
     better = select(lasting, tolerance=tolerance) or \
         min((t for t in fits if t.ok), key=lambda t: (forecasts[id(t)] or 0, -rate(t)))
     slope = growth_per_sample(chosen) or 0.0
@@ -169,7 +181,8 @@ def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int,
 
     A count that failed or was skipped (None) is a ceiling: no climb reaches it, and while no worker count has
     measured a rate, half of the smallest such count is tried next (a killed or out-of-memory candidate may fit with
-    fewer workers). Climb (double) while the best is the largest count tried and gains more than half the
+    fewer workers). Climb (double, or halfway to a ceiling) while the best is the largest count tried and gains more
+    than half the
     ``tolerance`` over the counts below it. The climb does not stop at the core count: whether more workers than cores
     pay (they fill the gaps while others hand over batches) or lose to oversubscription is measured, and such gains
     come in small steps (2-5 % a doubling, measured on 2 cores) that a full-tolerance threshold would stop too early.
@@ -189,8 +202,8 @@ def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int,
     if best > 0 and best == max(measured) and best < cap:
         below = [r for n, r in measured.items() if n < best]
         if not below or best_rate > (1.0 + tolerance / 2) * max(below):
-            candidate = min(cap, 2 * best)
-            if candidate not in rates and (ceiling is None or candidate < ceiling):
+            candidate = min(cap, 2 * best, cap if ceiling is None else (best + ceiling) // 2)
+            if candidate > best and candidate not in rates:
                 return candidate
     good = min(n for n, r in measured.items() if r >= (1.0 - tolerance) * best_rate)
     lower = max((n for n in rates if n < good), default=None)

@@ -161,8 +161,12 @@ class Search:
             self.guard(trial.config, self.found.per_worker_bytes) is None
 
     def rates(self) -> Dict[int, Optional[float]]:
+        """Each worker count's rate; None for one that failed, was skipped, or that the choice passes over for memory
+        (``policy.over_budget``): a ceiling the search looks below."""
         settings = self.settings
-        return {c.num_workers: t.samples_per_s for c, t in self.found.by_config.items()
+        return {c.num_workers: None if policy.over_budget(t, budget_bytes=settings.memory_budget,
+                                                          epoch_samples=settings.epoch_samples) else t.samples_per_s
+                for c, t in self.found.by_config.items()
                 if c.threads == settings.threads and c.prefetch_factor in (None, settings.prefetch)
                 and c.pin_memory == settings.pin and not self.refits(t)
                 and c.native_threads == self.native_limit(c.num_workers)}

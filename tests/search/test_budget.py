@@ -208,16 +208,17 @@ def test_a_count_skipped_on_the_prior_estimate_is_measured_once_a_worker_was():
     first_skipped = [t.config.num_workers for t in result.trials if t.status == "skipped"]
     assert 8 in first_skipped, "skipped on the prior first"
     assert any(t.ok and t.config.num_workers == 8 for t in result.trials), "then measured"
-    assert result.num_workers == 8 and all(n <= 10 for n in counts), counts
+    assert result.num_workers == 10 and all(n <= 10 for n in counts), "then halfway to 16 (skipped): the most that fit"
 
 
 def test_the_predicted_count_skipped_on_the_estimate_is_tried_once_one_worker_was_measured():
     # 600 MiB per worker before one ran: 8, 4 and 2 are skipped, 1 is measured (no faster than 0: the climb alone
-    # would stop there); measured at 100 MiB, the predicted 8 fits and is tried, and the climb goes on from it
+    # would stop there); measured at 100 MiB, the predicted 8 fits and is tried, and the climb goes on from it, to the
+    # most that fit
     asked, result = drive(waiting, memory_budget=GIB, prior=600 * MIB)
     counts = [c.num_workers for c in asked]
     assert counts[:2] == [0, 1] and 8 in counts, counts
-    assert result.num_workers == 8, [(t.config.num_workers, t.status) for t in result.trials]
+    assert result.num_workers == 10, [(t.config.num_workers, t.status) for t in result.trials]
 
 
 # ---------------------------------------------------------------- forked workers: measured, never guessed (issue 45)
@@ -441,6 +442,27 @@ def test_the_search_looks_below_counts_forecast_past_the_budget():
     chosen = next(t for t in result.trials if t.ok and t.config.same_candidate(result.config))
     assert growth.forecast_bytes(chosen, epoch_samples=300_000) <= 700 * MIB
     assert not result.config.persistent_workers, "in time its workers would copy all 181 MiB each"
+
+
+def test_a_measured_count_forecast_past_the_budget_is_a_ceiling_the_search_looks_below():
+    """The same list under 600 MiB (4 workers forecast at 652 MiB, 3 at 534): the first count measured (8) is forecast
+    past the budget once measured, and 4 (its half) too. 8 had counted as measured, so nothing below 4 was tried and
+    the choice fell back to no workers (2 of 3 benchmark runs of the list under 700 MiB, whose 4 workers sit at the
+    edge); as a ceiling it sends the search below, halfway to it once a count fits."""
+    def copy_on_read(candidate):
+        n = candidate.config.num_workers
+        if n == 0:
+            return dataclasses.replace(fake(0, 875.0, batch=64), consumer_s_per_batch=1e-5,
+                                       fetch_s_per_batch=64 / 875.0, fetch_cpu_s_per_batch=64 / 875.0 * 0.1)
+        return dataclasses.replace(copying(n, 875.0 * n), config=candidate.config, consumer_s_per_batch=1e-5,
+                                   worker_cpu_util=0.05, startup_s=0.05 * n)
+    request = Request.checked(LatencyBound(n=300_000), 64, device="cpu", max_workers=32, memory_budget=600 * MIB)
+    with pytest.warns(AutoloaderWarning, match="choosing workers=3"):
+        asked, result = drive_candidates(Search(request, full_profile(), budget=30.0), copy_on_read)
+    table = [(t.config.num_workers, t.status) for t in result.trials]
+    assert result.num_workers == 3, table
+    assert growth.forecast_bytes(next(t for t in result.trials if t.ok and t.config.num_workers == 3),
+                                 epoch_samples=300_000) <= 600 * MIB
 
 
 @pytest.mark.parametrize("running, following, budget_bytes, refused, why", [

@@ -111,7 +111,8 @@ def test_predict_from_workers_needs_workers_that_beat_serial(workers_rate, seria
     ({0: 300, 4: 1000, 8: 1000, 2: 600, 3: 900}, None),
     ({0: 100, 4: None}, 2),                     # the only worker count failed: try half as many
     ({0: 100, 4: None, 2: None, 1: None}, None),  # every count down to one failed: stay at zero
-    ({0: 100, 2: 150, 4: None}, 1),             # a failure above is not climbed into again
+    ({0: 100, 2: 150, 4: None}, 3),             # a failure above is not climbed into again: halfway to it
+    ({0: 100, 2: 150, 3: 160, 4: None}, None),  # ... then done (nothing between the best and the ceiling)
 ])
 def test_next_worker_count(rates, expected):
     assert policy.next_worker_count(rates, cap=64) == expected
