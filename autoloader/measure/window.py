@@ -31,7 +31,8 @@ Clocks = Tuple[float, Optional[float]]
 
 class MemoryCheck(Protocol):
     """The search's ``budget.MemoryCheck`` (a candidate's ``memory``): (config, one worker's USS at the first batch
-    (the mean of those read), the batch's bytes) -> why it must stop, or None; ``census``: read which pages a worker copies (``cow``)."""
+    (the mean of those read), the batch's bytes) -> why it must stop, or None; ``census``: read which pages a worker
+    copies (``cow``)."""
 
     @property
     def census(self) -> bool:

@@ -143,8 +143,8 @@ def measured_batch_bytes(trials: Sequence[TrialResult]) -> Optional[int]:
 
 def per_worker_bytes(trials: Sequence[TrialResult]) -> Optional[int]:
     """What one worker needs, from trials that measured it (``sized``): the most any measured, its USS plus its growth
-    during the trial beyond the noise (``footprint.window_growth_bytes``; copy-on-read keeps growing, see NOTE [ Copy-on-read ]);
-    None when no trial measured a worker."""
+    during the trial beyond the noise (``footprint.window_growth_bytes``; copy-on-read keeps growing, see NOTE
+    [ Copy-on-read ]); None when no trial measured a worker."""
     return max((t.worker_uss_bytes + window_growth_bytes(t) for t in sized(trials) if t.worker_uss_bytes is not None),
                default=None)
 

@@ -44,8 +44,8 @@ Progress = Callable[[TrialResult, float, float], None]
 
 class MemoryCheck(Protocol):
     """A ``budget.MemoryCheck``, which measuring windows call (measure/window.py): (config, one worker's USS at the
-    first batch, the mean of those read, the batch's bytes) -> why it stops there, or None; ``census``: read which pages a worker copies
-    (NOTE [ Copy-on-read forecast ] in growth.py)."""
+    first batch, the mean of those read, the batch's bytes) -> why it stops there, or None; ``census``: read which
+    pages a worker copies (NOTE [ Copy-on-read forecast ] in growth.py)."""
 
     @property
     def census(self) -> bool:

@@ -31,7 +31,7 @@ functions of what its window measured (tested on tables), in the footprint of NO
 # climbed 8 -> 32 -> 16 -> 23 on that list under 700 MiB, all forecast past it, and fell back to no workers. The count
 # that measured the copies is a ceiling too once it is forecast past the budget (``Search.rates``,
 # ``policy.over_budget``): counted as measured, it left the search nothing to try below a refused half, and the list
-# chose no workers in 2 of 3 runs where 4 workers fit at 88 %; the climb below a ceiling goes halfway to it.
+# chose no workers in 2 of 3 runs where 4 workers fit at 88 %; the climb goes halfway to such a ceiling.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ memory checks are ``budget.py``'s; what the result reports of its choice (the bo
 from __future__ import annotations
 
 import math
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Collection, List, Mapping, Optional, Sequence, Tuple
 
 from . import native_policy
 from .capacity import DEFAULT_TOLERANCE, HEADROOM
@@ -175,15 +175,17 @@ def predict_from_workers(trial: TrialResult, *, batch_size: int, consumer_s: flo
     return _clamp(round(estimate) if estimate == by_cpu else math.ceil(estimate - 1e-9), cap)
 
 
-def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int,
-                      tolerance: float = DEFAULT_TOLERANCE) -> Optional[int]:
+def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int, tolerance: float = DEFAULT_TOLERANCE,
+                      refused: Collection[int] = ()) -> Optional[int]:
     """The next worker count to try, from the rates measured so far (None = failed or skipped); None when done.
 
     A count that failed or was skipped (None) is a ceiling: no climb reaches it, and while no worker count has
     measured a rate, half of the smallest such count is tried next (a killed or out-of-memory candidate may fit with
-    fewer workers). Climb (double, or halfway to a ceiling) while the best is the largest count tried and gains more
-    than half the
-    ``tolerance`` over the counts below it. The climb does not stop at the core count: whether more workers than cores
+    fewer workers). Climb (double) while the best is the largest count tried and gains more than half the
+    ``tolerance`` over the counts below it; halfway to the lowest ceiling when it is one of ``refused`` (the memory
+    budget's, as measured or forecast for a whole epoch), not to a failure's (a short trial that passes below the
+    count that ran out of file descriptors can still run out over an epoch: 10 workers under ``ulimit -n 64``
+    did). The climb does not stop at the core count: whether more workers than cores
     pay (they fill the gaps while others hand over batches) or lose to oversubscription is measured, and such gains
     come in small steps (2-5 % a doubling, measured on 2 cores) that a full-tolerance threshold would stop too early.
     Then descend: between the fewest workers within ``tolerance`` of the best and the largest count below it, try the
@@ -202,8 +204,10 @@ def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int,
     if best > 0 and best == max(measured) and best < cap:
         below = [r for n, r in measured.items() if n < best]
         if not below or best_rate > (1.0 + tolerance / 2) * max(below):
-            candidate = min(cap, 2 * best, cap if ceiling is None else (best + ceiling) // 2)
-            if candidate > best and candidate not in rates:
+            candidate = min(cap, 2 * best)
+            if ceiling is not None and candidate >= ceiling and ceiling in refused:
+                candidate = (best + ceiling) // 2
+            if candidate > best and candidate not in rates and (ceiling is None or candidate < ceiling):
                 return candidate
     good = min(n for n, r in measured.items() if r >= (1.0 - tolerance) * best_rate)
     lower = max((n for n in rates if n < good), default=None)
@@ -244,24 +248,24 @@ def climb_cap(rates: Mapping[int, Optional[float]], *, cap: int, ceiling_samples
     return min(cap, min(keeping)) if keeping else cap
 
 
-def next_count_near(rates: Mapping[int, Optional[float]], *, cap: int,
-                    tolerance: float = DEFAULT_TOLERANCE) -> Optional[int]:
+def next_count_near(rates: Mapping[int, Optional[float]], *, cap: int, tolerance: float = DEFAULT_TOLERANCE,
+                    refused: Collection[int] = ()) -> Optional[int]:
     """``next_worker_count``, for a search that starts from the configuration in force rather than from the serial
     one: it climbs and bisects the same way, and while the fewest workers measured are still within ``tolerance`` of
     the best, it tries half as many (a regime that got cheaper, such as files now in the page cache, needs fewer)."""
-    proposal = next_worker_count(rates, cap=cap, tolerance=tolerance)
+    proposal = next_worker_count(rates, cap=cap, tolerance=tolerance, refused=refused)
     return proposal if proposal is not None else _half_of_fewest(rates, tolerance=tolerance)
 
 
-def next_count_down(rates: Mapping[int, Optional[float]], *, cap: int,
-                    tolerance: float = DEFAULT_TOLERANCE) -> Optional[int]:
+def next_count_down(rates: Mapping[int, Optional[float]], *, cap: int, tolerance: float = DEFAULT_TOLERANCE,
+                    refused: Collection[int] = ()) -> Optional[int]:
     """The next worker count of a search that only goes down from the configuration in force: never above the most
     workers measured; halve while the fewest measured keep within ``tolerance`` of the best, then bisect between the
     fewest that keep up and the most that do not (``policy.next_worker_count``'s descent)."""
     measured = [n for n, r in rates.items() if r is not None]
     if not measured:
         return None
-    proposal = next_worker_count(rates, cap=min(cap, max(measured)), tolerance=tolerance)
+    proposal = next_worker_count(rates, cap=min(cap, max(measured)), tolerance=tolerance, refused=refused)
     return proposal if proposal is not None else _half_of_fewest(rates, tolerance=tolerance)
 
 

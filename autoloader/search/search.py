@@ -163,13 +163,23 @@ class Search:
     def rates(self) -> Dict[int, Optional[float]]:
         """Each worker count's rate; None for one that failed, was skipped, or that the choice passes over for memory
         (``policy.over_budget``): a ceiling the search looks below."""
+        return {c.num_workers: None if self._over_budget(t) else t.samples_per_s for c, t in self._counted()}
+
+    def refused(self) -> List[int]:
+        """Of ``rates``, the worker counts refused for memory, skipped or measured past the budget: ceilings the climb
+        may go halfway to (``policy.next_worker_count``)."""
+        return [c.num_workers for c, t in self._counted() if budget.skipped_for_memory(t) or self._over_budget(t)]
+
+    def _counted(self) -> List[Tuple[LoaderConfig, TrialResult]]:
         settings = self.settings
-        return {c.num_workers: None if policy.over_budget(t, budget_bytes=settings.memory_budget,
-                                                          epoch_samples=settings.epoch_samples) else t.samples_per_s
-                for c, t in self.found.by_config.items()
+        return [(c, t) for c, t in self.found.by_config.items()
                 if c.threads == settings.threads and c.prefetch_factor in (None, settings.prefetch)
                 and c.pin_memory == settings.pin and not self.refits(t)
-                and c.native_threads == self.native_limit(c.num_workers)}
+                and c.native_threads == self.native_limit(c.num_workers)]
+
+    def _over_budget(self, trial: TrialResult) -> bool:
+        return policy.over_budget(trial, budget_bytes=self.settings.memory_budget,
+                                  epoch_samples=self.settings.epoch_samples)
 
     def consumer(self, consumer_s: float) -> Optional[float]:
         """Note the consumer's measured seconds per batch: its own rate (``consumer_rate``), None when not measured."""
@@ -209,7 +219,8 @@ class Search:
         spent: ``policy.next_worker_count`` from the serial candidate, ``policy.next_count_near`` from the
         configuration in force (climb while more workers pay, halve while fewer keep up, then bisect)."""
         while self.elapsed() < self.stop_at:
-            proposal = propose(self.rates(), cap=self.climb_cap(), tolerance=self.settings.tolerance)
+            proposal = propose(self.rates(), cap=self.climb_cap(), tolerance=self.settings.tolerance,
+                               refused=self.refused())
             if proposal is None:
                 return
             yield from self.run(self.config(proposal))

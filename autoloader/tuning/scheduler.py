@@ -26,7 +26,7 @@ log = logging.getLogger("autoloader.online")
 
 Build = Callable[[EpochSource, Optional[Run], Callable[[int], float]], Stage]
 """The next stage over the source's next slice, after the run that served before it (its window waits for it), its
-window bounded to the seconds given."""
+window bounded to the seconds the given function names for its worker count."""
 
 
 class EpochScheduler:

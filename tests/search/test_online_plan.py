@@ -123,7 +123,8 @@ class Budgeted(Host):
         if n and n * self.worker_mib > self.budget_mib:
             return TrialResult(config=config, status="skipped", reason="memory: stopped at its first batch: ...",
                                worker_uss_bytes=uss, steady=False)
-        return dataclasses.replace(super().measure(config, probe=probe, early=early), worker_uss_bytes=uss if n else None)
+        measured = super().measure(config, probe=probe, early=early)
+        return dataclasses.replace(measured, worker_uss_bytes=uss if n else None)
 
 
 def test_a_prior_stopped_at_its_first_batch_for_memory_goes_to_the_most_its_measured_workers_fit(monkeypatch):

@@ -111,11 +111,21 @@ def test_predict_from_workers_needs_workers_that_beat_serial(workers_rate, seria
     ({0: 300, 4: 1000, 8: 1000, 2: 600, 3: 900}, None),
     ({0: 100, 4: None}, 2),                     # the only worker count failed: try half as many
     ({0: 100, 4: None, 2: None, 1: None}, None),  # every count down to one failed: stay at zero
-    ({0: 100, 2: 150, 4: None}, 3),             # a failure above is not climbed into again: halfway to it
-    ({0: 100, 2: 150, 3: 160, 4: None}, None),  # ... then done (nothing between the best and the ceiling)
+    ({0: 100, 2: 150, 4: None}, 1),             # a failure above is not climbed into again
 ])
 def test_next_worker_count(rates, expected):
     assert policy.next_worker_count(rates, cap=64) == expected
+
+
+@pytest.mark.parametrize("rates, refused, expected, why", [
+    ({0: 100, 2: 150, 4: None}, [4], 3, "refused for memory (a whole epoch's forecast): halfway to it"),
+    ({0: 100, 2: 150, 3: 160, 4: None}, [4], None, "then done: nothing between the best and the ceiling"),
+    ({0: 50, 8: 400, 16: None}, [16], 12, "8 measured, 16 over the budget: 12"),
+    ({0: 50, 8: 400, 16: None}, [], 4, "16 failed (out of file descriptors): not approached, the descent goes on"),
+    ({0: 50, 8: 400, 12: None, 16: None}, [16], 4, "the lowest ceiling (12) failed: not approached"),
+])
+def test_the_climb_goes_halfway_to_a_memory_ceiling_only(rates, refused, expected, why):
+    assert policy.next_worker_count(rates, cap=64, refused=refused) == expected, why
 
 
 def test_next_worker_count_never_exceeds_cap_nor_repeats():
