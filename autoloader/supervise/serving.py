@@ -169,12 +169,12 @@ class Serving:
         serial = getattr(self.loader, "num_workers", None) == 0
         references = [self._it, self.loader]
         self._it = self.loader = None
-        workers = self.processes.current()
         if not self.retire:
             self.before_stop()
         if error is None and serial:  # no worker to shut down: no helper thread, no collection beside the loop
             _procs.drop(references)
             return
+        workers = self.processes.current()
         if error is None and self.retire:
             self.processes.retiring = _procs.retire(references, workers)
             return
