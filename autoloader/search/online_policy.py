@@ -40,7 +40,7 @@ from typing import Mapping, Optional, Sequence
 
 from ..measure.window_rule import DRAIN_WAIT_S
 from ..results import TrialResult
-from .capacity import DEFAULT_TOLERANCE, FORK_S, HEADROOM, cpu_saturated
+from .capacity import DEFAULT_TOLERANCE, FORK_S, HEADROOM, cpu_saturated, fill_count
 from .threads_policy import rate
 
 __all__ = ["EARLY_BATCHES", "HANDOVER_S", "Jump", "KEEPS_UP_STALL", "MAX_JUMPS", "SERIAL_MARGIN", "cpu_share",
@@ -82,7 +82,7 @@ def prior_workers(*, fetch_s: float, fetch_cpu_s: float, consumer_s: Optional[fl
     """The workers an epoch starts with, from the first batch's cost (``fetch_s`` wall, ``fetch_cpu_s`` CPU and
     ``fetch_delay_s`` run-queue seconds per batch in the main process) and the step's (``consumer_s``; None while no
     step was timed): 0 when serial serving is competitive (``serial_competitive``); else the count that fills the
-    usable CPUs at the loading's ``cpu_share`` (the cores rule when loading is CPU-bound, more when it waits, at most
+    usable CPUs at the loading's ``cpu_share`` (``capacity.fill_count``: the cores rule when loading is CPU-bound, more when it waits, at most
     ``max(8, 2 x CPUs)`` before the step is timed) and, once the step is known, no more than meet it with
     ``HEADROOM`` (Little's law: 68 ms batches beside a 5 ms step need 15). Never above ``cap``. Pure."""
     if cap < 1 or fetch_s <= 0:
@@ -90,9 +90,8 @@ def prior_workers(*, fetch_s: float, fetch_cpu_s: float, consumer_s: Optional[fl
     if consumer_s is not None and serial_competitive(fetch_s=fetch_s, consumer_s=consumer_s):
         return 0
     share = cpu_share(fetch_s=fetch_s, fetch_cpu_s=fetch_cpu_s, fetch_delay_s=fetch_delay_s)
-    meets = HEADROOM * fetch_s / consumer_s if consumer_s else untimed_cap(usable_cpus)
-    count = min(usable_cpus / share, meets)
-    return max(1, min(cap, math.ceil(count - 1e-9)))
+    meets = math.ceil(HEADROOM * fetch_s / consumer_s - 1e-9) if consumer_s else untimed_cap(usable_cpus)
+    return max(1, min(cap, fill_count(usable_cpus=usable_cpus, share=share), meets))
 
 
 def prior_gain(*, fetch_s: float, consumer_s: Optional[float], workers: int, handover_s: float = HANDOVER_S) -> float:
@@ -112,9 +111,9 @@ def untimed_cap(usable_cpus: int) -> int:
 
 def fills_cpus(*, fetch_s: float, fetch_cpu_s: float, usable_cpus: int, fetch_delay_s: Optional[float] = None) -> bool:
     """Whether the prior before the step is timed is the count that fills the usable CPUs (loading busy enough that
-    ``usable_cpus / cpu_share`` is under the cap of ``prior_workers``), rather than that cap: a guess. Pure."""
+    ``capacity.fill_count`` is under the cap of ``prior_workers``), rather than that cap: a guess. Pure."""
     share = cpu_share(fetch_s=fetch_s, fetch_cpu_s=fetch_cpu_s, fetch_delay_s=fetch_delay_s)
-    return usable_cpus / share <= untimed_cap(usable_cpus)
+    return fill_count(usable_cpus=usable_cpus, share=share) <= untimed_cap(usable_cpus)
 
 
 def starts_early(*, fetch_s: float, workers: int, fills: bool, fork_s: float = FORK_S) -> bool:
@@ -222,8 +221,8 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
     if fetch_s > 0 and serial is not None:
         fetch_cpu_s, fetch_delay_s = serial.fetch_cpu_s_per_batch or 0.0, serial.fetch_delay_s_per_batch
         share = cpu_share(fetch_s=fetch_s, fetch_cpu_s=fetch_cpu_s, fetch_delay_s=fetch_delay_s)
-        fewest = max(1, min(n, math.ceil(min(HEADROOM * (fetch_s - (fetch_delay_s or 0.0)) / consumer_s,
-                                             usable_cpus / share) - 1e-9)))
+        fewest = max(1, min(n, math.ceil(HEADROOM * (fetch_s - (fetch_delay_s or 0.0)) / consumer_s - 1e-9),
+                            fill_count(usable_cpus=usable_cpus, share=share)))
     else:  # no batch was timed in the main process (a re-tune from a cached decision): halve
         fewest = max(1, n // 2)
     if fewest < (1.0 - tolerance) * n and fewest not in measured:

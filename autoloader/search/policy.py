@@ -12,7 +12,7 @@ import math
 from typing import Collection, List, Mapping, Optional, Sequence, Tuple
 
 from . import native_policy
-from .capacity import DEFAULT_TOLERANCE, HEADROOM
+from .capacity import DEFAULT_TOLERANCE, HEADROOM, fill_count
 from .budget import trial_footprint
 from .growth import forecast_bytes, growth_per_sample
 from .threads_policy import fewest_near, rate
@@ -125,8 +125,8 @@ def predict_from_serial(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float
     """Workers to try first, from the ``num_workers=0`` trial.
 
     A worker makes one batch per ``fetch_s`` seconds and keeps a CPU busy ``fetch_cpu_s / fetch_s`` of the time.
-    Loading meets the consumer at ``fetch_s / consumer_s`` workers (with headroom) and saturates the usable CPUs at
-    ``usable / cpu_fraction``; the first trial is the smaller of the two, and at most ``FIRST_STEP_WORKERS`` (or
+    Loading meets the consumer at ``fetch_s / consumer_s`` workers (with headroom) and fills the usable CPUs at
+    ``capacity.fill_count`` of them; the first trial is the smaller of the two, and at most ``FIRST_STEP_WORKERS`` (or
     twice the CPUs) so a large jump is only taken once per-worker costs are measured.
     """
     if fetch_s <= 0:
@@ -142,8 +142,7 @@ def workers_needed(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float, usa
     it too); 1 when nothing was measured."""
     if fetch_s <= 0:
         return 1.0
-    cpu_fraction = min(1.0, max(0.01, fetch_cpu_s / fetch_s))
-    by_cpu = usable_cpus / cpu_fraction
+    by_cpu = fill_count(usable_cpus=usable_cpus, share=fetch_cpu_s / fetch_s)
     by_consumer = HEADROOM * fetch_s / consumer_s if consumer_s > 0 else math.inf
     return min(by_cpu, by_consumer)
 
@@ -154,7 +153,7 @@ def predict_from_workers(trial: TrialResult, *, batch_size: int, consumer_s: flo
     """Workers that should meet the consumer or fill the CPUs, extrapolated from a trial with workers.
 
     Assumes throughput grows with the worker count at the measured per-worker rate, until the measured CPU use per
-    worker fills the usable CPUs. None when the trial lacks the figures, or when it did not beat the serial rate
+    worker fills the usable CPUs (``capacity.fill_count``). None when the trial lacks the figures, or when it did not beat the serial rate
     (``serial_samples_per_s``) by more than half the ``tolerance``: the workers added nothing, so the limit is the main
     process or the hand-over, and their low CPU use says nothing about how many more would pay (measured on an H200
     machine: 16 workers at 7 % CPU each, slower than none, extrapolated to 128, a trial that could not even start).
@@ -168,11 +167,11 @@ def predict_from_workers(trial: TrialResult, *, batch_size: int, consumer_s: flo
     target = HEADROOM * batch_size / consumer_s if consumer_s > 0 else math.inf
     by_consumer = target / per_worker if per_worker > 0 else math.inf
     util = trial.worker_cpu_util
-    by_cpu = usable_cpus / max(util, 0.01) if util is not None else math.inf
-    estimate = min(by_consumer, by_cpu)
+    by_cpu = fill_count(usable_cpus=usable_cpus, share=util) if util is not None else math.inf
+    estimate = min(math.ceil(by_consumer - 1e-9) if math.isfinite(by_consumer) else math.inf, by_cpu)
     if math.isinf(estimate):
         return None
-    return _clamp(round(estimate) if estimate == by_cpu else math.ceil(estimate - 1e-9), cap)
+    return _clamp(int(estimate), cap)
 
 
 def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int, tolerance: float = DEFAULT_TOLERANCE,

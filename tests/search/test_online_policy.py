@@ -20,6 +20,8 @@ from autoloader.search import online_policy as op
     (0.064, 0.0032, None, 0.005, 2, 64, 16, "waiting data, step timed: Little's law, 1.2 x 64 / 5 = 16 (CPUs allow 40)"),
     (0.064, 0.0032, None, 0.005, 16, 64, 16, "waiting data on 16 cores: 1.2 x 64 / 5 = 16 meets the step"),
     (0.100, 0.030, 0.070, None, 2, 64, 2, "a busy machine: the run-queue wait is not waiting for data"),
+    (0.0325, 0.03234, 0.0001, None, 2, 64, 2, "CPU-bound at a share measured 0.998 on 2 CPUs: 2, not 3 (ran 6 % slower)"),
+    (0.33, 0.33 * 0.9, None, 0.02, 16, 128, 18, "CPU-bound at 0.9 of a CPU on 16: 17.8 rounds to 18"),
     (0.33, 0.33, None, 0.02, 16, 6, 6, "never above the cap"),
     (0.33, 0.33, None, 0.02, 16, 0, 0, "cap 0: no workers at all"),
     (0.02, 0.02, None, 0.5, 16, 128, 0, "a step 25x the loading: serial is within the margin"),

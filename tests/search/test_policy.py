@@ -3,6 +3,7 @@
 import pytest
 
 from autoloader.search import policy, thread_bounds, threads_policy
+from autoloader.search.capacity import fill_count
 from autoloader.config import LoaderConfig
 from autoloader.results import TrialResult
 from search_fakes import MIB, tt
@@ -56,6 +57,8 @@ def test_select_custom_tolerance():
 @pytest.mark.parametrize("fetch, cpu, consumer, usable, cap, expected", [
     (0.064, 0.064, 0.0, 2, 64, 2),      # CPU-bound, no consumer: fill the cores
     (0.064, 0.064, 0.0, 16, 64, 16),
+    (0.0325, 0.03234, 0.0, 2, 64, 2),   # a share measured 0.995: 2 CPUs fit 2 workers, not 3
+    (0.064, 0.0256, 0.0, 2, 64, 5),     # a share of 0.4: 5 workers fill 2 CPUs
     (0.160, 0.002, 0.0, 2, 64, 8),      # latency-bound: a first step of max(8, 2 x cores), not 160 at once
     (0.160, 0.002, 0.0, 8, 64, 16),
     (0.160, 0.002, 0.040, 2, 64, 5),    # meets a 40 ms consumer at 160/40 x 1.2 = 4.8 -> 5
@@ -178,6 +181,13 @@ def test_worker_memory_is_the_sum_of_uss():
     assert per_worker.worker_memory_bytes == 200 * MIB
     assert tt(0, 8, 1.0).worker_memory_bytes == 0
     assert tt(2, 1, 1.0).worker_memory_bytes is None
+
+
+@pytest.mark.parametrize("cpus, share, expected", [
+    (2, 1.0, 2), (2, 0.998, 2), (2, 0.8, 3), (2, 0.81, 2), (16, 0.95, 17), (16, 0.9, 18), (64, 1.0, 64),
+    (2, 0.001, 200), (2, 1.5, 2), (1, 0.9, 1)])
+def test_fill_count_is_the_count_whose_cpu_use_comes_nearest_the_cpus(cpus, share, expected):
+    assert fill_count(usable_cpus=cpus, share=share) == expected
 
 
 def test_workers_needed_is_what_predict_from_serial_caps():
