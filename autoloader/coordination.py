@@ -120,6 +120,12 @@ class Coordinator:
     def __init__(self, size: int = 1, group: Any = None, *, leader: bool = True) -> None:
         self.size, self.group, self.is_leader = size, group, leader
 
+    @property
+    def agrees_per_batch(self) -> bool:
+        """Whether the ranks agree on each batch a candidate measures before they move (``batch``): several ranks. A
+        single process decides alone, as soon as a window is complete (NOTE [ Online epoch scheduler ])."""
+        return self.size > 1
+
     def _min(self, point: str, values: Sequence[float]) -> List[float]:
         """The column-wise minimum of every rank's ``values``, exchanged at ``point``."""
         mine = [float(v) for v in values]

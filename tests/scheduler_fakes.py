@@ -198,11 +198,16 @@ class ScriptedPlan:
 
 
 class Agreeing(Coordinator):
-    """One process, except that the ranks' tails never match when ``same_tail`` is False."""
+    """One process that moves as ranks do (agreeing after each measured batch, ``agrees_per_batch``), except that the
+    ranks' tails never match when ``same_tail`` is False."""
 
     def __init__(self, *, same_tail: bool = True) -> None:
         super().__init__()
         self.same_tail = same_tail
+
+    @property
+    def agrees_per_batch(self) -> bool:
+        return True
 
     def batch(self, **kwargs: Any) -> BatchVerdict:
         verdict = super().batch(**kwargs)

@@ -37,7 +37,9 @@ follows, and ``transition``, which refuses any other move.
 # batch of a ``measuring`` stage they agree (``Coordinator.batch``) whether to stop (every window complete, or a
 # failure anywhere), whether their tails match and whether the window opened, so every rank makes the same move at
 # the same batch; a probe's early switch and a deferred switch are a single process's only (each rank's clock would
-# say otherwise). A single process makes the same moves without the exchange.
+# say otherwise). A single process makes the same moves without the exchange, and makes them as soon as the window is
+# complete: when the loop asks for the next batch, before loading it, so that batch is the tail's first (a serial
+# probe's switch forks the next workers a batch sooner; the ranks agree only once that batch came).
 # Signals: each stage's run guards its own batches (NOTE [ Asynchronous exceptions ] in supervise/signals.py); a guard
 # spanning the epoch, worker deaths held, covers the moves between two stages, when the stage a switch started runs
 # its workers before its own guard is entered: a death there is taken over by that guard and raised as its failure.

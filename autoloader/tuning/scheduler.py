@@ -98,9 +98,7 @@ class EpochScheduler:
         run, batch_slice = stage.run, stage.batch_slice
         phase = "measuring" if stage.candidate is not None else "serving"
         self.in_force, self.last = run.serving.loader, run
-        if stage.candidate is not None and stage.candidate.probe and self.plan.probes_samples and \
-                times_samples(run.serving.loader):
-            batch_slice.through = SampleClock(lambda estimate: self._early(stage, estimate)).wrap
+        self._time_first_samples(stage)
         began = span_start = time.perf_counter()
         error: Optional[BaseException] = None
         unopened, told = False, None
@@ -113,6 +111,10 @@ class EpochScheduler:
                     run.request()
                     if phase == "measuring" and run.complete():
                         run.measure()
+                        if not self.coordinator.agrees_per_batch:
+                            phase, span_start = self._decide_alone(stage, span_start)
+                            if phase == "next":
+                                break
                     batch, failure = run.fetch()
                     if isinstance(failure, Exception) and self._of_a_batch(stage, failure):
                         batch, failure = run.passed(failure), None  # handed out; the epoch goes on
@@ -188,6 +190,22 @@ class EpochScheduler:
         if verdict.stop and failure is None and batch is not END:
             event = self._decide(stage, same_tail=verdict.same_tail)
         return event, failure, verdict.unopened
+
+    def _time_first_samples(self, stage: Stage) -> None:
+        """A probe's first samples are timed as they load, for the prior's early start (``_early``)."""
+        if stage.candidate is not None and stage.candidate.probe and self.plan.probes_samples and \
+                times_samples(stage.run.serving.loader):
+            stage.batch_slice.through = SampleClock(lambda estimate: self._early(stage, estimate)).wrap
+
+    def _decide_alone(self, stage: Stage, span_start: float) -> Tuple[str, float]:
+        """A single process's move once a window is complete, as the loop asks for the next batch and before it is
+        loaded (NOTE [ Online epoch scheduler ]): the phase that follows, and where the stage's span of serving starts."""
+        phase = transition("measuring", self._decide(stage, same_tail=True))
+        if phase == "serving":
+            span_start = self._span(span_start, stage)
+        if phase != "next":
+            stage.run.request()  # a switch's forks are not a wait for the batch asked for
+        return phase, span_start
 
     def _end(self, stage: Stage, phase: str, *, unopened: bool) -> Optional[TrialResult]:
         """A stage that handed out its batches: stopped (orderly; under the guard: a worker's death held), unless it

@@ -18,13 +18,14 @@ steps = st.lists(st.builds(Step, workers=st.integers(0, 4), rate=st.floats(1.0, 
     lambda script: [s if s.workers else Step(0, s.rate, s.measure_after) for s in script])  # no worker, no death
 
 
-@given(script=steps, decide=st.integers(0, 4), same_tail=st.booleans())
-def test_every_batch_once_in_order_whatever_the_search_does(script, decide, same_tail):
+@given(script=steps, decide=st.integers(0, 4), ranks=st.sampled_from(["one process", "same tails", "tails differ"]))
+def test_every_batch_once_in_order_whatever_the_search_does(script, decide, ranks):
     import pytest
 
     plan = ScriptedPlan(script, decide)
+    coordinator = None if ranks == "one process" else Agreeing(same_tail=ranks == "same tails")
     with pytest.MonkeyPatch.context() as monkeypatch:
-        served = serve(plan, coordinator=Agreeing(same_tail=same_tail), monkeypatch=monkeypatch)
+        served = serve(plan, coordinator=coordinator, monkeypatch=monkeypatch)
     everything = list(range(2 * BATCHES))
     if served["error"] is None:
         assert served["got"] == everything

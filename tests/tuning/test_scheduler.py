@@ -18,6 +18,7 @@ from autoloader.loader.slices import EpochSlicer
 from autoloader.results import EpochTrace
 from autoloader.search.switching import MAX_WINDOW_BOUND_S, WINDOW_SHARE
 from autoloader.tuning.scheduler import EpochScheduler
+from autoloader.tuning.handover import SERIAL_TAIL
 from scheduler_fakes import BATCHES, Agreeing, ScriptedPlan, Step, config_of, serve
 
 
@@ -25,22 +26,23 @@ from scheduler_fakes import BATCHES, Agreeing, ScriptedPlan, Step, config_of, se
 
 SCENARIOS = {
     # name: (steps, decision, the moves made, (workers, delivered) per stage, what the search was told). A candidate
-    # measured after 6 batches hands out a 7th (fetched as its window closed), then its tail: 2 more without workers
-    # (``SERIAL_TAIL``), else what it holds in flight (workers x prefetch 2).
+    # measured after 6 batches is decided on as the loop asks for a 7th, before it is loaded (one process), then serves
+    # its tail, that 7th first: 2 batches without workers (``SERIAL_TAIL``), else what it holds in flight (workers x
+    # prefetch 2). Ranks fetch the 7th first and agree on it (test_ranks_...).
     "measured, kept": (
         [Step(0, 100.0), Step(2, 300.0)], 2,
         [("measuring", "switch"), ("tail", "tail-served"), ("measuring", "keep"), ("serving", "ended")],
-        [(0, 9), (2, 31)], [(0, "ok"), (2, "ok")]),
+        [(0, 8), (2, 32)], [(0, "ok"), (2, "ok")]),
     "measured, then another decision": (
         [Step(0, 100.0), Step(2, 300.0), Step(4, 290.0)], 2,
         [("measuring", "switch"), ("tail", "tail-served"), ("measuring", "switch"), ("tail", "tail-served"),
          ("measuring", "switch"), ("tail", "tail-served"), ("serving", "ended")],
-        [(0, 9), (2, 11), (4, 15), (2, 5)], [(0, "ok"), (2, "ok"), (4, "ok")]),
+        [(0, 8), (2, 10), (4, 14), (2, 8)], [(0, "ok"), (2, "ok"), (4, "ok")]),
     "a candidate's workers die": (
         [Step(0, 100.0), Step(2, 300.0, fail_at=3), Step(1, 200.0)], 1,
         [("measuring", "switch"), ("tail", "tail-served"), ("measuring", "failed"), ("measuring", "keep"),
          ("serving", "ended")],
-        [(0, 9), (2, 3), (1, 28)], [(0, "ok"), (2, "failed"), (1, "ok")]),
+        [(0, 8), (2, 3), (1, 29)], [(0, "ok"), (2, "failed"), (1, "ok")]),
     "the epoch ends before the window opens": (
         [Step(0, 100.0, measure_after=None)], 0,
         [("measuring", "ended")], [(0, 40)], []),
@@ -61,13 +63,17 @@ def test_each_scenario_serves_every_batch_once_with_the_moves_of_the_table(name,
     assert served["source"].done
 
 
-def test_a_measured_candidate_serves_what_it_holds_in_flight_while_the_next_one_starts(monkeypatch):
-    """NOTE [ Hidden switch ]: the 2-worker candidate holds 4 batches when its window closes: it serves them (its
-    tail) and the next candidate's first batch is the one right after them."""
-    plan = ScriptedPlan([Step(2, 300.0), Step(1, 200.0)], 1)
-    served = serve(plan, monkeypatch=monkeypatch)
+@pytest.mark.parametrize("workers", [2, 0])
+@pytest.mark.parametrize("ranks", [False, True])
+def test_a_measured_candidate_serves_what_it_holds_in_flight_while_the_next_one_starts(workers, ranks, monkeypatch):
+    """NOTE [ Hidden switch ]: the 2-worker candidate holds 4 batches when its window closes (the serial one loads
+    ``SERIAL_TAIL``): it serves them (its tail) and the next candidate's first batch is the one right after them. One
+    process decides as the loop asks for the 7th batch, which is the tail's first; ranks fetch it first and agree on
+    it (NOTE [ Online epoch scheduler ])."""
+    plan = ScriptedPlan([Step(workers, 300.0), Step(1, 200.0)], 1)
+    served = serve(plan, coordinator=Agreeing() if ranks else None, monkeypatch=monkeypatch)
     first, second = served["runs"]
-    assert first.record.delivered == 6 + 1 + config_of(2).in_flight()
+    assert first.record.delivered == 6 + (1 if ranks else 0) + (config_of(workers).in_flight() or SERIAL_TAIL)
     assert served["got"] == list(range(2 * BATCHES))
     assert second.record.delivered == BATCHES - first.record.delivered
 
