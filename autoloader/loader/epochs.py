@@ -122,7 +122,7 @@ def reuses_iterator(loader: Any) -> bool:
 
 def epoch_iter(loader: DataLoader) -> Iterator[Any]:
     """``iter(loader)`` for a new epoch, one base seed drawn whether or not persistent workers are reused (NOTE [ One
-    base seed per epoch ])."""
+    base seed per epoch ]). Its callers hold the native pools' limit while it forks (``native.limited_at_fork``)."""
     if reuses_iterator(loader):
         torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
     return iter(loader)

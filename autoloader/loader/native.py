@@ -5,8 +5,9 @@ user's own), and what each worker found (``worker_pools``). The share each worke
 # Why in the worker. torch's worker loop calls ``torch.set_num_threads(1)`` for its own pool, but numpy's OpenBLAS or
 # MKL, other OpenMP runtimes, OpenCV and numexpr keep the size they chose when loaded, one thread per core: N workers
 # start N x cores threads on the cores, and a dataset doing BLAS per sample then runs slower the more workers it has.
-# Limiting in the parent would change the main process, whose training step wants every core (it is never touched),
-# and environment variables come too late for libraries already loaded. So every DataLoader autoloader builds with
+# Limiting in the parent would change the main process, whose training step wants every core (it is touched only
+# while its DataLoader forks, below), and environment variables come too late for libraries already loaded. So every
+# DataLoader autoloader builds with
 # workers (``Request.data_loader``: trials, online candidates, the returned loader) gets a ``worker_init_fn`` that
 # runs in each worker after fork (or after a spawn/forkserver child unpickled the dataset), before its first sample.
 # What it limits, to ``LoaderConfig.native_threads`` threads each, never raising one (torch's 1 stays 1):
@@ -31,18 +32,31 @@ user's own), and what each worker found (``worker_pools``). The share each worke
 # that refuses is logged at debug level and the worker goes on). ``loader.worker_init_fn`` reads as theirs (None when
 # they gave none, so that Lightning's ``seed_everything(workers=True)`` still installs its own) and setting it keeps
 # the limit (``users_init``, ``rewrap``; NOTE [ What frameworks read ] in mirror.py).
-# Facts: the workers of a measured loader (trials, online candidates) append what they found and kept, one JSON line
-# each, to a file of the parent's (``worker_pools`` reads it); the served loader's workers report nothing.
+# At fork (``limited_at_fork``, around every ``iter()`` of ours that starts workers: ``Serving.start``, the plain
+# source's epochs and resumes). A worker that sets
+# OpenBLAS's size itself pays for it: OpenBLAS's fork handler shut its pool down, and setting the size starts it
+# again, whose threads spin; 16 workers doing so on 2 cores slowed the parent's forks from 150 to 320-390 ms for a
+# 16-worker start (the latency-bound benchmark's, on the loop's thread). So the parent's BLAS and OpenMP pools over the
+# limit are held at it while ``iter()`` forks (the loop's thread is in ``iter()``, not in its step; another thread's
+# BLAS call runs with fewer threads for that moment) and restored after: the workers inherit the size, find nothing
+# over the limit and set nothing, and report the size the parent had as what they found (``at_fork``). Under spawn or
+# forkserver nothing is inherited: the workers limit as above.
+# Facts: the workers of a measured loader (trials, online candidates) append what they found and kept, one JSON line,
+# to a file of the parent's; only the first worker does (the workers of one loader are alike, and reading the
+# pools costs each 5-7 ms of CPU beside the forks): ``worker_pools`` reads it. The served loader's workers report
+# nothing.
 """
 from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
 import sys
 import tempfile
 import weakref
-from typing import Any, Callable, List, Optional, Tuple
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..probe._process import THREAD_ENV_VARS
 from ..probe._pools import NativePool, library_pools, module_pools, module_threads, pools_here, threadpoolctl
@@ -54,18 +68,22 @@ _told_without_threadpoolctl = False
 
 class NativeLimit:
     """A DataLoader ``worker_init_fn``: in each worker, limits the native pools to ``threads`` threads (None: only
-    reads them), appends what it found to ``report`` (a file, when measured), then calls ``then``, the user's
-    ``worker_init_fn`` (see NOTE [ Native thread pools ])."""
+    reads them, in the first worker), the first worker appends what it found to ``report`` (a file, when measured),
+    then calls ``then``, the user's ``worker_init_fn`` (see NOTE [ Native thread pools ])."""
 
     def __init__(self, threads: Optional[int], then: Optional[Callable[[int], Any]] = None,
                  report: Optional[str] = None) -> None:
         self.threads, self.then, self.report = threads, then, report
+        self.at_fork: Dict[str, int] = {}
+        """The parent's pools (library: threads) that ``limited_at_fork`` holds at the limit while workers fork."""
 
     def __call__(self, worker_id: int) -> None:
         try:
-            pools = limit_here(self.threads) if self.threads is not None else pools_here()
-            if self.report is not None:
-                _append(self.report, {"worker": worker_id, "threads": self.threads,
+            report = self.report if worker_id == 0 else None
+            pools = limit_here(self.threads, at_fork=self.at_fork) if self.threads is not None else \
+                pools_here() if report is not None else None
+            if report is not None:
+                _append(report, {"worker": worker_id, "threads": self.threads,
                                       "pools": None if pools is None else [p.to_dict() for p in pools]})
         except Exception as err:  # noqa: BLE001 - never the worker's end: its pools stay as they were
             log.debug("worker %d: native thread pools not limited: %s", worker_id, err)
@@ -107,9 +125,47 @@ def rewrap(current: Any, fn: Any) -> Any:
     return fn
 
 
-def limit_here(limit: int) -> Optional[List[NativePool]]:
-    """Limit this process's native pools to ``limit`` threads each, never raising one; the pools as found and kept
-    (None without threadpoolctl: the BLAS and OpenMP pools are unknown and not limited, the others are)."""
+@contextmanager
+def limited_at_fork(loader: Any) -> Iterator[None]:
+    """While ``loader`` (a DataLoader) forks its workers: this process's BLAS and OpenMP pools over the limit of its
+    ``worker_init_fn`` held at it, and restored after (NOTE [ Native thread pools ], At fork). Nothing for a loader
+    without workers, one autoloader does not limit, one that spawns them, or without threadpoolctl."""
+    init = getattr(loader, "worker_init_fn", None) if getattr(loader, "num_workers", 0) else None
+    threads = init.threads if isinstance(init, NativeLimit) and _forks(loader) else None
+    module = threadpoolctl() if threads is not None else None
+    limiter, over = None, {}
+    if module is not None and isinstance(init, NativeLimit) and threads is not None:
+        try:
+            controller = module.ThreadpoolController()
+            over = {c.prefix: c.num_threads for c in controller.lib_controllers if c.num_threads > threads}
+            if over:
+                limiter = controller.limit(limits={library: threads for library in over})
+        except Exception as err:  # noqa: BLE001 - the workers limit themselves, as under spawn
+            log.debug("native thread pools not held at %s threads while forking: %s", threads, err)
+            limiter, over = None, {}
+    if isinstance(init, NativeLimit):
+        init.at_fork = over
+    try:
+        yield
+    finally:
+        if isinstance(init, NativeLimit):
+            init.at_fork = {}
+        if limiter is not None:
+            limiter.restore_original_limits()
+
+
+def _forks(loader: Any) -> bool:
+    """``loader`` starts its workers by fork (its ``multiprocessing_context``, else the default one's method)."""
+    context = getattr(loader, "multiprocessing_context", None)
+    method = context.get_start_method() if context is not None else \
+        multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]  # not fixed
+    return method == "fork"
+
+
+def limit_here(limit: int, *, at_fork: Optional[Dict[str, int]] = None) -> Optional[List[NativePool]]:
+    """Limit this process's native pools to ``limit`` threads each, never raising one; the pools as found (the
+    parent's size for those it held at the limit while forking: ``at_fork``) and kept (None without threadpoolctl: the
+    BLAS and OpenMP pools are unknown and not limited, the others are)."""
     for name in THREAD_ENV_VARS:
         value = os.environ.get(name, "").strip()
         os.environ[name] = str(min(int(value), limit) if value.isdigit() and int(value) > 0 else limit)
@@ -119,8 +175,8 @@ def limit_here(limit: int) -> Optional[List[NativePool]]:
     if module is not None and over:
         module.threadpool_limits(limits=over)
     kept = {p.library: p.found for p in library_pools() or ()} if over else {}
-    pools = [NativePool(p.library, p.user_api, p.internal_api, p.found, kept.get(p.library, p.found))
-             for p in found or ()]
+    pools = [NativePool(p.library, p.user_api, p.internal_api, (at_fork or {}).get(p.library, p.found),
+                        kept.get(p.library, p.found)) for p in found or ()]
     for pool in module_pools():
         if pool.found > limit:
             _set_module_threads(pool.library, limit)
@@ -130,8 +186,8 @@ def limit_here(limit: int) -> Optional[List[NativePool]]:
 
 
 def worker_pools(init: Any) -> Optional[Tuple[NativePool, ...]]:
-    """The pools the first worker (lowest worker id; the workers of one loader are alike) of a DataLoader whose
-    ``worker_init_fn`` is ``init`` reported; None when none did, or they could not tell (no threadpoolctl)."""
+    """The pools the first worker (the one that reports; the workers of one loader are alike) of a DataLoader whose
+    ``worker_init_fn`` is ``init`` reported; None when it did not, or could not tell (no threadpoolctl)."""
     path = init.report if isinstance(init, NativeLimit) else None
     if path is None:
         return None

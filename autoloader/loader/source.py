@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader
 from ..config import in_flight
 from .build import rebuilt
 from .epochs import epoch_iter
+from .native import limited_at_fork
 from .slices import EpochSlicer, EpochSource
 
 __all__ = ["BatchError", "IterableSource", "PlainSource", "Source", "as_source", "consumed"]
@@ -154,13 +155,16 @@ class PlainSource(Source):
         """A DataLoader numbers no epoch itself: its samplers' ``set_epoch`` is the prefetcher's to call."""
 
     def epoch(self) -> Iterator[Any]:
-        return epoch_iter(self.template)
+        with limited_at_fork(self.template):  # NOTE [ Native thread pools ], At fork
+            return epoch_iter(self.template)
 
     def resume(self, source: EpochSource) -> Iterator[Any]:
         loader = self.template
         part = source.take(None)
         part.expect(in_flight(loader.num_workers, loader.prefetch_factor))
-        return iter(rebuilt(loader, sampling=part.sampling(), generator=part.private_generator()))
+        resumed = rebuilt(loader, sampling=part.sampling(), generator=part.private_generator())
+        with limited_at_fork(resumed):
+            return iter(resumed)
 
 
 class IterableSource(Source):

@@ -18,6 +18,7 @@ import psutil
 
 from ..errors import quiet_worker_count_warning
 from ..loader.epochs import epoch_iter
+from ..loader.native import limited_at_fork
 from . import procs as _procs
 from .signals import SignalGuard
 from .unsafe import cleanup
@@ -98,7 +99,7 @@ class Serving:
             return
         began = time.perf_counter()
         try:
-            with quiet_worker_count_warning(True):
+            with quiet_worker_count_warning(True), limited_at_fork(self.loader):  # NOTE [ Native thread pools ]
                 self._it = epoch_iter(self.loader)  # NOTE [ One base seed per epoch ]
         except Exception as exc:  # noqa: BLE001 - the run's own failure, raised (and classified) by next()
             self._start_error = exc

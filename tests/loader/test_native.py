@@ -18,6 +18,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 from autoloader import make_loader, tune
 from autoloader.config import LoaderConfig
 from autoloader.loader import native
+from autoloader.loader.epochs import epoch_iter
 from autoloader.request import Request
 from autoloader.search.native_policy import share
 from autoloader.search.bounds import usable_cpus
@@ -62,6 +63,38 @@ def test_a_workers_threadpool_info_shows_the_limit_and_the_parent_keeps_its_pool
     del loader
     gc.collect()
     assert not os.path.exists(report), "the report file goes with its loader"
+
+
+def blas_threads():
+    return next(p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas")
+
+
+def test_forked_workers_inherit_the_limit_held_while_they_fork_and_report_the_parents_size(wide_parent):
+    """NOTE [ Native thread pools ], At fork: autoloader starts every epoch of its loaders inside
+    ``limited_at_fork``, which holds the parent's pools at the limit while the workers fork, and restores them; the
+    first worker alone reports, the parent's size as what it found."""
+    loader = loader_for(LoaderConfig(2, 2, native_threads=1))
+    with native.limited_at_fork(loader):
+        assert blas_threads() == 1 and loader.worker_init_fn.at_fork, "held at the limit while forking"
+    assert parent_pools() == wide_parent and loader.worker_init_fn.at_fork == {}, "restored"
+    with native.limited_at_fork(loader):
+        it = epoch_iter(loader)
+    got = [s for batch in it for s in batch]
+    assert parent_pools() == wide_parent, "the main process keeps its pools"
+    assert {s["pid"] for s in got} - {os.getpid()} and all(s["pools"]["blas"] == 1 for s in got), got
+    blas = next(p for p in native.worker_pools(loader.worker_init_fn) if p.user_api == "blas")
+    assert (blas.found, blas.limited_to) == (PARENT_BLAS, 1), "found: the size the parent had"
+    with open(loader.worker_init_fn.report, encoding="utf-8") as f:
+        assert [json.loads(line)["worker"] for line in f] == [0], "only the first worker reports"
+
+
+@pytest.mark.parametrize("kind", ["spawn", "no limit", "no workers"])
+def test_nothing_is_held_for_a_loader_that_spawns_limits_nothing_or_has_no_workers(wide_parent, kind):
+    config = LoaderConfig(0) if kind == "no workers" else \
+        LoaderConfig(2, 2, native_threads=None if kind == "no limit" else 1)
+    loader = loader_for(config, **({"multiprocessing_context": "spawn"} if kind == "spawn" else {}))
+    with native.limited_at_fork(loader):
+        assert parent_pools() == wide_parent
 
 
 def test_the_users_worker_init_fn_runs_after_ours_and_its_own_limit_wins(wide_parent):
@@ -153,6 +186,7 @@ SPAWNED = """
 import json, os
 from autoloader.config import LoaderConfig
 from autoloader.loader import native
+from autoloader.loader.epochs import epoch_iter
 from autoloader.request import Request
 from native_data import PoolsInWorker
 
