@@ -7,7 +7,7 @@ online epoch scheduler measures each candidate it yields."""
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Optional, Protocol
+from typing import Any, List, Optional, Protocol, Sequence
 
 from ..config import LoaderConfig
 from ..results import TrialResult, TuneResult
@@ -115,6 +115,12 @@ def _jumps(search: Search, serial: Optional[TrialResult]) -> Steps[None]:
     settings = search.settings
     for _ in range(online_policy.MAX_JUMPS):
         trials = [t for t in search.found.trials if t.config.same_candidate(search.config(t.config.num_workers))]
+        below = _below_a_refusal(search, trials)
+        if below is not None:
+            log.info("online: %d workers would not fit the memory budget; %d do", trials[-1].config.num_workers,
+                     below)
+            yield from search.run(search.config(below))
+            continue
         last = next((t for t in reversed(trials) if t.ok), None)
         move = online_policy.jump(trials, serial=serial,
                                   consumer_s=last.consumer_s_per_batch if last is not None else None,
@@ -128,6 +134,21 @@ def _jumps(search: Search, serial: Optional[TrialResult]) -> Steps[None]:
         log.info("online: %s%s", move.why, "" if workers == move.workers else
                  f"; {workers} fit the memory budget")
         yield from search.run(search.config(workers), gain=move.gain)
+
+
+def _below_a_refusal(search: Search, trials: Sequence[TrialResult]) -> Optional[int]:
+    """After a jump the memory budget refused as it measured it (stopped at its first batch, or measured past the
+    budget: ``Search.refused``), the most workers below it that fit by what it measured, as after a prior stopped so;
+    None after any other candidate, or when no count fits between it and the most measured that fit (a jump up had
+    ended the search there: 7 workers served a waiting-bound epoch under 380 MiB where 12 fit and 13 were stopped)."""
+    refused = search.refused()
+    if not trials or trials[-1].config.num_workers not in refused:
+        return None
+    high = trials[-1].config.num_workers - 1
+    low = max((t.config.num_workers for t in trials if t.ok and t.config.num_workers <= high
+               and t.config.num_workers not in refused), default=0)
+    workers = _fitting(search, low=low, high=high)
+    return workers if workers is not None and workers > low else None
 
 
 def _fitting(search: Search, *, low: int, high: int) -> Optional[int]:

@@ -143,6 +143,31 @@ def test_a_prior_stopped_at_its_first_batch_for_memory_goes_to_the_most_its_meas
     assert result.config.num_workers == 23
 
 
+def test_a_jump_stopped_at_its_first_batch_for_memory_goes_to_the_most_its_measured_workers_fit(monkeypatch):
+    """As the waiting-bound repro under 380 MiB did (7 workers, then 13 stopped, then 7 decided where 12 fit): 7
+    workers measured 16 MiB each, a jump to 16 passed the check before it started (16 x 16 MiB), and its workers
+    measured 20 MiB at their first batch (stopped); the search decided on 7. Now it measures the most that fit by
+    what the 16 measured, 13."""
+    @dataclasses.dataclass
+    class Growing(Budgeted):
+        def measure(self, config, *, probe=False, early=False):
+            self.worker_mib = 16 if config.num_workers <= 7 else 20
+            return super().measure(config, probe=probe, early=early)
+
+    host = Growing(fetch_s=0.07, cpu=0.07, step_s=0.004, cpus=2, batch=16, budget_mib=260)
+
+    def guard(self, config, per_worker):
+        n = config.num_workers
+        return "memory: too many" if per_worker is not None and n * per_worker > host.budget_mib * 2**20 else None
+
+    monkeypatch.setattr(Search, "guard", guard)
+    monkeypatch.setattr("autoloader.search.online_plan.online_policy.prior_workers", lambda **_: 7)
+    asked, result = drive(host)
+    assert asked[:4] == [0, 7, 16, 13], asked
+    assert [t.config.num_workers for t in result.trials if t.status == "skipped"] == [16]
+    assert result.config.num_workers == 13
+
+
 def test_a_jump_stops_at_what_the_memory_budget_admits(monkeypatch):
     host = Host(fetch_s=0.33, cpu=1.0, step_s=0.001, cpus=64)
     monkeypatch.setattr(Search, "guard", lambda self, config, per_worker: "memory: too many" if
