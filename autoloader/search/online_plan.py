@@ -48,6 +48,9 @@ class Search(Protocol):
     def per_worker_estimate(self) -> Optional[int]:
         ...
 
+    def refused(self) -> List[int]:
+        ...
+
     def choose(self) -> Optional[TrialResult]:
         ...
 
