@@ -33,14 +33,13 @@ user's own), and what each worker found (``worker_pools``). The share each worke
 # they gave none, so that Lightning's ``seed_everything(workers=True)`` still installs its own) and setting it keeps
 # the limit (``users_init``, ``rewrap``; NOTE [ What frameworks read ] in mirror.py).
 # At fork (``limited_at_fork``, around every ``iter()`` of ours that starts workers: ``Serving.start``, the plain
-# source's epochs and resumes). A worker that sets
-# OpenBLAS's size itself pays for it: OpenBLAS's fork handler shut its pool down, and setting the size starts it
-# again, whose threads spin; 16 workers doing so on 2 cores slowed the parent's forks from 150 to 320-390 ms for a
-# 16-worker start (the latency-bound benchmark's, on the loop's thread). So the parent's BLAS and OpenMP pools over the
-# limit are held at it while ``iter()`` forks (the loop's thread is in ``iter()``, not in its step; another thread's
-# BLAS call runs with fewer threads for that moment) and restored after: the workers inherit the size, find nothing
-# over the limit and set nothing, and report the size the parent had as what they found (``at_fork``). Under spawn or
-# forkserver nothing is inherited: the workers limit as above.
+# source's epochs and resumes). A worker that sets OpenBLAS's size itself pays for it: OpenBLAS's fork handler shut
+# its pool down, and setting the size starts it again, whose threads spin; 16 workers doing so on 2 cores slowed the
+# parent's forks from 150 to 320-390 ms for a 16-worker start (the latency-bound benchmark's, on the loop's thread).
+# So the parent's BLAS and OpenMP pools over the limit are held at it while ``iter()`` forks (the loop's thread is in
+# ``iter()``, not in its step; another thread's BLAS call runs with fewer threads for that moment) and restored after:
+# the workers inherit the size, find nothing over the limit and set nothing, and report the size the parent had as
+# what they found (``at_fork``). Under spawn or forkserver nothing is inherited: the workers limit as above.
 # Facts: the workers of a measured loader (trials, online candidates) append what they found and kept, one JSON line,
 # to a file of the parent's; only the first worker does (the workers of one loader are alike, and reading the
 # pools costs each 5-7 ms of CPU beside the forks): ``worker_pools`` reads it. The served loader's workers report
@@ -131,10 +130,13 @@ def limited_at_fork(loader: Any) -> Iterator[None]:
     ``worker_init_fn`` held at it, and restored after (NOTE [ Native thread pools ], At fork). Nothing for a loader
     without workers, one autoloader does not limit, one that spawns them, or without threadpoolctl."""
     init = getattr(loader, "worker_init_fn", None) if getattr(loader, "num_workers", 0) else None
-    threads = init.threads if isinstance(init, NativeLimit) and _forks(loader) else None
+    if not isinstance(init, NativeLimit):
+        yield
+        return
+    threads = init.threads if _forks(loader) else None
     module = threadpoolctl() if threads is not None else None
     limiter, over = None, {}
-    if module is not None and isinstance(init, NativeLimit) and threads is not None:
+    if module is not None and threads is not None:
         try:
             controller = module.ThreadpoolController()
             over = {c.prefix: c.num_threads for c in controller.lib_controllers if c.num_threads > threads}
@@ -143,13 +145,11 @@ def limited_at_fork(loader: Any) -> Iterator[None]:
         except Exception as err:  # noqa: BLE001 - the workers limit themselves, as under spawn
             log.debug("native thread pools not held at %s threads while forking: %s", threads, err)
             limiter, over = None, {}
-    if isinstance(init, NativeLimit):
-        init.at_fork = over
+    init.at_fork = over
     try:
         yield
     finally:
-        if isinstance(init, NativeLimit):
-            init.at_fork = {}
+        init.at_fork = {}
         if limiter is not None:
             limiter.restore_original_limits()
 
