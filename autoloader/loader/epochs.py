@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Literal, Optional, Sequence
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Iterator, List, Literal, Optional, Sequence
 
 import torch
 from torch.utils.data import DataLoader
@@ -120,12 +121,16 @@ def reuses_iterator(loader: Any) -> bool:
                 and getattr(loader, "_iterator", None) is not None)
 
 
-def epoch_iter(loader: DataLoader) -> Iterator[Any]:
+def epoch_iter(loader: DataLoader, *,
+               forking: Callable[[Any], ContextManager[None]] = lambda _: nullcontext()) -> Iterator[Any]:
     """``iter(loader)`` for a new epoch, one base seed drawn whether or not persistent workers are reused (NOTE [ One
-    base seed per epoch ]). Its callers hold the native pools' limit while it forks (``native.limited_at_fork``)."""
+    base seed per epoch ]); inside ``forking(loader)`` when it starts workers (``native.limited_at_fork``), not when
+    it reuses them."""
     if reuses_iterator(loader):
         torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
-    return iter(loader)
+        return iter(loader)
+    with forking(loader):
+        return iter(loader)
 
 
 def pulls_made(num_workers: int, prefetch_factor: Optional[int], returned: int) -> int:

@@ -155,8 +155,7 @@ class PlainSource(Source):
         """A DataLoader numbers no epoch itself: its samplers' ``set_epoch`` is the prefetcher's to call."""
 
     def epoch(self) -> Iterator[Any]:
-        with limited_at_fork(self.template):  # NOTE [ Native thread pools ], At fork
-            return epoch_iter(self.template)
+        return epoch_iter(self.template, forking=limited_at_fork)  # NOTE [ Native thread pools ], At fork
 
     def resume(self, source: EpochSource) -> Iterator[Any]:
         loader = self.template

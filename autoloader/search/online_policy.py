@@ -82,8 +82,8 @@ def prior_workers(*, fetch_s: float, fetch_cpu_s: float, consumer_s: Optional[fl
     """The workers an epoch starts with, from the first batch's cost (``fetch_s`` wall, ``fetch_cpu_s`` CPU and
     ``fetch_delay_s`` run-queue seconds per batch in the main process) and the step's (``consumer_s``; None while no
     step was timed): 0 when serial serving is competitive (``serial_competitive``); else the count that fills the
-    usable CPUs at the loading's ``cpu_share`` (``capacity.fill_count``: the cores rule when loading is CPU-bound, more when it waits, at most
-    ``max(8, 2 x CPUs)`` before the step is timed) and, once the step is known, no more than meet it with
+    usable CPUs at the loading's ``cpu_share`` (``capacity.fill_count``: the cores rule when loading is CPU-bound,
+    more when it waits, at most ``max(8, 2 x CPUs)`` before the step is timed) and, once the step is known, no more than meet it with
     ``HEADROOM`` (Little's law: 68 ms batches beside a 5 ms step need 15). Never above ``cap``. Pure."""
     if cap < 1 or fetch_s <= 0:
         return 0

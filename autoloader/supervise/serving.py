@@ -99,8 +99,8 @@ class Serving:
             return
         began = time.perf_counter()
         try:
-            with quiet_worker_count_warning(True), limited_at_fork(self.loader):  # NOTE [ Native thread pools ]
-                self._it = epoch_iter(self.loader)  # NOTE [ One base seed per epoch ]
+            with quiet_worker_count_warning(True):  # NOTE [ One base seed per epoch ], [ Native thread pools ]
+                self._it = epoch_iter(self.loader, forking=limited_at_fork)
         except Exception as exc:  # noqa: BLE001 - the run's own failure, raised (and classified) by next()
             self._start_error = exc
         finally:

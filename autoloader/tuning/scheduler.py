@@ -199,7 +199,8 @@ class EpochScheduler:
 
     def _decide_alone(self, stage: Stage, span_start: float) -> Tuple[str, float]:
         """A single process's move once a window is complete, as the loop asks for the next batch and before it is
-        loaded (NOTE [ Online epoch scheduler ]): the phase that follows, and where the stage's span of serving starts."""
+        loaded (NOTE [ Online epoch scheduler ]): the phase that follows, and where the stage's span of serving
+        starts."""
         phase = transition("measuring", self._decide(stage, same_tail=True))
         if phase == "serving":
             span_start = self._span(span_start, stage)

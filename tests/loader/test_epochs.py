@@ -2,6 +2,8 @@
 change in torch's DataLoader internals that these rules model fails here."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, Sampler
@@ -55,13 +57,20 @@ def test_pulls_made_is_what_torch_asks_the_sampler(workers, prefetch):
 def test_every_epoch_draws_one_base_seed_with_persistent_workers():
     generator = torch.Generator().manual_seed(1)
     loader = DataLoader(list(range(8)), batch_size=2, num_workers=1, persistent_workers=True, generator=generator)
-    states = []
+    states, forked = [], []
+
+    @contextlib.contextmanager
+    def forking(started):
+        forked.append(started)
+        yield
+
     for _ in range(3):
         assert reuses_iterator(loader) == bool(states)
         before = generator.get_state().clone()
-        for _ in epoch_iter(loader):
+        for _ in epoch_iter(loader, forking=forking):
             pass
         states.append((before, generator.get_state().clone()))
+    assert forked == [loader], "held while the workers fork, the first epoch only: the others reuse them"
     reference = torch.Generator().manual_seed(1)
     for before, after in states:
         assert torch.equal(before, reference.get_state())

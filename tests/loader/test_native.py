@@ -70,16 +70,14 @@ def blas_threads():
 
 
 def test_forked_workers_inherit_the_limit_held_while_they_fork_and_report_the_parents_size(wide_parent):
-    """NOTE [ Native thread pools ], At fork: autoloader starts every epoch of its loaders inside
-    ``limited_at_fork``, which holds the parent's pools at the limit while the workers fork, and restores them; the
+    """NOTE [ Native thread pools ], At fork: autoloader starts every epoch of its loaders with
+    ``epoch_iter(forking=limited_at_fork)``, which holds the parent's pools at the limit while the workers fork, and restores them; the
     first worker alone reports, the parent's size as what it found."""
     loader = loader_for(LoaderConfig(2, 2, native_threads=1))
     with native.limited_at_fork(loader):
         assert blas_threads() == 1 and loader.worker_init_fn.at_fork, "held at the limit while forking"
     assert parent_pools() == wide_parent and loader.worker_init_fn.at_fork == {}, "restored"
-    with native.limited_at_fork(loader):
-        it = epoch_iter(loader)
-    got = [s for batch in it for s in batch]
+    got = [s for batch in epoch_iter(loader, forking=native.limited_at_fork) for s in batch]
     assert parent_pools() == wide_parent, "the main process keeps its pools"
     assert {s["pid"] for s in got} - {os.getpid()} and all(s["pools"]["blas"] == 1 for s in got), got
     blas = next(p for p in native.worker_pools(loader.worker_init_fn) if p.user_api == "blas")
