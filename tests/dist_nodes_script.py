@@ -59,7 +59,7 @@ def main() -> int:
             return _online(args, rank, node)
         started = time.time()
         loader = make_loader(Reads(SAMPLES), batch_size=batch_size, shuffle=True, device="cpu",
-                             cache=args.cache_dir, budget=3.0, max_workers=4, tuning="trials")
+                             cache=args.cache_dir, budget=6.0, max_workers=4, tuning="trials")
         returned = time.time()
         loader.set_epoch(1)
         indices = [int(i) for _, batch_indices in loader for i in batch_indices]
