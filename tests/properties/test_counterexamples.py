@@ -30,6 +30,16 @@ def test_a_stream_saved_after_its_short_last_batch_resumes_where_its_own_state_s
     check_resume(data, PLAIN, PLAIN, epoch=1, k=4, how="json", chain="once")
 
 
+def test_a_stream_saved_again_after_its_last_batch_may_start_over_with_a_base_seed_the_resumer_cannot_know():
+    """Found at 300 examples (seed 95653): saved before the first batch, resumed for the pass's one batch and saved
+    again there. The pass after that second save is the stream's own to start over, as after a first save there (above);
+    the property relaxed the draws only for a first save at the pass's end."""
+    data = Data(n=1, batch_size=2, drop_last=False, sampler="sequential", rng="sampler-generator", augment=True,
+                stream=True, seed=0)
+    check_resume(data, PLAIN, PLAIN, epoch=0, k=0, how="torch", chain="chained", j=1)
+    assert wait_no_children() == []
+
+
 @pytest.mark.parametrize("data, resumer, epoch, k", [
     (Data(n=5, batch_size=7, drop_last=False, sampler="sequential", rng="global", augment=False, stream=True,
           seed=1028), PLAIN, 1, 1),

@@ -43,6 +43,7 @@ def check_resume(data, saver, resumer, *, epoch, k, how, chain, j=0):
     seed_all(data.seed + 7919)  # another process: another RNG state
     resumed = build(data, resumer)
     got, passes, merge = Record(), len(want.indices), True
+    at_end = k == length  # the last state saved came after the pass's last batch
     try:
         resumed.load_state_dict(round_trip(state, how))
         if chain == "after-load":
@@ -57,7 +58,8 @@ def check_resume(data, saver, resumer, *, epoch, k, how, chain, j=0):
             closed(resumed)
             resumed = build(data, resumer)
             resumed.load_state_dict(round_trip(mid, how))
-            if j == len(want.indices[0]) and not data.stream:  # after the pass's last batch: next comes the next epoch
+            at_end = j == len(want.indices[0])
+            if at_end and not data.stream:  # after the pass's last batch: next comes the next epoch
                 passes, merge = passes - 1, False
         rest, _ = run(resumed, passes)
     except (ValueError, TypeError) as err:
@@ -77,7 +79,7 @@ def check_resume(data, saver, resumer, *, epoch, k, how, chain, j=0):
                 theirs = theirs[1:]
             mine.extend(theirs)
     if data.stream:  # the stream's own state says whether a pass after its end is empty or starts over
-        if k == length:  # it may have started over: a new epoch, whose base seed the resumer cannot know to draw
+        if at_end:  # it may have started over: a new epoch, whose base seed the resumer cannot know to draw
             parts = {**parts, "draws": False, "values": False}
         want, got = want.flat(), got.flat()
         got = Record([got.indices[0][:len(want.indices[0])]], [got.values[0][:len(want.indices[0])]],
