@@ -30,6 +30,12 @@
 #    online probe) has nothing to shut down: its references are dropped at once, with no thread and no collection
 #    (starting that thread beside 16 workers just forked, and its ``gc.collect()`` holding the GIL, cost the loop
 #    85 ms at a latency-bound epoch's first switch).
+# 5. At interpreter exit (an epoch's iterator the loop left, finalized as the modules are torn down) nothing is
+#    stopped: ``exiting()``. multiprocessing's exit handler, which runs before, terminated and joined every daemonic
+#    process (DataLoader workers are), torch's iterators shut down nothing then either, and no thread can start: one
+#    started during finalization never runs, and ``Thread.start`` waits for it forever (a loop that broke out of an
+#    online epoch after its first switch hung at exit, in ``drop_failed``), while psutil's module may be torn down.
+#    The references are only dropped.
 # We never ``waitpid`` a worker ourselves: multiprocessing owns that, and reaping a pid behind its back would let it
 # signal a recycled pid later. ``multiprocessing.active_children()`` lets it collect what is left.
 # The trial only ever touches children that did not exist when it started (less multiprocessing's resource tracker and
@@ -44,6 +50,7 @@ import math
 import multiprocessing
 import os
 import resource
+import sys
 import threading
 import time
 import weakref
@@ -121,6 +128,11 @@ def reap(procs: Iterable[psutil.Process], *, grace: float = 5.0) -> int:
     _signal_until_gone(alive, level=logging.WARNING, why="did not exit")
     multiprocessing.active_children()
     return len(alive)
+
+
+def exiting() -> bool:
+    """The interpreter is finalizing: nothing is stopped or reaped (see NOTE [ Process cleanup ], 5.)."""
+    return sys.is_finalizing()
 
 
 def drop(references: List[Any], *, collect: bool = False) -> None:

@@ -170,6 +170,9 @@ class Serving:
         serial = getattr(self.loader, "num_workers", None) == 0
         references = [self._it, self.loader]
         self._it = self.loader = None
+        if _procs.exiting():  # NOTE [ Process cleanup ], 5.
+            references.clear()
+            return
         if not self.retire:
             self.before_stop()
         if error is None and serial:  # no worker to shut down: no helper thread, no collection beside the loop

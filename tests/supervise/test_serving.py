@@ -5,7 +5,10 @@ order is in test_procs.py."""
 from __future__ import annotations
 
 import logging
+import pathlib
+import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -16,6 +19,8 @@ from autoloader.supervise import serving as serving_module
 from autoloader.supervise.serving import END, Record, Serving, WorkerProcesses, quiet_half_built_iterators
 from autoloader.supervise.signals import SignalGuard
 from helpers import wait_no_children
+
+TESTS = pathlib.Path(__file__).resolve().parents[1]
 
 
 class Numbers:
@@ -148,3 +153,44 @@ def test_a_half_built_iterators_del_error_is_logged_not_printed(caplog):
         sys.unraisablehook = previous
     assert [str(u.exc_value) for u in seen] == ["not an iterator's"]
     assert "half-built DataLoader iterator" in caplog.text
+
+
+@pytest.mark.parametrize("error", [None, GeneratorExit()])
+def test_at_interpreter_exit_a_stop_only_drops_its_references_and_starts_no_thread(monkeypatch, error):
+    """NOTE [ Process cleanup ], 5.: a thread started while the interpreter finalizes never runs, and
+    ``Thread.start`` waits for it forever; multiprocessing's exit handler ended the workers already."""
+    loader = DataLoader(Numbers(), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    serving = _serving(loader, retire=True)
+    assert torch.equal(serving.next()[0], torch.tensor([0, 1]))
+    started = []
+    monkeypatch.setattr(serving_module._procs, "exiting", lambda: True)
+    monkeypatch.setattr(serving_module.threading.Thread, "start", lambda self: started.append(self.name))
+    serving.stop(error)
+    assert serving.stopped and serving.loader is None and serving.processes.retiring is None
+    assert started == []
+    monkeypatch.undo()
+    del loader
+    assert wait_no_children() == [], "dropped, the iterator shut its workers down (the interpreter goes on here)"
+
+
+def test_a_script_that_leaves_an_online_epoch_after_a_switch_exits_at_once(tmp_path):
+    """It hung at exit: the epoch left while a global still held its iterator (``it = iter(loader)`` in a script or a
+    notebook) is finalized with the modules, and it stopped its candidate by starting a thread."""
+    script = tmp_path / "leave.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(TESTS)!r})
+        from workloads import LatencyBound
+        from autoloader import make_loader
+        loader = make_loader(LatencyBound(n=20000, latency_s=0.004), 16, tuning="online", cache=False, device="cpu")
+        batches = iter(loader)  # kept: the epoch is finalized with the modules, at exit
+        for i, batch in enumerate(batches):
+            if i == 100:
+                break
+        print("left at", i)
+    """))
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-W", "ignore", str(script)], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0 and "left at 100" in done.stdout, done.stderr[-2000:]
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert time.monotonic() - started < 45, "it exits as soon as the loop left (about 3 s here)"
