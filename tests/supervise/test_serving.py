@@ -174,8 +174,8 @@ def test_at_interpreter_exit_a_stop_only_drops_its_references_and_starts_no_thre
 
 
 def test_a_script_that_leaves_an_online_epoch_after_a_switch_exits_at_once(tmp_path):
-    """It hung at exit: the epoch left while a global still held its iterator (``it = iter(loader)`` in a script or a
-    notebook) is finalized with the modules, and it stopped its candidate by starting a thread."""
+    """It hung at exit: the epoch left while a global still held its iterator (``it = iter(loader)`` in a script) is
+    finalized with the modules, and it stopped its candidate by starting a thread."""
     script = tmp_path / "leave.py"
     script.write_text(textwrap.dedent(f"""
         import sys
