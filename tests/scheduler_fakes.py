@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from autoloader.config import LoaderConfig
 from autoloader.coordination import BatchVerdict, Coordinator
+from autoloader.search.capacity import FORK_S
 from autoloader.loader.slices import EpochSlicer, EpochSource
 from autoloader.measure.run import END
 from autoloader.supervise.signals import SignalGuard
@@ -33,6 +34,8 @@ class Record:
     startup_s: Optional[float] = None
     elapsed: float = 0.0
     switch_s: float = 0.0
+    forked: int = 0
+    start_s: float = 0.0
 
 
 @dataclass
@@ -163,6 +166,7 @@ class ScriptedPlan:
 
     threads_tuned = False
     probes_samples = False
+    fork_s = FORK_S
 
     def __init__(self, steps: Sequence[Step], decide: int) -> None:
         self.steps, self.decide = list(steps), LoaderConfig(decide, 2) if decide else LoaderConfig(0)
@@ -193,7 +197,7 @@ class ScriptedPlan:
         self.carried += 1
         return True
 
-    def record_cost(self, *, switch_s: float, serving_s: float) -> None:
+    def record_cost(self, *, switch_s: float, serving_s: float, forked: int = 0, start_s: float = 0.0) -> None:
         self.after_stage(serving_s)
 
 
@@ -220,10 +224,11 @@ def config_of(workers: int) -> LoaderConfig:
 
 
 def serve(plan: ScriptedPlan, *, coordinator: Optional[Coordinator] = None, monkeypatch: Any,
-          guarded: bool = False, repays: bool = True) -> Dict[str, Any]:
+          guarded: bool = False, repays: Any = True) -> Dict[str, Any]:
     """One epoch of ``BATCHES`` batches of 2 indices served by the scheduler: what the loop got, the stages, the moves.
     ``guarded``: each run has a real signal guard, worker deaths held (else none); ``repays``: whether every switch
-    repays itself before the epoch ends (``switching.repays``: the fake epoch lasts microseconds)."""
+    repays itself before the epoch ends (``switching.repays``: the fake epoch lasts microseconds), or the function
+    that says so."""
     moves: List[Tuple[str, str]] = []
 
     def recording(phase: str, event: str) -> str:
@@ -231,7 +236,7 @@ def serve(plan: ScriptedPlan, *, coordinator: Optional[Coordinator] = None, monk
         return TRANSITIONS[(phase, event)]
 
     monkeypatch.setattr(scheduler_module, "transition", recording)
-    monkeypatch.setattr(scheduler_module, "repays", lambda **_: repays)
+    monkeypatch.setattr(scheduler_module, "repays", repays if callable(repays) else lambda **_: repays)
     source = EpochSlicer(DataLoader(list(range(2 * BATCHES)), batch_size=2)).epoch()
     runs: List[FakeRun] = []
 

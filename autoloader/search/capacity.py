@@ -15,8 +15,9 @@ DEFAULT_TOLERANCE = 0.05
 HEADROOM = 1.2
 """Aim for this much more loading capacity than the consumer eats, so jitter does not stall it."""
 FORK_S = 0.02
-"""What starting one worker costs the loop's thread (the fork), before any worker was measured: 15-20 ms with torch
-imported on the 2-core VM, more for a process holding gigabytes."""
+"""What starting one worker costs the loop's thread (the fork), before a pool was started (then measured:
+``switching.fork_s``, never below this): 15-20 ms with torch imported on the 2-core VM, more for a process holding
+gigabytes."""
 
 
 def cpu_saturated(trial: TrialResult, *, usable_cpus: int, level: float = 0.85) -> bool:

@@ -28,8 +28,9 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 #    law gives its workers from the serial probe, when that is lower (``sustained``). A jump that measures below the best so far beyond the tolerance is rolled back at once (the
 #    selection keeps the best). At most ``MAX_JUMPS`` jumps per search.
 # 4. A switch must repay itself (``switching.repays``): when the rest of the epoch is too short for the predicted gain to
-#    cover what the switch costs the loop (forking the workers on the loop's thread, a window at a risk of being
-#    slower), the candidate waits for the next epoch, where starting it costs what starting any configuration does.
+#    cover what the switch costs the loop (forking the workers on the loop's thread, as the largest pool started so far
+#    measured it, ``switching.fork_s``; a window at a risk of being slower), the candidate waits for the next epoch,
+#    where starting it costs what starting any configuration does.
 """
 from __future__ import annotations
 

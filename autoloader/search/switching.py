@@ -9,7 +9,7 @@ from typing import Optional
 
 from .capacity import DEFAULT_TOLERANCE, FORK_S
 
-__all__ = ["MAX_WINDOW_BOUND_S", "MIN_WINDOW_BOUND_S", "WINDOW_SHARE", "repays", "window_bound_s"]
+__all__ = ["MAX_WINDOW_BOUND_S", "MIN_WINDOW_BOUND_S", "WINDOW_SHARE", "fork_s", "repays", "window_bound_s"]
 
 WINDOW_SHARE = 0.03
 """A candidate's window lasts at most this share of the epoch ..."""
@@ -29,6 +29,15 @@ def repays(*, remaining_s: Optional[float], gain: float, workers: int, window_s:
         return True
     worth = max(gain, tolerance) * max(0.0, remaining_s - window_s)
     return worth >= workers * fork_s + tolerance * window_s
+
+
+def fork_s(*, workers: int, start_s: float) -> float:
+    """What ``repays`` counts per worker a switch forks, as a start of ``workers`` took ``start_s`` seconds of the
+    loop's thread (``iter()`` forking them): never below ``FORK_S``, the constant the online benchmarks' switches
+    were measured with (on the 2-core VM 16 workers started in 130-200 ms, 8-13 ms each); a host that forks slower
+    raises it (on the H200, 16 and 32 workers took 0.064-0.074 s each from ``iter()`` to their first batch, the
+    forks' share of it not measured). ``FORK_S`` when nothing was forked. Pure."""
+    return max(FORK_S, start_s / workers) if workers > 0 else FORK_S
 
 
 def window_bound_s(epoch_s: Optional[float]) -> float:

@@ -44,6 +44,8 @@ class Record:
     """From the run's start to its first batch."""
     start_s: float = 0.0
     """Making the iterator (forking the workers)."""
+    forked: int = 0
+    """Workers the start forked (0: none, or a pool of persistent workers adopted: ``Serving.adopt``)."""
     first_wait_s: float = 0.0
     """Waiting for the first batch once it was asked for."""
     stop_s: float = 0.0
@@ -101,6 +103,8 @@ class Serving:
         try:
             with quiet_worker_count_warning(True):  # NOTE [ One base seed per epoch ], [ Native thread pools ]
                 self._it = epoch_iter(self.loader, forking=limited_at_fork)
+            if self.processes.fixed is None:
+                self.record.forked = int(getattr(self.loader, "num_workers", 0) or 0)
         except Exception as exc:  # noqa: BLE001 - the run's own failure, raised (and classified) by next()
             self._start_error = exc
         finally:

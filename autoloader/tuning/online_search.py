@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import List, Optional, Set
+from typing import List, Optional, Set, Tuple
 
 from ..cache.slot import Slot
 from ..config import LoaderConfig, default_pin, make_config
@@ -16,7 +16,7 @@ from ..measure.sample_clock import BatchEstimate
 from ..probe import MachineProfile
 from ..request import Request
 from ..results import Decision, TrialResult, TuneResult
-from ..search import online_policy
+from ..search import online_policy, switching
 from ..search.budget import overlap_guard
 from ..search.candidates import Candidate, Steps
 from ..search.online_plan import online_steps
@@ -63,6 +63,8 @@ class OnlineSearch:
         hardly waits does not start another one."""
         self.reference: Optional[float] = None
         """The steady rate of the first whole epoch the decision in force served (the re-tune rule's reference)."""
+        self._forked: Tuple[int, float] = (0, 0.0)
+        """The largest pool a stage started by forking, and the seconds its start took the loop (``fork_s``)."""
         if decision is None:
             self.start(None, why="no tuning for this dataset and machine yet")
 
@@ -158,7 +160,13 @@ class OnlineSearch:
         current.attempts += 1
         return current.attempts < MAX_ATTEMPTS
 
-    def record_cost(self, *, switch_s: float, serving_s: float) -> None:
+    @property
+    def fork_s(self) -> float:
+        return switching.fork_s(workers=self._forked[0], start_s=self._forked[1])
+
+    def record_cost(self, *, switch_s: float, serving_s: float, forked: int = 0, start_s: float = 0.0) -> None:
+        if forked and forked >= self._forked[0]:  # the largest pool: the least fixed cost in its start per worker
+            self._forked = (forked, start_s)
         if self.current is not None:
             self.current.switch_s += switch_s
             self.current.search_s += serving_s

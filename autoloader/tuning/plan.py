@@ -43,6 +43,11 @@ class Plan(Protocol):
     def retry_next_epoch(self) -> bool:
         """An epoch ended before the candidate's window opened: True to measure it again next epoch."""
 
-    def record_cost(self, *, switch_s: float, serving_s: float) -> None:
+    @property
+    def fork_s(self) -> float:
+        """What a switch costs the loop per worker it forks (``switching.repays``), as the largest pool started
+        measured it (``switching.fork_s``)."""
+
+    def record_cost(self, *, switch_s: float, serving_s: float, forked: int = 0, start_s: float = 0.0) -> None:
         """What a stage cost the loop: what it waited for starting and stopping its run (``switch_s``), the time it
-        served (``serving_s``)."""
+        served (``serving_s``); ``forked`` workers its start forked in ``start_s`` seconds."""

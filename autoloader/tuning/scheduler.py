@@ -164,7 +164,8 @@ class EpochScheduler:
             self._abort_started(error, also=run)  # the later slice first: its batches go back behind this one's
         self.in_force = None
         batch_slice.delivered(run.record.delivered)
-        self.plan.record_cost(switch_s=run.record.switch_s, serving_s=cost_s)
+        self.plan.record_cost(switch_s=run.record.switch_s, serving_s=cost_s, forked=run.record.forked,
+                              start_s=run.record.start_s)
 
     def _of_a_batch(self, stage: Stage, error: BaseException) -> bool:
         """The dataset's or ``collate_fn``'s error from one batch, which the loop gets in its place (NOTE [ A batch that
@@ -274,7 +275,7 @@ class EpochScheduler:
             return "again"
         if following is not None and self.coordinator.size == 1 and not repays(
                 remaining_s=self._remaining_s(), gain=following.gain, workers=following.config.num_workers,
-                window_s=self._bound_s()):
+                window_s=self._bound_s(), fork_s=self.plan.fork_s):
             log.info("the rest of the epoch is too short to repay a switch to %s: it goes first next epoch",
                      following.config.label())
             return "defer"

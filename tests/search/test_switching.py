@@ -57,3 +57,13 @@ def test_forks_and_the_windows_risk_are_the_price(gain, fork_s, tolerance, expec
 ])
 def test_a_windows_bound_at_its_edges(epoch_s, bound, why):
     assert switching.window_bound_s(epoch_s) == pytest.approx(bound), why
+
+
+@pytest.mark.parametrize("workers, start_s, expected, why", [
+    (0, 0.0, FORK_S, "nothing forked yet: the constant"),
+    (16, 0.13, FORK_S, "8 ms a worker (2 cores): the constant stays the floor"),
+    (16, 1.12, 0.07, "the H200's 16 workers: 70 ms each"),
+    (2, 0.5, 0.25, "a slow start of a small pool counts too"),
+])
+def test_a_forks_cost_is_measured_never_below_the_constant(workers, start_s, expected, why):
+    assert switching.fork_s(workers=workers, start_s=start_s) == pytest.approx(expected), why

@@ -194,3 +194,24 @@ def test_a_script_that_leaves_an_online_epoch_after_a_switch_exits_at_once(tmp_p
     assert done.returncode == 0 and "left at 100" in done.stdout, done.stderr[-2000:]
     assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert time.monotonic() - started < 45, "it exits as soon as the loop left (about 3 s here)"
+
+
+def test_a_start_records_the_workers_it_forked_not_those_it_adopted():
+    """What ``Plan.fork_s`` is measured from: a pool of persistent workers adopted (a decision's, measured again)
+    costs no fork."""
+    loader = DataLoader(Numbers(), batch_size=2, num_workers=2, multiprocessing_context="fork",
+                        persistent_workers=True)
+    first = _serving(loader, owned=False)
+    assert torch.equal(first.next()[0], torch.tensor([0, 1])) and first.record.forked == 2
+    workers = first.processes.current()
+    first.release()
+    again = _serving(loader, owned=False)
+    again.adopt(workers)
+    assert torch.equal(again.next()[0], torch.tensor([0, 1])) and again.record.forked == 0
+    again.stop()
+    serial = _serving(DataLoader(Numbers(), batch_size=2))
+    serial.start()
+    assert serial.record.forked == 0
+    serial.stop()
+    del loader, first, again
+    assert wait_no_children() == []

@@ -12,6 +12,7 @@ from autoloader.coordination import Agreed, Coordinator
 from autoloader.probe import probe_machine
 from autoloader.request import Request
 from autoloader.results import TrialResult, TuneResult
+from autoloader.search.capacity import FORK_S
 from autoloader.tuning.online_search import MAX_ATTEMPTS, OnlineSearch
 from online_data import Indexed
 
@@ -116,3 +117,17 @@ def test_the_decisions_stall_is_the_one_the_ranks_agreed_not_this_ranks(profile)
         search.tell(_measured(search.candidate, 1500.0, stall=0.0), epoch=0)
     [made] = search.decisions
     assert made.stall_fraction == pytest.approx(0.6)
+
+
+def test_the_fork_cost_a_switch_counts_is_the_largest_pool_starts(profile):
+    """``Plan.fork_s``, what ``switching.repays`` counts per worker forked: the constant until a stage forked, then
+    as the largest pool's start measured it (a smaller pool's start holds more fixed cost per worker)."""
+    search, _ = _search(profile)
+    assert search.fork_s == FORK_S
+    search.record_cost(switch_s=1.2, serving_s=3.0, forked=16, start_s=1.12)
+    assert search.fork_s == pytest.approx(0.07)
+    search.record_cost(switch_s=0.5, serving_s=3.0, forked=2, start_s=0.5)
+    search.record_cost(switch_s=0.0, serving_s=3.0)  # persistent workers adopted, or serial: nothing forked
+    assert search.fork_s == pytest.approx(0.07)
+    search.record_cost(switch_s=1.0, serving_s=3.0, forked=32, start_s=0.32)
+    assert search.fork_s == FORK_S, "32 forked at 10 ms each: the floor"

@@ -112,6 +112,17 @@ def test_a_next_candidate_that_would_pass_the_memory_budget_beside_the_tail_star
     assert served["got"] == list(range(2 * BATCHES)), "every batch once, in order"
 
 
+def test_whether_a_switch_repays_counts_the_fork_cost_the_search_measured(monkeypatch):
+    """``switching.repays`` is asked with the plan's ``fork_s`` (the largest pool's start, as measured), not the
+    constant; said no, the candidate goes first next epoch."""
+    plan = ScriptedPlan([Step(0, 100.0), Step(2, 300.0)], 2)
+    plan.fork_s = 0.07
+    asked = []
+    served = serve(plan, monkeypatch=monkeypatch, repays=lambda **kw: asked.append(kw) and False)
+    assert [kw["fork_s"] for kw in asked] == [0.07] and [kw["workers"] for kw in asked] == [2]
+    assert ("measuring", "defer") in served["moves"] and plan.carried == 0
+
+
 def test_an_epoch_that_ends_before_the_window_opens_asks_the_search_to_carry_the_candidate(monkeypatch):
     plan = ScriptedPlan([Step(3, 100.0, measure_after=None)], 0)
     serve(plan, monkeypatch=monkeypatch)
