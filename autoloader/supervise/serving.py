@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Set, Tuple
 import psutil
 
 from ..errors import quiet_worker_count_warning
-from ..loader.epochs import epoch_iter
+from ..loader.epochs import epoch_iter, reuses_iterator
 from ..loader.native import limited_at_fork
 from . import procs as _procs
 from .signals import SignalGuard
@@ -45,7 +45,7 @@ class Record:
     start_s: float = 0.0
     """Making the iterator (forking the workers)."""
     forked: int = 0
-    """Workers the start forked (0: none, or a pool of persistent workers adopted: ``Serving.adopt``)."""
+    """Workers the start forked (0: none, or persistent workers reused: ``epochs.reuses_iterator``)."""
     first_wait_s: float = 0.0
     """Waiting for the first batch once it was asked for."""
     stop_s: float = 0.0
@@ -100,11 +100,11 @@ class Serving:
         if self._it is not None or self._start_error is not None:
             return
         began = time.perf_counter()
+        forks = 0 if reuses_iterator(self.loader) else int(getattr(self.loader, "num_workers", 0) or 0)
         try:
             with quiet_worker_count_warning(True):  # NOTE [ One base seed per epoch ], [ Native thread pools ]
                 self._it = epoch_iter(self.loader, forking=limited_at_fork)
-            if self.processes.fixed is None:
-                self.record.forked = int(getattr(self.loader, "num_workers", 0) or 0)
+            self.record.forked = forks
         except Exception as exc:  # noqa: BLE001 - the run's own failure, raised (and classified) by next()
             self._start_error = exc
         finally:

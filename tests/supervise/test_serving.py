@@ -197,7 +197,7 @@ def test_a_script_that_leaves_an_online_epoch_after_a_switch_exits_at_once(tmp_p
 
 
 def test_a_start_records_the_workers_it_forked_not_those_it_adopted():
-    """What ``Plan.fork_s`` is measured from: a pool of persistent workers adopted (a decision's, measured again)
+    """What ``Plan.fork_s`` is measured from: a pool of persistent workers reused (a decision's, measured again)
     costs no fork."""
     loader = DataLoader(Numbers(), batch_size=2, num_workers=2, multiprocessing_context="fork",
                         persistent_workers=True)
