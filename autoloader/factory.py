@@ -28,6 +28,7 @@ from .results import TuneResult
 from .search.bounds import usable_cpus
 from .search.native_policy import fallback_limit
 from .search.candidates import fallback_result
+from .supervise.deaths import watch_deaths
 from .tuning.online import OnlineLoader
 from .tuning.online_search import OnlineSearch
 from .tuning.trials import tune_with
@@ -161,7 +162,9 @@ def _stand_in(request: Request) -> LoaderConfig:
 
 def _resolve(request: Request, *, tuning: Tuning, retune: bool, refresh: bool, cache: CacheArg) -> Resolved:
     """The loader's source, at its first ``iter()`` (``tuning="trials"``: in ``make_loader``): look up the cache,
-    tune on a miss (trials; online, the source searches as it serves), store the result."""
+    tune on a miss (trials; online, the source searches as it serves), store the result. A worker's death in the
+    epochs no signal guard watches is raised at a safe line from here on (``watch_deaths``)."""
+    watch_deaths()
     started = time.perf_counter()
     profile = with_saved_disk(dataclasses.replace(probe_machine(disk=False, gpus=False), gpus=remembered_gpus()))
     if request.group is not None:

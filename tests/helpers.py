@@ -271,3 +271,24 @@ def paired(got, want):
     got, want = list(got), list(want)
     assert len(got) == len(want) > 0, f"{len(got)} items against {len(want)}"
     return zip(got, want)
+
+
+def in_the_lock_window(action, on_window):
+    """Run ``action`` with a profile hook that calls ``on_window(frame)`` right after ``Condition.__enter__`` has
+    acquired its lock and before it returns: where a signal arriving then would have its handler run (the window
+    where raising leaks the lock: tests/supervise/test_signals.py, test_deaths.py)."""
+    fired = []
+
+    def hook(frame, event, arg):
+        if event == "c_return" and not fired and frame.f_code.co_name == "__enter__" \
+                and frame.f_code.co_filename == threading.__file__:
+            fired.append(frame)
+            sys.setprofile(None)  # done: an exception raised at the first line of the finally below would skip it
+            on_window(frame)
+
+    sys.setprofile(hook)
+    try:
+        action()
+    finally:
+        sys.setprofile(None)
+    assert fired, "the profile hook never saw Condition.__enter__ acquire its lock"

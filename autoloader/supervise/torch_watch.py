@@ -1,6 +1,7 @@
 """What autoloader does with torch's SIGCHLD handler, the one that raises "DataLoader worker (pid X) is killed by
-signal" in the main thread when a worker it watches dies. Both use private functions of
-``torch.utils.data._utils.signal_handling``, when they exist (torch has no public way), and do nothing otherwise."""
+signal" in the main thread when a worker it watches dies. They use private functions of
+``torch.utils.data._utils.signal_handling``, when they exist (torch has no public way), and do nothing otherwise
+(``supervise.deaths`` wraps the handler for the epochs no signal guard watches)."""
 from __future__ import annotations
 
 from typing import Any
@@ -15,6 +16,13 @@ def install_first() -> None:
     install = getattr(signal_handling, "_set_SIGCHLD_handler", None)
     if callable(install):
         install()
+
+
+def is_torchs(handler: Any) -> bool:
+    """``handler`` is the one ``install_first`` installs (defined in torch's ``signal_handling``)."""
+    from torch.utils.data._utils import signal_handling
+
+    return getattr(handler, "__module__", None) == signal_handling.__name__
 
 
 def unwatch(iterator: Any) -> None:

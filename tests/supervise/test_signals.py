@@ -21,6 +21,7 @@ from autoloader.supervise.signals import SignalGuard
 from autoloader.supervise.torch_watch import install_first
 from autoloader.supervise.unsafe import unsafe_to_raise
 from autoloader.errors import TrialTimeout
+from helpers import in_the_lock_window
 
 
 class WorkerDied(RuntimeError):
@@ -50,32 +51,12 @@ def raising_sigchld():
     signal.signal(signal.SIGCHLD, previous)
 
 
-def _in_the_lock_window(action, on_window):
-    """Run ``action`` with a profile hook that calls ``on_window(frame)`` right after ``Condition.__enter__`` has
-    acquired its lock and before it returns: where a signal arriving then would have its handler run."""
-    fired = []
-
-    def hook(frame, event, arg):
-        if event == "c_return" and not fired and frame.f_code.co_name == "__enter__" \
-                and frame.f_code.co_filename == threading.__file__:
-            fired.append(frame)
-            sys.setprofile(None)  # done: an exception raised at the first line of the finally below would skip it
-            on_window(frame)
-
-    sys.setprofile(hook)
-    try:
-        action()
-    finally:
-        sys.setprofile(None)
-    assert fired, "the profile hook never saw Condition.__enter__ acquire its lock"
-
-
 def test_raising_inside_queue_put_leaks_the_lock_for_good(raising_sigchld):
     """The bug, without the guard: the handler's exception escapes with the queue's lock still held."""
     q = multiprocessing.Queue()
     try:
         with pytest.raises(WorkerDied):
-            _in_the_lock_window(lambda: q.put(1), lambda frame: signal.getsignal(signal.SIGCHLD)(signal.SIGCHLD, frame))
+            in_the_lock_window(lambda: q.put(1), lambda frame: signal.getsignal(signal.SIGCHLD)(signal.SIGCHLD, frame))
         assert q._notempty._lock.locked(), "nobody holds the lock now, yet it stays locked: the next put waits forever"
         q._notempty._lock.release()
     finally:
@@ -89,7 +70,7 @@ def test_the_guard_keeps_the_exception_until_the_put_is_done(raising_sigchld):
         started = time.monotonic()
         with pytest.raises(WorkerDied):
             with SignalGuard():
-                _in_the_lock_window(lambda: q.put(1),
+                in_the_lock_window(lambda: q.put(1),
                                     lambda frame: signal.getsignal(signal.SIGCHLD)(signal.SIGCHLD, frame))
                 time.sleep(2.0)  # the kept exception lands at the first safe line, at the latest here
         assert time.monotonic() - started < 1.5
@@ -250,7 +231,7 @@ def test_a_kept_ctrl_c_lands_at_the_first_safe_line_not_at_the_next_retry():
     try:
         with pytest.raises(KeyboardInterrupt):
             with SignalGuard():
-                _in_the_lock_window(lambda: q.put(1), lambda frame: signal.getsignal(signal.SIGINT)(signal.SIGINT,
+                in_the_lock_window(lambda: q.put(1), lambda frame: signal.getsignal(signal.SIGINT)(signal.SIGINT,
                                                                                                   frame))
                 lines.append("after the put")  # raised at the latest here, the first line of this frame
         assert lines == [], "the kept Ctrl-C ran a safe line before it was raised"

@@ -1,0 +1,159 @@
+"""autoloader.supervise.deaths: outside a signal guard, a worker's death that torch's SIGCHLD handler reports where
+raising would leak a lock is kept and raised at the first safe line; where raising is safe, or inside a guard, it is
+left as it was. The lock window is reproduced deterministically as in test_signals.py (``in_the_lock_window``: a
+profile hook plays the signal's part); the last test uses torch's handler, a real worker and a real SIGCHLD."""
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.queues
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from autoloader.supervise.deaths import Deferred, deferring, watch_deaths
+from autoloader.supervise.signals import SignalGuard
+from autoloader.supervise.torch_watch import install_first
+from helpers import in_the_lock_window, wait_no_children
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+def _dies(signum, frame):
+    raise WorkerDied("DataLoader worker (pid 1) is killed by signal: Segmentation fault.")
+
+
+def _files(exc):
+    return [frame.filename for frame in traceback.extract_tb(exc.__traceback__)]
+
+
+needs_no_tracer = pytest.mark.skipif(sys.gettrace() is not None, reason="a tracer (debugger, coverage) is set: the "
+                                     "line trap stands aside and a death in unsafe code is left to torch's own check")
+
+
+@needs_no_tracer
+def test_a_death_in_the_lock_window_is_kept_and_raised_at_the_first_safe_line():
+    """Where torch's handler would raise between ``Queue.put``'s acquire and its ``with`` (leaving the lock held,
+    test_signals.py), the death is kept; the put completes and releases the lock, and the next line of ours raises."""
+    deferred = Deferred(os.getpid())
+    handler = deferring(_dies, deferred)
+    q = multiprocessing.Queue()
+    try:
+        with pytest.raises(WorkerDied) as raised:
+            in_the_lock_window(lambda: q.put(1), lambda frame: handler(signal.SIGCHLD, frame))
+        assert not q._notempty._lock.locked(), "released by the put's own with block"
+        assert q.get(timeout=10) == 1, "the put completed before the death was raised"
+        assert not {threading.__file__, multiprocessing.queues.__file__} & set(_files(raised.value))
+        assert raised.value.__context__ is None
+        assert deferred.kept is None and not deferred.trap.armed and sys.gettrace() is None, "raised once, trap gone"
+    finally:
+        q.close()
+        q.join_thread()
+
+
+def test_a_death_where_raising_is_safe_is_raised_at_once():
+    deferred = Deferred(os.getpid())
+    with pytest.raises(WorkerDied):
+        deferring(_dies, deferred)(signal.SIGCHLD, sys._getframe())
+    assert deferred.kept is None
+
+
+def _unsafe_frame():
+    """A live frame of the standard library's synchronisation code: ``Condition.wait`` under ``Event.wait``, in a
+    thread that returns at once after."""
+    event = threading.Event()
+    thread = threading.Thread(target=event.wait, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(thread.ident)
+        if frame is not None and frame.f_code.co_name == "wait" and frame.f_code.co_filename == threading.__file__:
+            event.set()
+            return frame
+        time.sleep(0.01)
+    raise AssertionError("the thread never waited")
+
+
+def test_inside_a_guard_the_guard_decides():
+    install_first()
+    deferred = Deferred(os.getpid())
+    handler = deferring(_dies, deferred)
+    with SignalGuard() as guard:
+        assert guard.active and guard.wraps(signal.SIGCHLD)
+        with pytest.raises(WorkerDied):  # raised on: the guard's wrapper, above this one, keeps or raises it
+            handler(signal.SIGCHLD, _unsafe_frame())
+    assert deferred.kept is None
+
+
+def test_under_another_tracer_a_death_in_unsafe_code_is_dropped_not_raised_there():
+    """No line trap can be set over a debugger's tracer: raising would leak, keeping would never end; dropped, since
+    torch's iterator finds its dead workers itself."""
+    deferred = Deferred(os.getpid())
+    previous = sys.gettrace()
+    sys.settrace(lambda frame, event, arg: None)
+    try:
+        deferring(_dies, deferred)(signal.SIGCHLD, _unsafe_frame())
+    finally:
+        sys.settrace(previous)
+    assert deferred.kept is None and not deferred.trap.armed
+
+
+_FRESH = """
+import signal
+from autoloader.supervise.deaths import watch_deaths
+watch_deaths()
+first = signal.getsignal(signal.SIGCHLD)
+watch_deaths()
+print(first.__module__, signal.getsignal(signal.SIGCHLD) is first)
+"""
+
+
+def test_watch_deaths_wraps_torchs_handler_once_per_process():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", _FRESH], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["autoloader.supervise.deaths", "True"]
+
+
+class _DiesLater(Dataset):
+    """Each sample kills its process with SIGSEGV after ``delay`` seconds, as a crashing C extension does."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(self.delay)
+        os.kill(os.getpid(), signal.SIGSEGV)
+        return torch.tensor([i])
+
+
+@needs_no_tracer
+def test_a_real_workers_death_while_the_main_thread_waits_in_threading_is_raised_after_the_wait():
+    """torch's handler, a real worker, a real SIGCHLD: the death lands in ``Condition.wait`` (unsafe), is kept, and is
+    raised at the first line after the wait returned, never inside the standard library."""
+    watch_deaths()
+    it = iter(DataLoader(_DiesLater(0.3), batch_size=2, num_workers=1))
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="is killed by signal") as raised:
+        threading.Event().wait(1.5)
+        time.sleep(0)  # the first line after the wait: raised here
+    waited = time.monotonic() - started
+    assert waited >= 1.4, f"raised after {waited:.2f} s: inside the wait, not after it"
+    assert threading.__file__ not in _files(raised.value)
+    del it, raised
+    assert wait_no_children() == []
