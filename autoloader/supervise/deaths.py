@@ -4,14 +4,14 @@ between batches (inside a guard, NOTE [ Asynchronous exceptions ] in signals.py 
 torch's SIGCHLD handler raises "DataLoader worker (pid X) is killed by signal" at whatever bytecode the main thread
 runs. Raised inside ``Condition.__enter__`` under ``Queue.put`` (the indices an iterator's start sends its workers),
 it left that queue's lock held, and the iterator's shutdown then waited for the lock forever: a loader whose dataset
-crashes its workers hung in 5 of 140 runs, after printing its ``RuntimeError``. ``watch_deaths`` wraps torch's handler
-once per process (``deferring``): where its exception would land in code that may hold a lock outside the
-``try``/``with`` that releases it (``unsafe.unsafe_to_raise``), it is kept (``Deferred``) and raised at the first line
-run where neither that frame nor any caller is unsafe (a ``redelivery.LineTrap``, as a guard does). Under a tracer of
-someone else's (a debugger, coverage) no trap can be set and the death is dropped instead: torch's iterator finds its
-dead workers itself within ``MP_STATUS_CHECK_INTERVAL`` (5 s) and raises "exited unexpectedly". Nothing else is kept
-for later: torch reports a death once (its check forgets the iterator's workers as it raises). Ctrl-C outside a guard
-stays the user's and torch's: no handler of ours is installed for it.
+crashes its workers hung in 4 of 80 runs, after printing its ``RuntimeError`` (0 of 150 since). ``watch_deaths`` wraps
+torch's handler once per process (``deferring``): where its exception would land in code that may hold a lock outside
+the ``try``/``with`` that releases it (``unsafe.unsafe_to_raise``), it is kept (``Deferred``) and raised at the first
+line run where neither that frame nor any caller is unsafe (a ``redelivery.LineTrap``, as a guard does). Under a
+tracer of someone else's (a debugger, coverage) no trap can be set and the death is dropped instead: torch's iterator
+finds its dead workers itself within ``MP_STATUS_CHECK_INTERVAL`` (5 s) and raises "exited unexpectedly". Nothing else
+is kept for later: torch reports a death once (its check forgets the iterator's workers as it raises). Ctrl-C outside
+a guard stays the user's and torch's: no handler of ours is installed for it.
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def deferring(inner: Handler, deferred: Deferred) -> Handler:
 
 
 _deferred: Optional[Deferred] = None
-"""The process's whose handler ``watch_deaths`` wrapped."""
+"""This process's, once ``watch_deaths`` wrapped its handler (a forked child inherits its parent's: ``pid`` tells)."""
 
 
 def watch_deaths() -> None:
