@@ -109,12 +109,17 @@ class Slow(Dataset):
 
 
 class Segfault(Dataset):
-    """Every sample kills the process that loads it with SIGSEGV (as a crashing C extension does)."""
+    """Every sample kills the process that loads it with SIGSEGV (as a crashing C extension does), ``delay_s`` after
+    it was asked for."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
 
     def __len__(self) -> int:
         return 8
 
     def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(self.delay_s)
         os.kill(os.getpid(), signal.SIGSEGV)
         return torch.tensor([i])
 

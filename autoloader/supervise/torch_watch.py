@@ -1,7 +1,7 @@
 """What autoloader does with torch's SIGCHLD handler, the one that raises "DataLoader worker (pid X) is killed by
 signal" in the main thread when a worker it watches dies. They use private functions of
 ``torch.utils.data._utils.signal_handling``, when they exist (torch has no public way), and do nothing otherwise
-(``supervise.deaths`` wraps the handler for the epochs no signal guard watches)."""
+(``supervise/deaths.py`` wraps the handler for the epochs no signal guard watches)."""
 from __future__ import annotations
 
 from typing import Any

@@ -16,12 +16,12 @@ import traceback
 from pathlib import Path
 
 import pytest
-import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from autoloader.supervise.deaths import Deferred, deferring, watch_deaths
 from autoloader.supervise.signals import SignalGuard
 from autoloader.supervise.torch_watch import install_first
+from conformance_data import Segfault
 from helpers import in_the_lock_window, wait_no_children
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,27 +127,12 @@ def test_watch_deaths_wraps_torchs_handler_once_per_process():
     assert done.stdout.split() == ["autoloader.supervise.deaths", "True"]
 
 
-class _DiesLater(Dataset):
-    """Each sample kills its process with SIGSEGV after ``delay`` seconds, as a crashing C extension does."""
-
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
-
-    def __len__(self) -> int:
-        return 4
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        time.sleep(self.delay)
-        os.kill(os.getpid(), signal.SIGSEGV)
-        return torch.tensor([i])
-
-
 @needs_no_tracer
 def test_a_real_workers_death_while_the_main_thread_waits_in_threading_is_raised_after_the_wait():
     """torch's handler, a real worker, a real SIGCHLD: the death lands in ``Condition.wait`` (unsafe), is kept, and is
     raised at the first line after the wait returned (3 s), never inside the standard library."""
     watch_deaths()
-    it = iter(DataLoader(_DiesLater(0.3), batch_size=2, num_workers=1))
+    it = iter(DataLoader(Segfault(delay_s=0.3), batch_size=2, num_workers=1))
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="is killed by signal") as raised:
         threading.Event().wait(3.0)  # the worker dies 0.3 s after its start: 2.7 s of margin on a loaded machine
