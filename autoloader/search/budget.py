@@ -71,13 +71,18 @@ def trial_footprint(trial: TrialResult) -> Optional[int]:
 
 def budget_guard(config: LoaderConfig, *, per_worker_bytes: Optional[int], batch_bytes: Optional[int],
                  budget_bytes: Optional[int], shm_free_bytes: Optional[int]) -> Optional[str]:
-    """Why ``config`` would not fit in the memory budget or in free /dev/shm, or None (an unknown figure passes)."""
+    """Why ``config`` would not fit in the memory budget or in free /dev/shm, or None (an unknown figure passes).
+    Before a worker was measured (``per_worker_bytes`` None) what is known is checked: the batches in /dev/shm, pinned
+    and in threads' hands, which no worker size can make smaller."""
     need = footprint(config, per_worker_bytes=per_worker_bytes, batch_bytes=batch_bytes)
     total = need.total_bytes
-    if config.num_workers and total is not None and budget_bytes is not None and total > budget_bytes:
-        return (f"memory: {config.num_workers} workers need {mib(total)} ({need.describe()}), over the memory "
-                f"budget of {mib(budget_bytes)}; pass memory_budget= (bytes, or a fraction of the available memory) "
-                f"to allow more, or max_workers= to try fewer")
+    known = need.shm_bytes + need.pinned_bytes + need.threads_bytes if total is None else total
+    if config.num_workers and budget_bytes is not None and known > budget_bytes:
+        least = "" if total is not None else " at least"
+        return (f"memory: {config.num_workers} workers need{least} {mib(known)} ({need.describe()}"
+                f"{'' if total is not None else '; their workers not measured yet'}), over the memory budget of "
+                f"{mib(budget_bytes)}; pass memory_budget= (bytes, or a fraction of the available memory) to allow "
+                f"more, or max_workers= to try fewer")
     if config.num_workers and batch_bytes is not None and shm_free_bytes is not None and \
             need.shm_bytes > SHM_MARGIN * shm_free_bytes:
         return (f"/dev/shm: {config.num_workers} workers x prefetch {config.prefetch_factor} batches of "

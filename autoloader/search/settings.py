@@ -40,7 +40,10 @@ class Settings:
     tolerance: float
     trial_limit: float
     pin: bool
+    """``pin_memory`` of the search's candidates: the user's, else the device's default; a re-tune's (``start``), the
+    configuration in force's."""
     prefetch: int
+    """``prefetch_factor`` of the search's candidates (a deeper one is compared last), as ``pin``."""
     tune_threads: bool
     """``threads=True``: (processes, threads) candidates, first or after the process-only search."""
     threads: int
@@ -67,10 +70,12 @@ class Settings:
         named here: their modules import more than a record of facts should (tests/test_imports.py's depth)."""
         fixed = request.fixed
         memory = resolve_budget(request.memory_budget, profile.memory)
+        pin, prefetch = default_pin(fixed, request.device.type), int(fixed.get("prefetch_factor") or DEFAULT_PREFETCH)
+        if start is not None and start.num_workers:  # a re-tune measures the configuration in force, and its family
+            pin, prefetch = start.pin_memory, start.prefetch_factor or prefetch
         return cls(request.batch_size, request.device, fixed, bounds.cap, bounds.usable_cpus, bounds.reason,
                    bounds.by_open_files, budget, memory, profile.shm.free_bytes, epoch_samples(request),
-                   profile.disk.seq_read_mb_s if profile.disk else None, tolerance, trial_limit,
-                   default_pin(fixed, request.device.type), int(fixed.get("prefetch_factor") or DEFAULT_PREFETCH),
+                   profile.disk.seq_read_mb_s if profile.disk else None, tolerance, trial_limit, pin, prefetch,
                    request.threads is True, request.fixed_threads, request.native_threads, start, descend,
                    start_method(request.setting("multiprocessing_context")) == "fork")
 

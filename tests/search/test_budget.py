@@ -40,6 +40,18 @@ def test_budget_guard_names_the_budget_and_the_fix():
                                shm_free_bytes=None) is None
 
 
+def test_budget_guard_checks_what_is_known_before_a_worker_is_measured():
+    """NOTE [ Memory budget ]: with no worker measured (forked), the batches in flight are known and no worker size can
+    make them smaller: 16 workers x prefetch 2 of 64 MiB batches (34 in /dev/shm: 2,176 MiB) do not fit 1 GiB."""
+    kw = dict(per_worker_bytes=None, batch_bytes=64 * MIB, shm_free_bytes=None)
+    reason = budget.budget_guard(config(16), budget_bytes=GIB, **kw)
+    assert reason is not None and "need at least 2,176 MiB" in reason and "not measured yet" in reason, reason
+    assert "memory_budget=" in reason and "max_workers=" in reason
+    assert budget.budget_guard(config(6), budget_bytes=GIB, **kw) is None  # 14 batches, 896 MiB: the workers unknown
+    assert budget.budget_guard(config(16), budget_bytes=GIB, per_worker_bytes=None, batch_bytes=None,
+                               shm_free_bytes=None) is None  # nothing known
+
+
 def test_budget_guard_checks_dev_shm_as_its_own_limit():
     # 4 workers x 2 prefetch + 2 in hand = 10 batches of 10 MiB = 100 MiB
     kw = dict(per_worker_bytes=MIB, batch_bytes=10 * MIB, budget_bytes=None)

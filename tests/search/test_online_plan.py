@@ -101,6 +101,24 @@ def test_a_re_tune_measures_the_configuration_in_force_first_and_only_goes_down_
     assert asked == [16, 4] and result.config.num_workers == 4
 
 
+def test_a_re_tune_measures_the_configuration_in_force_with_its_own_prefetch():
+    """The first search chose a deeper prefetch (4); the re-tune's first candidate is that configuration, not its
+    worker count at the default prefetch (a switch to a pool that is not the one in force, and a decision that
+    dropped the deeper prefetch when it kept the count)."""
+    host = Host(fetch_s=0.33, cpu=1.0, step_s=0.1, cpus=16)
+    serial = host.measure(LoaderConfig(0), probe=True)
+    start = LoaderConfig(16, prefetch_factor=4)
+    request = Request.checked(LatencyBound(n=100000), host.batch, device="cpu", dataloader_kwargs={})
+    profile = probe_machine(disk=False, gpus=False)
+    profile = dataclasses.replace(profile, cpu=dataclasses.replace(profile.cpu, usable=host.cpus),
+                                  memory=dataclasses.replace(profile.memory, budget_bytes=None))
+    steps = online_steps(Search(request, profile, budget=math.inf, start=start, descend=True), serial=serial)
+    first = next(steps)
+    assert first.config.same_candidate(start), first.config.label()
+    second = steps.send(dataclasses.replace(host.measure(first.config), config=first.config))
+    assert second.config.num_workers == 4 and second.config.prefetch_factor == 4, second.config.label()
+
+
 def test_a_prior_over_the_memory_budget_starts_at_the_most_that_fit(monkeypatch):
     host = Host(fetch_s=0.33, cpu=1.0, step_s=0.001, cpus=64)
     monkeypatch.setattr(Search, "guard", lambda self, config, per_worker: "memory: too many" if

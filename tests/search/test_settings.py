@@ -37,6 +37,18 @@ def settings(profile=None, *, start=None, descend=False, **kwargs):
                        descend=descend)
 
 
+@pytest.mark.parametrize("start, prefetch, pin, why", [
+    (None, 2, False, "a search from scratch: the defaults"),
+    (LoaderConfig(8, prefetch_factor=4, pin_memory=True), 4, True, "a re-tune: the configuration in force's"),
+    (LoaderConfig(0), 2, False, "a re-tune from serial: no worker knobs to keep"),
+])
+def test_a_re_tune_searches_the_family_of_the_configuration_in_force(start, prefetch, pin, why):
+    """A re-tune measures the configuration in force first (online_plan.py): its candidates keep its prefetch_factor
+    and pin_memory, which the first search chose (a deeper prefetch, pinning) and a re-tune must not drop."""
+    made = settings(start=start)
+    assert (made.prefetch, made.pin) == (prefetch, pin), why
+
+
 @pytest.mark.parametrize("kwargs, field, expected, why", [
     ({}, "batch_size", 32, "the request's"),
     ({}, "usable", 3, "the profile's usable CPUs"),
