@@ -10,8 +10,13 @@ the ``try``/``with`` that releases it (``unsafe.unsafe_to_raise``), it is kept (
 line run where neither that frame nor any caller is unsafe (a ``redelivery.LineTrap``, as a guard does). Under a
 tracer of someone else's (a debugger, coverage) no trap can be set and the death is dropped instead: torch's iterator
 finds its dead workers itself within ``MP_STATUS_CHECK_INTERVAL`` (5 s) and raises "exited unexpectedly". Nothing else
-is kept for later: torch reports a death once (its check forgets the iterator's workers as it raises). Ctrl-C outside
-a guard stays the user's and torch's: no handler of ours is installed for it.
+is kept for later: torch reports a death once (its check forgets the iterator's workers as it raises). Nor is a death
+that lands inside a finalizer (``unsafe.in_finalizer``: a ``__del__`` in the chain), where Python would drop the
+exception anyway: an iterator whose loop already raised the dead worker's broken connection shuts down in its
+``__del__``, its other worker's exit runs torch's check there, and torch's raise is "Exception ignored"; kept, it came
+out of the user's code after their ``except`` (``scripts/gpu_check.py``'s killed-while-pinning check, 4 of 12 runs).
+It is dropped unraised, which also keeps the lock free. Ctrl-C outside a guard stays the user's and torch's: no
+handler of ours is installed for it.
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ from typing import Any, Callable, Optional
 
 from . import torch_watch
 from .redelivery import LineTrap, delivering
-from .unsafe import handlers_in, unsafe_anywhere, unsafe_to_raise
+from .unsafe import handlers_in, in_finalizer, unsafe_anywhere, unsafe_to_raise
 
 log = logging.getLogger("autoloader.trial")
 handlers_in(__name__)
@@ -73,7 +78,7 @@ class Deferred:
 def deferring(inner: Handler, deferred: Deferred) -> Handler:
     """``inner`` (torch's handler) in ``deferred``'s process, its exception kept by ``deferred`` where the frame it
     interrupted is unsafe to raise in and no signal guard delivers SIGCHLD (a guard's wrapper sits above this one and
-    keeps it by its own rules)."""
+    keeps it by its own rules); dropped inside a finalizer, where Python would drop it (``unsafe.in_finalizer``)."""
     def handler(signum: int, frame: Optional[FrameType]) -> None:
         if os.getpid() != deferred.pid or delivering(signum) is not None:
             inner(signum, frame)
@@ -83,9 +88,11 @@ def deferring(inner: Handler, deferred: Deferred) -> Handler:
         except Exception as exc:
             if not unsafe_to_raise(frame):
                 raise
-            kept = deferred.keep(exc, frame)
-            log.debug("%s %r: interrupted %s:%s", "kept" if kept else "dropped (a tracer is set)", exc,
-                      frame and frame.f_code.co_filename, frame and frame.f_code.co_name)
+            dropped = in_finalizer(frame)
+            kept = not dropped and deferred.keep(exc, frame)
+            log.debug("%s %r: interrupted %s:%s", "kept" if kept else "dropped (Python drops it there)" if dropped
+                      else "dropped (a tracer is set)", exc, frame and frame.f_code.co_filename,
+                      frame and frame.f_code.co_name)
     return handler
 
 

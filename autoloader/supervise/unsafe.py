@@ -41,7 +41,7 @@ def unsafe_to_raise(frame: Optional[FrameType]) -> bool:
     exceptions ] in signals.py)."""
     if frame is None:
         return False
-    if frame.f_code in _CLEANUP or frame.f_globals.get("__name__") in _HANDLERS or _swallowed_in(frame):
+    if frame.f_code in _CLEANUP or frame.f_globals.get("__name__") in _HANDLERS or swallowed_in(frame):
         return True
     path = frame.f_code.co_filename
     if path in _SAFE_FILES:
@@ -66,14 +66,20 @@ def unsafe_anywhere(frame: Optional[FrameType]) -> bool:
     return False
 
 
-def _swallowed_in(frame: FrameType, depth: int = 64) -> bool:
-    """An exception raised here would be printed as "Exception ignored in ..." and lost: inside a ``__del__``, or in
-    a callback ``os.fork()`` runs (``register_at_fork``: its caller is multiprocessing's fork)."""
+def swallowed_in(frame: FrameType) -> bool:
+    """An exception raised here would be printed as "Exception ignored in ..." and lost: inside a ``__del__``
+    (``in_finalizer``), or in a callback ``os.fork()`` runs (``register_at_fork``: its caller is multiprocessing's
+    fork)."""
     caller = frame.f_back
     if caller is not None and caller.f_code.co_filename.startswith(_MULTIPROCESSING) and \
             caller.f_code.co_filename not in _SAFE_FILES and not frame.f_code.co_filename.startswith(_MULTIPROCESSING):
         return True
-    current: Optional[FrameType] = frame
+    return in_finalizer(frame)
+
+
+def in_finalizer(frame: Optional[FrameType], depth: int = 64) -> bool:
+    """``frame`` runs inside a ``__del__`` (within ``depth`` callers), where Python drops what is raised."""
+    current = frame
     for _ in range(depth):
         if current is None:
             return False
