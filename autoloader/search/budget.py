@@ -75,14 +75,12 @@ def budget_guard(config: LoaderConfig, *, per_worker_bytes: Optional[int], batch
     Before a worker was measured (``per_worker_bytes`` None) what is known is checked: the batches in /dev/shm, pinned
     and in threads' hands, which no worker size can make smaller."""
     need = footprint(config, per_worker_bytes=per_worker_bytes, batch_bytes=batch_bytes)
-    total = need.total_bytes
-    known = need.shm_bytes + need.pinned_bytes + need.threads_bytes if total is None else total
-    if config.num_workers and budget_bytes is not None and known > budget_bytes:
-        least = "" if total is not None else " at least"
-        return (f"memory: {config.num_workers} workers need{least} {mib(known)} ({need.describe()}"
-                f"{'' if total is not None else '; their workers not measured yet'}), over the memory budget of "
-                f"{mib(budget_bytes)}; pass memory_budget= (bytes, or a fraction of the available memory) to allow "
-                f"more, or max_workers= to try fewer")
+    if config.num_workers and budget_bytes is not None and need.least_bytes > budget_bytes:
+        unmeasured = need.workers_bytes is None
+        return (f"memory: {config.num_workers} workers need{' at least' if unmeasured else ''} "
+                f"{mib(need.least_bytes)} ({need.describe()}{'; their workers not measured yet' if unmeasured else ''})"
+                f", over the memory budget of {mib(budget_bytes)}; pass memory_budget= (bytes, or a fraction of the "
+                f"available memory) to allow more, or max_workers= to try fewer")
     if config.num_workers and batch_bytes is not None and shm_free_bytes is not None and \
             need.shm_bytes > SHM_MARGIN * shm_free_bytes:
         return (f"/dev/shm: {config.num_workers} workers x prefetch {config.prefetch_factor} batches of "

@@ -30,6 +30,12 @@ class Footprint:
             return None
         return self.workers_bytes + self.shm_bytes + self.pinned_bytes + self.threads_bytes
 
+    @property
+    def least_bytes(self) -> int:
+        """``total_bytes``, or, while one worker's memory is not known, the rest: what no worker size makes smaller."""
+        total = self.total_bytes
+        return self.shm_bytes + self.pinned_bytes + self.threads_bytes if total is None else total
+
     def describe(self) -> str:
         parts = [("workers", self.workers_bytes), ("batches in /dev/shm", self.shm_bytes),
                  ("pinned copies", self.pinned_bytes), ("thread buffers", self.threads_bytes)]

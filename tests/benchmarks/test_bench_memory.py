@@ -34,7 +34,7 @@ from torch.utils.data import Dataset, Subset
 
 from autoloader import AutoloaderWarning, make_loader
 from bench_results import Run
-from helpers import emit_table
+from helpers import emit_table, wait_no_children
 from workloads import CpuBound, InMemory, JpegDecode, LatencyBound, Mixed
 
 MIB = 2**20
@@ -129,12 +129,8 @@ class Peak:
 def _settled(timeout_s=30.0):
     """Wait until this process has no child left (the workers of a loader just deleted exit on their own time)."""
     gc.collect()
-    me, deadline = psutil.Process(), time.monotonic() + timeout_s
-    while me.children(recursive=True):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"child processes outlived their loader by {timeout_s:.0f} s: "
-                                 f"{[c.pid for c in me.children(recursive=True)]}")
-        time.sleep(SAMPLE_S)
+    left = wait_no_children(timeout_s)
+    assert not left, f"child processes outlived their loader by {timeout_s:.0f} s: {[c.pid for c in left]}"
 
 
 def _loaded(dataset, batch_size, *, memory_budget, tuning, peak):

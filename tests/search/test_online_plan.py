@@ -45,13 +45,17 @@ class Host:
                            worker_cpu_util=self.cpu * busy / n, main_cpu_util=0.1)
 
 
-def drive(host: Host, *, early: bool = False, start=None, serial=None, down=False):
+def online_search(host: Host, *, start=None, serial=None, down=False):
+    """The online search's generator on ``host``'s emulated CPUs, no memory budget."""
     request = Request.checked(LatencyBound(n=100000), host.batch, device="cpu", dataloader_kwargs={})
     profile = probe_machine(disk=False, gpus=False)
     profile = dataclasses.replace(profile, cpu=dataclasses.replace(profile.cpu, usable=host.cpus),
                                   memory=dataclasses.replace(profile.memory, budget_bytes=None))
-    search = Search(request, profile, budget=math.inf, start=start, descend=down)
-    steps = online_steps(search, serial=serial)
+    return online_steps(Search(request, profile, budget=math.inf, start=start, descend=down), serial=serial)
+
+
+def drive(host: Host, *, early: bool = False, start=None, serial=None, down=False):
+    steps = online_search(host, start=start, serial=serial, down=down)
     asked, candidate = [], next(steps)
     try:
         while True:
@@ -108,14 +112,10 @@ def test_a_re_tune_measures_the_configuration_in_force_with_its_own_prefetch():
     host = Host(fetch_s=0.33, cpu=1.0, step_s=0.1, cpus=16)
     serial = host.measure(LoaderConfig(0), probe=True)
     start = LoaderConfig(16, prefetch_factor=4)
-    request = Request.checked(LatencyBound(n=100000), host.batch, device="cpu", dataloader_kwargs={})
-    profile = probe_machine(disk=False, gpus=False)
-    profile = dataclasses.replace(profile, cpu=dataclasses.replace(profile.cpu, usable=host.cpus),
-                                  memory=dataclasses.replace(profile.memory, budget_bytes=None))
-    steps = online_steps(Search(request, profile, budget=math.inf, start=start, descend=True), serial=serial)
+    steps = online_search(host, start=start, serial=serial, down=True)
     first = next(steps)
     assert first.config.same_candidate(start), first.config.label()
-    second = steps.send(dataclasses.replace(host.measure(first.config), config=first.config))
+    second = steps.send(host.measure(first.config))
     assert second.config.num_workers == 4 and second.config.prefetch_factor == 4, second.config.label()
 
 
