@@ -27,6 +27,7 @@ import torch
 
 from .batch import Batch, iter_tensors, map_tensors
 from .epoch_iter import END, Failed
+from .lost_worker import reported
 from .source import BatchError, consumed
 from .transform import InputTransform
 
@@ -35,12 +36,14 @@ def load(it: Iterator[Batch], stream: Optional["torch.cuda.Stream"], device: tor
          transform: InputTransform) -> Any:
     """The next batch of ``it``, copied to ``device`` on ``stream`` (rule 1 of NOTE [ Stream synchronisation ]; None:
     not copied) and transformed; ``END`` when ``it`` is exhausted, ``Failed`` when its loading, copy or transform
-    raised (NOTE [ A batch that raises ] in source.py)."""
+    raised (NOTE [ A batch that raises ] in source.py; a worker's broken connection as torch's report of its death:
+    NOTE [ A connection a dead worker broke ] in lost_worker.py)."""
     try:
         batch = next(it)
     except StopIteration:
         return END
     except Exception as exc:  # noqa: B036 - raised at the loop's next(); the epoch goes on if the source does
+        exc = reported(exc)  # NOTE [ A connection a dead worker broke ]
         return Failed(exc, consumed(exc))
     if isinstance(batch, BatchError):
         return Failed(batch.exception, True)
