@@ -71,9 +71,11 @@ def all_gather(obj: Any, *, size: int, group: Any = None) -> List[Any]:
 AGREED_MAX = ("fetch_s_per_batch", "fetch_cpu_s_per_batch", "fetch_delay_s_per_batch", "consumer_s_per_batch",
               "worker_cpu_util", "main_cpu_util", "stall_fraction", "worker_uss_bytes", "worker_uss_growth_bytes",
               "worker_rss_bytes", "batch_bytes", "worker_uss_total_bytes", "window_s", "batches", "worker_copied_bytes",
-              "worker_copied_run_bytes", "worker_copy_span_bytes", "worker_shared_bytes")
-"""Every field of a trial a decision reads besides the rate, agreed as the largest across ranks (``threads_policy``
-reads the window's length and batches: a rank-local value there would let the ranks' searches part ways)."""
+              "worker_copied_run_bytes", "worker_copy_span_bytes", "worker_shared_bytes", "startup_s")
+"""Every number of a trial a decision reads besides the rate, agreed as the largest across ranks (``threads_policy``
+reads the window's length and batches, ``candidates.admit`` the start-up: a rank-local value there lets the ranks'
+searches part ways; a start-up read apart had one rank skip a candidate its node's other rank measured, "ranks
+diverged" in CI's simulated two-node run)."""
 
 
 TrialResult = Any

@@ -39,10 +39,13 @@ def _decision(coordinator: Coordinator, rank: int) -> Any:
 
 
 def _outcome(coordinator: Coordinator, rank: int) -> Any:
-    """One candidate's outcome: rank 1 measured it slower, with more memory per worker."""
-    trial = TrialResult(LoaderConfig(2, 2), samples_per_s=1000.0 - 400 * rank, worker_uss_bytes=(1 + rank) * 2**20)
+    """One candidate's outcome: rank 1 measured it slower, with more memory per worker; rank 0 took longer to start
+    it (what the next candidates' time limits are predicted from)."""
+    trial = TrialResult(LoaderConfig(2, 2), samples_per_s=1000.0 - 400 * rank, worker_uss_bytes=(1 + rank) * 2**20,
+                        startup_s=1.5 - rank)
     agreed = coordinator.outcome(trial, elapsed_s=1.0 + rank, main_rss_bytes=100 + rank)
-    return [agreed.trial.samples_per_s, agreed.trial.worker_uss_bytes, agreed.elapsed_s, agreed.main_rss_bytes]
+    return [agreed.trial.samples_per_s, agreed.trial.worker_uss_bytes, agreed.elapsed_s, agreed.main_rss_bytes,
+            agreed.trial.startup_s]
 
 
 def _failed(coordinator: Coordinator, rank: int) -> Any:
@@ -109,7 +112,7 @@ def test_every_sync_point_agrees_across_two_ranks(two_ranks):
         "a window complete on one rank only does not stop; tails of different lengths are not the same"
     assert two_ranks["epoch"] == {0: ("ok", [100.0, 0.1]), 1: ("ok", [100.0, 0.1])}, "slowest rate, largest stall"
     assert two_ranks["leader"] == {0: ("ok", {"num_workers": 4}), 1: ("ok", {"num_workers": 4})}
-    agreed = [600.0, 2 * 2**20, 2.0, 101]
+    agreed = [600.0, 2 * 2**20, 2.0, 101, 1.5]
     assert two_ranks["outcome"] == {0: ("ok", agreed), 1: ("ok", agreed)}, "slowest rate, largest of the rest"
     assert two_ranks["failed"] == {0: ("ok", [True, "broken here"]),
                                    1: ("ok", [True, "autoloader failed on another rank"])}
