@@ -28,7 +28,9 @@ DEATH_WAIT_S = 0.5
 """How long a broken connection waits for its worker's death to be seen (a killed process is a zombie within
 milliseconds of closing its connections; a connection that broke for another reason costs this once)."""
 
-_DEATH = re.compile(r"DataLoader worker \(pid")
+WORKER_DEATH = re.compile(r"DataLoader worker \(pid")
+"""torch's report of a worker's death: "DataLoader worker (pid X) is killed by signal" or "... exited unexpectedly"
+(dataloader.py and signal_handling, torch 2.13)."""
 
 
 def _check() -> Optional[Callable[[], None]]:
@@ -66,7 +68,7 @@ def reported(exc: Exception, *, wait_s: float = DEATH_WAIT_S) -> Exception:
                 return exc
             time.sleep(0.005)
     except RuntimeError as death:  # from the check, or from torch's SIGCHLD handler interrupting the wait
-        if not _DEATH.match(str(death).strip()):
+        if not WORKER_DEATH.match(str(death).strip()):
             raise
         death.__cause__ = exc
         return death

@@ -14,6 +14,7 @@ from typing import Optional
 
 from ..config import LoaderConfig
 from ..errors import TrialTimeout, TuningError, warn_user
+from ..loader.lost_worker import WORKER_DEATH
 from ..results import TrialResult
 
 log = logging.getLogger("autoloader.trial")
@@ -25,7 +26,6 @@ HARD_LIMIT_GRACE_S = 2.0
 """A trial is cut this long after its soft limit (checked after each batch), when a batch or a step never returns."""
 
 
-_WORKER_DIED = re.compile(r"DataLoader worker \(pid")
 _IN_WORKER = re.compile(r"Caught \w+ in DataLoader worker process \d+")
 _TOO_MANY_FILES = ("Too many open files", "received 0 items of ancdata")
 _SHM_FULL = ("No space left on device", "unable to write to file </torch_", "unable to allocate shared memory")
@@ -66,7 +66,7 @@ def failure_reason(exc: BaseException, *, workers: int = 0, stream: bool = False
         return None
     if any(marker in message for marker in _SHM_FULL) and ("shm" in message or "/torch_" in message):
         return f"/dev/shm full (Docker: --shm-size): {text}"
-    if _WORKER_DIED.search(message):
+    if WORKER_DEATH.search(message):
         if "Bus error" in message or "SIGBUS" in message:
             return f"worker crashed with a bus error, usually /dev/shm too small: {text}"
         if "Killed" in message:

@@ -41,7 +41,7 @@ def unsafe_to_raise(frame: Optional[FrameType]) -> bool:
     exceptions ] in signals.py)."""
     if frame is None:
         return False
-    if frame.f_code in _CLEANUP or frame.f_globals.get("__name__") in _HANDLERS or swallowed_in(frame):
+    if frame.f_code in _CLEANUP or frame.f_globals.get("__name__") in _HANDLERS or _swallowed_in(frame):
         return True
     path = frame.f_code.co_filename
     if path in _SAFE_FILES:
@@ -66,7 +66,7 @@ def unsafe_anywhere(frame: Optional[FrameType]) -> bool:
     return False
 
 
-def swallowed_in(frame: FrameType) -> bool:
+def _swallowed_in(frame: FrameType) -> bool:
     """An exception raised here would be printed as "Exception ignored in ..." and lost: inside a ``__del__``
     (``in_finalizer``), or in a callback ``os.fork()`` runs (``register_at_fork``: its caller is multiprocessing's
     fork)."""
