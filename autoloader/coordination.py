@@ -6,8 +6,8 @@ largest wins), or comes from the node leader. The sync points are fixed, each na
 the node calls the same ones in the same order:
 - ``leader``: the node leader's machine profile, its cached decision, a tuned or online decision (``distributed.Group
   .broadcast``);
-- ``outcome``: once per measured candidate, its figures (``AGREED_MAX``), whether it failed, the search's clock and the
-  main process's memory (the per-worker estimate before a worker was measured);
+- ``outcome``: once per measured candidate, its figures (``AGREED_MAX``), whether it was steady and drained, whether it
+  failed, the search's clock and the main process's memory (the per-worker estimate before a worker was measured);
 - ``native``: once per search, whether a native-threads limit changes any rank's pools;
 - ``batch``: once per batch while an online candidate measures (stop together; the tails of a hidden switch; whether
   the window opened by the epoch's end);
@@ -77,6 +77,12 @@ reads the window's length and batches, ``candidates.admit`` the start-up: a rank
 searches part ways; a start-up read apart had one rank skip a candidate its node's other rank measured, "ranks
 diverged" in CI's simulated two-node run)."""
 
+
+_DRAINED_CODE = {True: 0.0, False: 1.0, None: 2.0}
+"""``TrialResult.drained`` as a number whose minimum across ranks is the agreed value: the loop waited for a batch on
+any rank (the slowest rank's rate is then a rate its workers made), never on every rank, or not a window with workers.
+``steady`` agrees the same way (not steady on any rank: not steady). Both are read by online decisions
+(``online_policy.sustained``, ``online_plan``), so a rank-local value would let the ranks' searches part ways."""
 
 TrialResult = Any
 """``results.TrialResult`` (not imported: this module sits below every other, so that any of them may agree)."""
@@ -155,21 +161,26 @@ class Coordinator:
 
     def outcome(self, outcome: Outcome, *, elapsed_s: float, main_rss_bytes: int) -> Agreed:
         """One candidate's outcome on every rank: the slowest rank's rate, the largest of each other figure
-        (``AGREED_MAX``), failed everywhere when it failed anywhere, a ``TuningError`` anywhere an error everywhere."""
+        (``AGREED_MAX``), ``steady`` and ``drained`` as ``_DRAINED_CODE`` says, failed everywhere when it failed
+        anywhere, a ``TuningError`` anywhere an error everywhere."""
         trial = None if isinstance(outcome, TuningError) else outcome
         values = [0.0 if trial is None else 1.0, -1.0 if trial is None or not trial.ok else float(trial.samples_per_s),
                   -elapsed_s, -float(main_rss_bytes)]
         values += [math.inf if trial is None or getattr(trial, n) is None else -float(getattr(trial, n))
                    for n in AGREED_MAX]
+        values += [1.0 if trial is None else float(trial.steady),
+                   _DRAINED_CODE[None if trial is None else trial.drained]]
         agreed = self._min("outcome", values)
         elapsed, rss = -agreed[2], int(-agreed[3])
         if agreed[0] == 0.0 or trial is None:
             error = outcome if isinstance(outcome, TuningError) else TuningError("autoloader failed on another rank")
             return Agreed(None, error, elapsed, rss)
         update: Dict[str, Any] = {}
-        for name, value in zip(AGREED_MAX, agreed[4:]):
+        for name, value in zip(AGREED_MAX, agreed[4:4 + len(AGREED_MAX)]):
             update[name] = None if math.isinf(value) else \
                 int(-value) if name.endswith("bytes") or name == "batches" else -value
+        steady, drained = agreed[4 + len(AGREED_MAX):]
+        update.update(steady=steady == 1.0, drained=next(k for k, v in _DRAINED_CODE.items() if v == drained))
         if agreed[1] < 0:
             update.update(samples_per_s=None, status="failed",
                           reason=trial.reason if not trial.ok else "failed on another rank")

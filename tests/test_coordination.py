@@ -40,12 +40,21 @@ def _decision(coordinator: Coordinator, rank: int) -> Any:
 
 def _outcome(coordinator: Coordinator, rank: int) -> Any:
     """One candidate's outcome: rank 1 measured it slower, with more memory per worker; rank 0 took longer to start
-    it (what the next candidates' time limits are predicted from)."""
+    it (what the next candidates' time limits are predicted from), its window was cut short (not steady) and the loop
+    waited in it (drained), where rank 1's never waited: online decisions read all three."""
     trial = TrialResult(LoaderConfig(2, 2), samples_per_s=1000.0 - 400 * rank, worker_uss_bytes=(1 + rank) * 2**20,
-                        startup_s=1.5 - rank)
+                        startup_s=1.5 - rank, steady=rank == 1, drained=rank == 0)
     agreed = coordinator.outcome(trial, elapsed_s=1.0 + rank, main_rss_bytes=100 + rank)
     return [agreed.trial.samples_per_s, agreed.trial.worker_uss_bytes, agreed.elapsed_s, agreed.main_rss_bytes,
-            agreed.trial.startup_s]
+            agreed.trial.startup_s, agreed.trial.steady, agreed.trial.drained]
+
+
+def _alike(coordinator: Coordinator, rank: int) -> Any:
+    """Two outcomes the ranks read alike: a window neither rank waited in, then a serial one (no workers: None)."""
+    never = coordinator.outcome(TrialResult(LoaderConfig(2, 2), samples_per_s=5.0, drained=False), elapsed_s=1.0,
+                                main_rss_bytes=1)
+    serial = coordinator.outcome(TrialResult(LoaderConfig(0), samples_per_s=5.0), elapsed_s=1.0, main_rss_bytes=1)
+    return [never.trial.drained, never.trial.steady, serial.trial.drained]
 
 
 def _failed(coordinator: Coordinator, rank: int) -> Any:
@@ -57,7 +66,7 @@ def _failed(coordinator: Coordinator, rank: int) -> Any:
 
 SCENARIOS = {  # name: (what rank 0 calls, what rank 1 calls)
     "batch": (_batch, _batch), "epoch": (_epoch, _epoch), "leader": (_decision, _decision),
-    "outcome": (_outcome, _outcome), "failed": (_failed, _failed),
+    "outcome": (_outcome, _outcome), "alike": (_alike, _alike), "failed": (_failed, _failed),
     "another point": (_batch, _epoch), "a broadcast": (_batch, _decision),
 }
 """Run one after the other in one launch: the exchanges stay in step after an error (each rank made one gather)."""
@@ -112,8 +121,9 @@ def test_every_sync_point_agrees_across_two_ranks(two_ranks):
         "a window complete on one rank only does not stop; tails of different lengths are not the same"
     assert two_ranks["epoch"] == {0: ("ok", [100.0, 0.1]), 1: ("ok", [100.0, 0.1])}, "slowest rate, largest stall"
     assert two_ranks["leader"] == {0: ("ok", {"num_workers": 4}), 1: ("ok", {"num_workers": 4})}
-    agreed = [600.0, 2 * 2**20, 2.0, 101, 1.5]
+    agreed = [600.0, 2 * 2**20, 2.0, 101, 1.5, False, True]
     assert two_ranks["outcome"] == {0: ("ok", agreed), 1: ("ok", agreed)}, "slowest rate, largest of the rest"
+    assert two_ranks["alike"] == {0: ("ok", [False, True, None]), 1: ("ok", [False, True, None])}
     assert two_ranks["failed"] == {0: ("ok", [True, "broken here"]),
                                    1: ("ok", [True, "autoloader failed on another rank"])}
 
