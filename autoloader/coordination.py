@@ -78,9 +78,10 @@ searches part ways; a start-up read apart had one rank skip a candidate its node
 diverged" in CI's simulated two-node run)."""
 
 
-_DRAINED_CODE = {True: 0.0, False: 1.0, None: 2.0}
-"""``TrialResult.drained`` as a number whose minimum across ranks is the agreed value: the loop waited for a batch on
-any rank (the slowest rank's rate is then a rate its workers made), never on every rank, or not a window with workers.
+_DRAINED_ORDER = (True, False, None)
+"""``TrialResult.drained`` enters the exchange as its index here, so that the minimum across ranks is the agreed
+value: the loop waited for a batch on any rank (the slowest rank's rate is then a rate its workers made), never on
+every rank, or not a window with workers.
 ``steady`` agrees the same way (not steady on any rank: not steady). Both are read by online decisions
 (``online_policy.sustained``, ``online_plan``), so a rank-local value would let the ranks' searches part ways."""
 
@@ -161,7 +162,7 @@ class Coordinator:
 
     def outcome(self, outcome: Outcome, *, elapsed_s: float, main_rss_bytes: int) -> Agreed:
         """One candidate's outcome on every rank: the slowest rank's rate, the largest of each other figure
-        (``AGREED_MAX``), ``steady`` and ``drained`` as ``_DRAINED_CODE`` says, failed everywhere when it failed
+        (``AGREED_MAX``), ``steady`` and ``drained`` as ``_DRAINED_ORDER`` says, failed everywhere when it failed
         anywhere, a ``TuningError`` anywhere an error everywhere."""
         trial = None if isinstance(outcome, TuningError) else outcome
         values = [0.0 if trial is None else 1.0, -1.0 if trial is None or not trial.ok else float(trial.samples_per_s),
@@ -169,18 +170,18 @@ class Coordinator:
         values += [math.inf if trial is None or getattr(trial, n) is None else -float(getattr(trial, n))
                    for n in AGREED_MAX]
         values += [1.0 if trial is None else float(trial.steady),
-                   _DRAINED_CODE[None if trial is None else trial.drained]]
+                   float(_DRAINED_ORDER.index(None if trial is None else trial.drained))]
         agreed = self._min("outcome", values)
         elapsed, rss = -agreed[2], int(-agreed[3])
         if agreed[0] == 0.0 or trial is None:
             error = outcome if isinstance(outcome, TuningError) else TuningError("autoloader failed on another rank")
             return Agreed(None, error, elapsed, rss)
         update: Dict[str, Any] = {}
-        for name, value in zip(AGREED_MAX, agreed[4:4 + len(AGREED_MAX)]):
+        figures, (steady, drained) = agreed[4:-2], agreed[-2:]
+        for name, value in zip(AGREED_MAX, figures):
             update[name] = None if math.isinf(value) else \
                 int(-value) if name.endswith("bytes") or name == "batches" else -value
-        steady, drained = agreed[4 + len(AGREED_MAX):]
-        update.update(steady=steady == 1.0, drained=next(k for k, v in _DRAINED_CODE.items() if v == drained))
+        update.update(steady=steady == 1.0, drained=_DRAINED_ORDER[int(drained)])
         if agreed[1] < 0:
             update.update(samples_per_s=None, status="failed",
                           reason=trial.reason if not trial.ok else "failed on another rank")
