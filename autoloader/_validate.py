@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import inspect
+import multiprocessing
+import multiprocessing.context
 import numbers
 import os
 from typing import Any, Mapping, Optional, Union
@@ -22,13 +24,13 @@ def _is_int(value: Any) -> bool:
 
 
 def check_batch_size(batch_size: Any) -> None:
-    """An int >= 1, or None (no automatic batching: the dataset yields ready batches); a ``ValueError`` otherwise, as
-    DataLoader's ``BatchSampler`` raises."""
+    """An int >= 1, or None (no automatic batching: the dataset yields ready batches); a ``ValueError`` otherwise,
+    whose message starts with the one DataLoader's ``BatchSampler`` raises."""
     if batch_size is None:
         return
     if not _is_int(batch_size) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be a positive int such as batch_size=32, or None when the "
-                         f"dataset yields ready batches")
+        raise ValueError(f"batch_size should be a positive integer value, but got batch_size={batch_size}: pass a "
+                         f"positive int such as batch_size=32, or None when the dataset yields ready batches")
 
 
 def check_budget(budget: Any) -> None:
@@ -88,34 +90,93 @@ def check_dataset(dataset: Any) -> None:
 
 def check_loader_kwargs(dataset: Any, *, batch_size: Optional[int], shuffle: Any,
                         kwargs: Mapping[str, Any]) -> Optional[bool]:
-    """The DataLoader's own rules, checked before any trial so the message names our argument, with the exception
-    type DataLoader raises. Returns ``shuffle`` as DataLoader reads it: a bool, or, for an ``IterDataPipe``, None
-    when unset (its shufflers are then left as they are; True or False turns them on or off)."""
+    """The DataLoader's own rules, checked before any trial, each raised with the exception type DataLoader raises and
+    a message that starts with DataLoader's own words and then names the fix (``dataloader_rules``); then the knob
+    table's stricter ones (``config.check_knobs``). Returns ``shuffle`` as DataLoader reads it: a bool, or, for an
+    ``IterDataPipe``, None when unset (its shufflers are then left as they are; True or False turns them on or
+    off)."""
     unknown = sorted(set(kwargs) - _DATALOADER_ARGS - _OURS)
     if unknown:
         raise TypeError(f"make_loader got unexpected keyword argument(s) {unknown}: every keyword other than "
                         f"make_loader's own must be a torch.utils.data.DataLoader argument")
+    shuffle = dataloader_rules(dataset, batch_size=batch_size, shuffle=shuffle, kwargs=kwargs)
+    check_knobs({k: v for k, v in kwargs.items() if k in BY_NAME}, hint="; leave it out to let autoloader tune it")
+    return shuffle
+
+
+_TUNE_IT = "leave it out to let autoloader tune it"
+
+
+def _worker_rules(kwargs: Mapping[str, Any]) -> None:
+    """DataLoader's checks of the worker keywords, in its order and words (torch 2.13, ``DataLoader.__init__`` and
+    its ``multiprocessing_context`` setter). Without ``num_workers`` autoloader picks the workers, so the keywords
+    that need some are kept for when it does (README "Use it")."""
+    workers, timeout = kwargs.get("num_workers"), kwargs.get("timeout", 0)
+    fixed = _is_int(workers)
+    if fixed and workers < 0:
+        raise ValueError(f"num_workers option should be non-negative; use num_workers=0 to disable multiprocessing. "
+                         f"Got num_workers={workers}: pass an int >= 0, or {_TUNE_IT}")
+    if isinstance(timeout, numbers.Real) and timeout < 0:
+        raise ValueError(f"timeout option should be non-negative: got timeout={timeout!r}, pass a number of seconds "
+                         f">= 0 (0 waits for ever)")
+    prefetch = kwargs.get("prefetch_factor")
+    if fixed and workers == 0 and prefetch is not None:
+        raise ValueError("prefetch_factor option could only be specified in multiprocessing.let num_workers > 0 to "
+                         "enable multiprocessing, otherwise set prefetch_factor to None. Drop prefetch_factor, or set "
+                         "num_workers > 0 (or leave num_workers out to let autoloader pick the workers)")
+    if _is_int(prefetch) and prefetch < 0:
+        raise ValueError(f"prefetch_factor option should be non-negative: got prefetch_factor={prefetch}, pass an "
+                         f"int >= 1, or {_TUNE_IT}")
+    if fixed and workers == 0 and kwargs.get("persistent_workers"):
+        raise ValueError("persistent_workers option needs num_workers > 0: drop persistent_workers, or set "
+                         "num_workers > 0 (or leave num_workers out to let autoloader pick the workers)")
+    context = kwargs.get("multiprocessing_context")
+    if context is None:
+        return
+    if fixed and workers == 0:
+        raise ValueError(f"multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
+                         f"but got num_workers={workers}: drop multiprocessing_context, or set num_workers > 0 (or "
+                         f"leave num_workers out to let autoloader pick the workers)")
+    methods = multiprocessing.get_all_start_methods()
+    if isinstance(context, str) and context not in methods:
+        raise ValueError(f"multiprocessing_context option should specify a valid start method in {methods!r}, but "
+                         f"got multiprocessing_context={context!r}: pass one of them, or a multiprocessing context")
+    if not isinstance(context, (str, multiprocessing.context.BaseContext)):
+        raise TypeError(f"multiprocessing_context option should be a valid context object or a string specifying the "
+                        f"start method, but got multiprocessing_context={context}: pass one of {methods!r}, or "
+                        f"multiprocessing.get_context(...)")
+
+
+def dataloader_rules(dataset: Any, *, batch_size: Optional[int], shuffle: Any,
+                     kwargs: Mapping[str, Any]) -> Optional[bool]:
+    """What ``DataLoader(dataset, batch_size, shuffle, **kwargs)`` refuses, in its order: the exception DataLoader
+    raises, its message starting with DataLoader's own text (so a test written against DataLoader's message passes),
+    then the fix. Returns ``shuffle`` as DataLoader reads it (``check_loader_kwargs``)."""
+    _worker_rules(kwargs)
     sampler, batch_sampler, drop_last = kwargs.get("sampler"), kwargs.get("batch_sampler"), kwargs.get("drop_last")
     if isinstance(dataset, IterableDataset):
         shuffle = _iterable_shuffle(dataset, shuffle)
-        if sampler is not None or batch_sampler is not None:
-            raise ValueError("an IterableDataset decides its own order: pass no sampler/batch_sampler (shuffle or "
-                             "batch inside the dataset's __iter__ instead)")
+        for name, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
+            if value is not None:
+                raise ValueError(f"DataLoader with IterableDataset: expected unspecified {name} option, but got "
+                                 f"{name}={value}: an IterableDataset decides its own order; drop {name} (shuffle "
+                                 f"or batch inside the dataset's __iter__ instead)")
     else:
         shuffle = bool(shuffle)
     if shuffle and sampler is not None:
-        raise ValueError("shuffle=True cannot be combined with sampler=...: the sampler decides the order. "
-                         "Use shuffle=False, or a shuffling sampler such as RandomSampler")
+        raise ValueError("sampler option is mutually exclusive with shuffle: the sampler decides the order. Use "
+                         "shuffle=False, or a shuffling sampler such as RandomSampler")
     if batch_sampler is not None:
         if batch_size != 1 or shuffle or sampler is not None or drop_last:
-            raise ValueError("batch_sampler=... decides batches itself: leave batch_size=1, shuffle=False, "
+            raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and "
+                             "drop_last: the batch sampler decides the batches; leave batch_size=1, shuffle=False, "
                              "sampler=None and drop_last=False")
     elif batch_size is None and drop_last:
-        raise ValueError("batch_size=None loads no batches of its own (the dataset yields ready ones), so there is no "
-                         "last batch to drop: leave drop_last=False, or pass a batch_size")
+        raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive with drop_last: the "
+                         "dataset yields ready batches, so there is no last batch to drop; leave drop_last=False, or "
+                         "pass a batch_size")
     elif batch_size is not None and "drop_last" in kwargs and not isinstance(drop_last, bool):
-        raise ValueError(f"drop_last must be True or False, got {drop_last!r}")
-    check_knobs({k: v for k, v in kwargs.items() if k in BY_NAME}, hint="; leave it out to let autoloader tune it")
+        raise ValueError(f"drop_last should be a boolean value, but got drop_last={drop_last}: pass True or False")
     return shuffle
 
 
@@ -125,7 +186,8 @@ def _iterable_shuffle(dataset: Any, shuffle: Any) -> Optional[bool]:
     if isinstance(dataset, IterDataPipe):
         return None if shuffle is None else bool(shuffle)
     if shuffle is not None and shuffle is not False and shuffle != 0:
-        raise ValueError(f"shuffle={shuffle!r}: an IterableDataset decides its own order; leave shuffle unset and "
+        raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle option, but got "
+                         f"shuffle={shuffle}: an IterableDataset decides its own order; leave shuffle unset and "
                          f"shuffle inside the dataset's __iter__ (e.g. a shuffle buffer), or use a DataPipe with a "
                          f"shuffler")
     return False
