@@ -12,10 +12,11 @@
 # (``scripts/gpu_check.py``'s killed-while-pinning check: 3 of 48 runs; a plain DataLoader has the same race).
 # ``reported`` closes the race where autoloader hands the loop a batch (``stream_copy.load``): a connection error
 # raised inside ``multiprocessing`` (not a worker's own exception, which torch re-raises as "Caught ... in DataLoader
-# worker") waits up to ``DEATH_WAIT_S`` for a watched worker to be seen dead, and then the loop gets torch's own
-# report, "DataLoader worker (pid X) is killed by signal: Killed.", chained to the connection error. torch's check
-# forgets the dead worker's iterator as it raises, so the late SIGCHLD finds nothing to report. No death seen in that
-# time: the connection error goes on unchanged. It uses torch's private ``_error_if_any_worker_fails`` (there is no
+# worker", nor the dataset's own in this process, raised under DataLoader's fetcher with ``num_workers=0``: a
+# network dataset's, or one reading a ``multiprocessing.Manager``, raised at once) waits up to ``DEATH_WAIT_S`` for a
+# watched worker to be seen dead, and then the loop gets torch's own report, "DataLoader worker (pid X) is killed by
+# signal: Killed.", chained to the connection error. torch's check forgets the dead worker's iterator as it raises, so
+# the late SIGCHLD finds nothing to report. No death seen in that time: the connection error goes on unchanged. It uses torch's private ``_error_if_any_worker_fails`` (there is no
 # public way), and changes nothing where it is gone.
 """
 from __future__ import annotations
@@ -27,6 +28,10 @@ from typing import Callable, Optional
 DEATH_WAIT_S = 0.5
 """How long a broken connection waits for its worker's death to be seen (a killed process is a zombie within
 milliseconds of closing its connections; a connection that broke for another reason costs this once)."""
+
+FETCHER = "torch.utils.data._utils.fetch"
+"""The module of DataLoader's fetchers, which call the dataset (torch 2.13): an error raised under it is the dataset's
+own, raised in the process that fetches (the main one with ``num_workers=0``), never a broken worker connection."""
 
 WORKER_DEATH = re.compile(r"DataLoader worker \(pid")
 """torch's report of a worker's death: "DataLoader worker (pid X) is killed by signal" or "... exited unexpectedly"
@@ -42,13 +47,16 @@ def _check() -> Optional[Callable[[], None]]:
 
 def broken_connection(exc: BaseException) -> bool:
     """``exc`` is a connection to a worker that broke in the main process: a ``ConnectionError`` or ``EOFError``
-    raised inside ``multiprocessing`` (its innermost frame), not a worker's own exception re-raised by torch."""
+    raised inside ``multiprocessing`` (its innermost frame), not a worker's own exception re-raised by torch, nor the
+    dataset's own, raised under DataLoader's fetcher in this process (``num_workers=0``)."""
     if not isinstance(exc, (ConnectionError, EOFError)) or str(exc).startswith("Caught "):
         return False
     tb = exc.__traceback__
     if tb is None:
         return False
     while tb.tb_next is not None:
+        if tb.tb_frame.f_globals.get("__name__") == FETCHER:
+            return False
         tb = tb.tb_next
     return tb.tb_frame.f_globals.get("__name__", "").startswith("multiprocessing.")
 

@@ -108,3 +108,47 @@ def test_any_other_error_goes_on_unchanged_at_once():
         assert time.monotonic() - start < 5
         assert load(_raising(exc), None, torch.device("cpu"), NONE).exception is exc
 
+
+
+class Remote(Dataset):
+    """A dataset reading over a connection that broke (a network dataset's reset connection, a dead
+    ``multiprocessing.Manager``): its own EOFError, raised inside ``multiprocessing`` as a dead worker's is."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        raise broken()
+
+
+def test_a_datasets_own_connection_error_without_workers_is_raised_at_once():
+    """``num_workers=0``: no worker can have died, so the dataset's own connection error is no broken worker
+    connection and is not held for a death (it was held ``DEATH_WAIT_S`` before, on every batch)."""
+    it = iter(DataLoader(Remote(), batch_size=2, num_workers=0))
+    try:
+        next(it)
+    except EOFError as exc:
+        own = exc
+    else:
+        raise AssertionError("the dataset's EOFError was not raised")
+    assert broken_connection(broken())  # the same error outside a fetcher: what a dead worker's looks like
+    assert not broken_connection(own)  # raised inside multiprocessing too, but under DataLoader's fetcher
+    start = time.monotonic()
+    assert reported(own, wait_s=30) is own and time.monotonic() - start < 5
+    failed = load(iter(DataLoader(Remote(), batch_size=2, num_workers=0)), None, torch.device("cpu"), NONE)
+    assert isinstance(failed, Failed) and isinstance(failed.exception, EOFError)
+
+
+def test_the_prefetcher_raises_the_datasets_own_connection_error_itself():
+    from autoloader import PrefetchLoader
+
+    loader = PrefetchLoader(DataLoader(Remote(), batch_size=2, num_workers=0), device="cpu")
+    it = iter(loader)
+    for _ in range(2):  # each batch that raises is raised by its next(), and the epoch goes on
+        try:
+            next(it)
+        except EOFError as exc:
+            assert not isinstance(exc, RuntimeError) and exc.__cause__ is None
+        else:
+            raise AssertionError("the dataset's EOFError was not raised")
+
