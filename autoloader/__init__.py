@@ -28,16 +28,39 @@ Importing it probes no hardware and touches no CUDA; that happens when you call 
 ``probe_machine``. Logs go to ``logging.getLogger("autoloader")``.
 """
 import logging
+import re
+from typing import Optional
 
-from .config import LoaderConfig
-from .errors import AutoloaderWarning, TuningError
-from .factory import make_loader
-from .loader.epochs import EpochStats
-from .loader.prefetch import PrefetchLoader
-from .loader.threads import ThreadedDataset, unwrap, with_threads
-from .probe import MachineProfile, probe_machine
-from .results import TrialResult, TuneResult
-from .tuning.trials import tune
+import torch
+
+MIN_TORCH = (2, 6)
+"""The oldest torch autoloader runs on: every DataLoader it builds passes ``in_order`` (added in torch 2.6)."""
+
+
+def _torch_too_old(version: str) -> Optional[str]:
+    """Why ``version`` (a ``torch.__version__``) is too old for autoloader; None when it is recent enough, or when
+    it does not read as MAJOR.MINOR (a build whose version cannot be read is not refused on a guess)."""
+    found = re.match(r"\s*(\d+)\.(\d+)", str(version))
+    if found is None or (int(found.group(1)), int(found.group(2))) >= MIN_TORCH:
+        return None
+    need = ".".join(map(str, MIN_TORCH))
+    return (f"autoloader needs torch >= {need} (its DataLoaders pass in_order, added in torch {need}), but this Python "
+            f"imports torch {version} from {getattr(torch, '__file__', None)}: upgrade it first, e.g. pip install "
+            f"'torch>={need}' (on a CPU-only machine, from PyTorch's CPU index: README, Install)")
+
+
+if _torch_too_old(torch.__version__):
+    raise ImportError(_torch_too_old(torch.__version__))
+
+from .config import LoaderConfig  # noqa: E402 - after the torch version check
+from .errors import AutoloaderWarning, TuningError  # noqa: E402
+from .factory import make_loader  # noqa: E402
+from .loader.epochs import EpochStats  # noqa: E402
+from .loader.prefetch import PrefetchLoader  # noqa: E402
+from .loader.threads import ThreadedDataset, unwrap, with_threads  # noqa: E402
+from .probe import MachineProfile, probe_machine  # noqa: E402
+from .results import TrialResult, TuneResult  # noqa: E402
+from .tuning.trials import tune  # noqa: E402
 
 __all__ = [
     "AutoloaderWarning",

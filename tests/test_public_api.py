@@ -53,3 +53,32 @@ def test_the_docstring_lists_the_public_api_and_nothing_else():
     for name in dotted:
         module, attribute = name.rsplit(".", 1)
         assert callable(getattr(__import__(module, fromlist=[attribute]), attribute)), name
+
+
+def test_a_torch_older_than_the_minimum_is_named_at_import():
+    """``import autoloader`` refuses a torch older than ``MIN_TORCH`` (DataLoader's ``in_order``) with the fix, and
+    accepts every release and local build from it on; a version it cannot read is not refused on a guess."""
+    assert autoloader.MIN_TORCH == (2, 6)
+    for old in ("2.5.1", "2.5.1+cu121", "1.13.1", "2.0.0a0+gitabc"):
+        said = autoloader._torch_too_old(old)
+        assert said is not None and f"torch {old}" in said and "torch >= 2.6" in said and "pip install" in said
+    for fine in ("2.6.0", "2.13.0+cpu", "2.10.0a0+git1234", "3.0.0", " 2.6.1", "nightly"):
+        assert autoloader._torch_too_old(fine) is None, fine
+    code = "import torch\ntorch.__version__ = '2.5.1+cu121'\nimport autoloader\n"
+    root = str(Path(__file__).resolve().parents[1])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": root})
+    assert out.returncode == 1 and "ImportError: autoloader needs torch >= 2.6" in out.stderr, out.stderr[-2000:]
+    assert "torch 2.5.1+cu121" in out.stderr
+
+
+def test_the_minimum_torch_is_what_setup_cfg_requires_and_what_the_installed_torch_meets():
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(Path(__file__).resolve().parents[1] / "setup.cfg")
+    required = [line.strip() for line in config["options"]["install_requires"].splitlines() if line.strip()]
+    assert "torch>=%d.%d" % autoloader.MIN_TORCH in required
+    import torch
+
+    assert autoloader._torch_too_old(torch.__version__) is None
