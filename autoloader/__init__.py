@@ -29,6 +29,7 @@ Importing it probes no hardware and touches no CUDA; that happens when you call 
 """
 import logging
 import re
+import sys
 from typing import Optional
 
 import torch
@@ -51,6 +52,10 @@ def _torch_too_old(version: str) -> Optional[str]:
 
 if _torch_too_old(torch.__version__):
     raise ImportError(_torch_too_old(torch.__version__))
+if sys.platform == "win32":
+    raise ImportError("autoloader runs on Linux (macOS untested): it guards its workers with POSIX signals (SIGALRM, "
+                      "SIGCHLD) and reads their resources with the resource module, which Windows lacks; use it under "
+                      "WSL2, or torch.utils.data.DataLoader directly")
 
 from .config import LoaderConfig  # noqa: E402 - after the torch version check
 from .errors import AutoloaderWarning, TuningError  # noqa: E402

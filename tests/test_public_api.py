@@ -82,3 +82,12 @@ def test_the_minimum_torch_is_what_setup_cfg_requires_and_what_the_installed_tor
     import torch
 
     assert autoloader._torch_too_old(torch.__version__) is None
+
+
+def test_windows_is_refused_at_import_with_the_reason():
+    code = "import sys, torch\nsys.platform = 'win32'\nimport autoloader\n"  # torch imported as on Linux
+    root = str(Path(__file__).resolve().parents[1])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": root})
+    assert out.returncode == 1 and "ImportError: autoloader runs on Linux" in out.stderr and "WSL2" in out.stderr, \
+        out.stderr[-2000:]
