@@ -321,8 +321,8 @@ def check_engine(engine: Any, address: Any) -> None:
     """``engine=`` and ``address=`` of ``make_loader``: a known engine, an address only with Ray."""
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r} must be one of {ENGINES}: 'dataloader' (worker processes on this "
-                         f"machine) or 'ray' (Ray Data tasks, on this machine or a cluster: pip install "
-                         f"\"autoloader[ray]\")")
+                         f"machine) or 'ray' (Ray Data tasks, on this machine or a cluster: the ray extra, "
+                         f"pip install \".[ray]\" in a checkout)")
     if address is not None and not isinstance(address, str):
         raise TypeError(f"address must be a Ray cluster address such as address='10.0.0.1:6379' (or 'auto'), or "
                         f"None, got {address!r}")

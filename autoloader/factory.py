@@ -70,40 +70,64 @@ def make_loader(
     Like a DataLoader's constructor it reads nothing and starts no process: the cache lookup and any tuning happen at
     the first ``iter()`` (with ``tuning="trials"``, here). On a miss the knobs are found by measuring candidates, each
     a real DataLoader with your arguments, and the choice is cached per dataset and machine; your RNG states are left
-    as they were, so the batches equal a plain ``DataLoader``'s. How it tunes: README "How it tunes" and the NOTE
-    blocks it names. A candidate that fails is recorded with its reason and the search goes on; your dataset's,
-    ``collate_fn``'s and ``step``'s exceptions reach you unchanged (README "Troubleshooting").
+    as they were, so the batches equal a plain ``DataLoader``'s. How it tunes: NOTE [ Online convergence ] in
+    ``autoloader/search/online_policy.py`` and the NOTE blocks the README lists. A candidate that fails is recorded
+    with its reason and the search goes on; your dataset's, ``collate_fn``'s and ``step``'s exceptions reach you
+    unchanged. Tuning off: pass ``num_workers`` (and any knob you want fixed; the rest is tuned by short trials), or
+    ``max_workers=0`` (no worker process, nothing tuned); a tuning you like is kept by the cache (``cache=True``).
 
     Args:
         dataset: A map-style ``Dataset`` (tuned online or with trials) or an ``IterableDataset`` (trials only, sharded
-            by you: ``autoloader/_shards.py`` reads how many shards it has).
+            by you across workers; never more workers than the shards it reports, ``autoloader/_shards.py``).
         batch_size (int): Samples per batch, >= 1 (default 1), or None for a dataset of ready batches, as DataLoader's.
         shuffle (bool): Reshuffle every epoch, as DataLoader's (default None: no).
-        step: What trials are timed against: None (the copy to the device), seconds per batch, or your step, a
-            callable (``autoloader/consumer.py``); with a ``step``, ``tuning="auto"`` tunes with trials.
+        step: What trials are timed against: None (default: the copy to the device only), seconds per batch >= 0 (a
+            simulated step), or your step, a callable run on each batch during the trials; with a ``step``,
+            ``tuning="auto"`` tunes with trials.
         device: Where batches go (``"cuda:1"``, a ``torch.device``); default the current CUDA device, else the CPU.
-        normalize: ``(mean, std)`` per channel in the input's units, applied on the device after ``dtype``.
+        normalize: ``(mean, std)`` per channel in the input's units, applied on the device after ``dtype``. Default
+            None: none.
         dtype (torch.dtype): What the input tensor becomes on the device (e.g. ``torch.float32``). Default unchanged.
-        input_key: The key of the input tensor in dict batches, required with ``normalize`` or ``dtype``.
+        input_key: The key of the input tensor in dict batches, required with ``normalize`` or ``dtype``. Default
+            None: the batch itself when it is a tensor, else its first element.
         tuning (str): ``"online"`` (your first epoch, exactly a DataLoader's batches; NOTE [ Online switching ]),
             ``"trials"`` (before training, within ``budget``) or ``"auto"`` (default: online unless a ``step``,
             an ``IterableDataset`` or a fixed ``num_workers``).
-        retune (bool): Search again, online, after an epoch that moved away from the decision (the rule:
-            ``autoloader/search/retune.py``). Default True; False freezes the first decision.
-        cache: True (default directory: README "Use it"), False, or a directory; the key: NOTE [ What the cache key
-            covers ]; what a hit re-checks: ``autoloader/cache/slot.py``.
+        retune (bool): Search again, online, after an epoch that moved away from the decision (the loop now waits
+            for data, the rate moved, or fewer workers may do; the rule: ``autoloader/search/retune.py``). Default
+            True; False freezes the first decision.
+        cache: True (default: the directory ``$AUTOLOADER_CACHE_DIR``, else ``$XDG_CACHE_HOME/autoloader``, else
+            ``~/.cache/autoloader``), False (no cache), or a directory. The key is the dataset's class, length and
+            root (or ``key``), your arguments and this machine (NOTE [ What the cache key covers ]): a new transform
+            keeps the key; a first batch of another structure or size drops the entry, and online the re-tune rule
+            sees the rate move, but a costlier transform of the same batches needs ``refresh=True`` or another
+            ``key``.
         refresh (bool): Tune again and replace the cached result. Default False.
         budget (float): Seconds the trials may take, > 0 (default 30; NOTE [ Candidate time limit ]).
-        max_workers (int): The most worker processes tried, >= 0 (default: ``autoloader/search/bounds.py``).
+        max_workers (int): The most worker processes tried, >= 0. Default None: max(64, 8 x the usable CPUs), at most
+            ``ulimit -n`` // 32, and never more than an ``IterableDataset``'s shards.
         key (str): The dataset's name in the cache key, instead of its fingerprint. Default None.
-        distributed (bool): None follows ``torch.distributed.is_initialized()``; True requires a process group;
-            False never shards (NOTE [ One decision across ranks ]). Call it on every rank alike.
+        distributed (bool): Default None: follows ``torch.distributed.is_initialized()``; True requires a process
+            group; False never shards (NOTE [ One decision across ranks ]). Call it on every rank alike.
         threads: Threads per loading process: False (default), True (tuned) or an int (NOTE [ Threads inside workers ]).
         memory_budget: Bytes, or a fraction in (0, 1] of the available memory (default 0.5; NOTE [ Memory budget ]).
-        native_threads: Each worker's native thread pools: None (tuned), an int N, or False (NOTE [ Native thread
-            pools ]).
-        engine (str): ``"dataloader"`` (default) or ``"ray"`` (README "Ray Data"; NOTE [ Exact batches through Ray ]).
-        address (str): With ``engine="ray"``, the cluster to join (default: ``autoloader/ray/session.py``).
+        native_threads: Each worker's native thread pools (BLAS, OpenMP): None (default: limited to the worker's
+            share of the CPUs, kept only where it measures faster), an int N (fixed), or False (left alone; NOTE [
+            Native thread pools ]).
+        engine (str): ``"dataloader"`` (default: DataLoader worker processes on this machine) or ``"ray"``: Ray Data's
+            tasks run ``dataset[i]`` and the collation, on this machine or a cluster's CPU nodes (``address``), and
+            autoloader keeps the rest: the order (its sampler, or a ``DistributedSampler`` under torchrun), the
+            batches a plain DataLoader yields, ``state_dict()`` and exact resume, the side-stream copies. It connects
+            to (or starts) Ray and tunes the pool with trials against ``step`` in ``make_loader`` (errors are raised
+            there; cached under the cluster's shape); one CPU is always left to Ray Data's own stages. Not with an
+            ``IterableDataset``, ``tuning="online"``, ``threads``, ``native_threads``, ``memory_budget`` or the
+            worker keywords (``num_workers``, ``prefetch_factor``, ``pin_memory``, ``persistent_workers``,
+            ``worker_init_fn``, ``multiprocessing_context``; ``max_workers`` caps the tasks); random augmentation
+            inside ``__getitem__`` is not resumed exactly. autoloader shuts down only the Ray it started
+            (``autoloader.ray.shutdown()``, else at exit). NOTE [ Exact batches through Ray ], NOTE [ Sizing the Ray
+            pool ] and NOTE [ Who owns Ray ] in ``autoloader/ray/``.
+        address (str): With ``engine="ray"``, the cluster to join (``"HEAD:6379"``). Default None: ``$RAY_ADDRESS``,
+            else a local Ray that autoloader starts and shuts down.
         **dataloader_kwargs: Every other DataLoader argument, passed unchanged; a knob you set is never overridden.
 
     Returns:
@@ -111,9 +135,20 @@ def make_loader(
         force), ``decisions``, ``stats``, ``state_dict()``: ``help(autoloader.PrefetchLoader)``.
 
     Raises:
-        TypeError: An argument of the wrong type, before any work; the message names it, its value and the fix.
-        ValueError: A bad value or combination, before any work (README "Troubleshooting" lists them).
-        ImportError: ``engine="ray"`` without Ray Data installed (``pip install "autoloader[ray]"``).
+        TypeError: An argument of the wrong type, before any work; the message names it, its value and the fix:
+            ``step="fast"``, ``threads="8"``, ``cache=1``, ``timeout="5"``, a dataset without ``__getitem__`` and
+            ``__len__``, a keyword that is neither make_loader's nor DataLoader's (``num_worker=``).
+        ValueError: A bad value or combination, before any work, named with the fix (where DataLoader refuses it,
+            the message starts with DataLoader's own words): ``batch_size=0`` or ``8.0``, ``budget<=0``,
+            ``max_workers<0``, a negative ``step`` or ``timeout``, ``shuffle=True`` with a ``sampler``, a
+            ``batch_sampler`` with ``batch_size``/``shuffle``/``sampler``/``drop_last``, an unknown ``tuning``,
+            ``tuning="online"`` for a loader that cannot be tuned online, ``memory_budget`` or ``native_threads`` out
+            of range, ``threads`` with an ``IterableDataset``; with ``spawn``/``forkserver`` workers, a dataset,
+            ``collate_fn`` or ``worker_init_fn`` that cannot be pickled (named down to the attribute);
+            ``distributed=True`` without a process group; ranks that disagree on ``batch_size``, the dataset's
+            length, ``shuffle`` or ``drop_last``; a current CUDA device other than ``LOCAL_RANK``'s.
+        ImportError: ``engine="ray"`` without Ray Data installed (the ``ray`` extra: ``pip install ".[ray]"`` in a
+            checkout).
         ConnectionError: ``engine="ray"`` and no Ray cluster answers at ``address``.
         RuntimeError: Later, from iterating: made before ``torch.distributed`` was initialised and iterated by several
             processes, or a ``.loader`` sharded again by Accelerate's ``prepare``.

@@ -184,6 +184,70 @@ def test_the_public_classes_document_their_methods_and_properties():
     assert expected <= members  # the walk reaches them, so test_every_public_definition_is_documented checks them
 
 
+def entry_texts(doc: str, section: str) -> Dict[str, str]:
+    """Each entry of a section with its whole text (continuation lines joined)."""
+    texts: Dict[str, str] = {}
+    current = None
+    for line in sections(doc).get(section, []):
+        match = ENTRY.match(line)
+        if match:
+            current = match.group(1)
+            texts[current] = line[match.end():]
+        elif current is not None:
+            texts[current] += " " + line.strip()
+    return texts
+
+
+FILE_AS_DEFAULT = re.compile(r"[Dd]efault[^.;]*?[\w/]+\.py\b")
+
+
+def default_problems(name: str, function: Callable[..., Any], doc: str = None) -> List[str]:
+    """Each parameter with a default must say it in its Args entry ("default"), as a value, not as a file to read."""
+    doc = doc if doc is not None else inspect.getdoc(function) or ""
+    texts = entry_texts(doc, "Args")
+    problems = []
+    for p in inspect.signature(function).parameters.values():
+        if p.default is inspect.Parameter.empty or p.name in ("self", "cls"):
+            continue
+        text = texts.get(p.name, "")
+        if not re.search(r"default", text, re.IGNORECASE):
+            problems.append(f"{name}: {p.name}={p.default!r}: its Args entry states no default")
+        elif FILE_AS_DEFAULT.search(text):
+            problems.append(f"{name}: {p.name}: its default is a file to read, not a value: {text.strip()[:80]}")
+    return problems
+
+
+def test_every_default_is_stated_as_a_value():
+    """What ``python -m pydoc autoloader`` shows states every default: the value, or what None stands for."""
+    problems = []
+    for name, obj in PUBLIC.items():
+        if not inspect.isclass(obj):
+            problems += default_problems(name, obj)
+            continue
+        if "__init__" in vars(obj) and not dataclasses.is_dataclass(obj):
+            init = vars(obj)["__init__"]
+            problems += default_problems(name, init, doc=(obj.__doc__ or "") + "\n" + (init.__doc__ or ""))
+        for attr, value in _public_members(obj):
+            function = getattr(obj, attr) if isinstance(value, (classmethod, staticmethod)) else value
+            if inspect.isfunction(function) or inspect.ismethod(function):
+                problems += default_problems(f"{name}.{attr}", function)
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_default_check_finds_a_missing_default_and_a_file():
+    def f(a: int, b: int = 1, c: Any = None, d: int = 2) -> None:
+        """F.
+
+        Args:
+            a: Required.
+            b: Stated (default 1).
+            c: Where it goes (default: ``autoloader/search/bounds.py``).
+            d: Not stated.
+        """
+    assert default_problems("f", f) == ["f: c: its default is a file to read, not a value: Where it goes (default: "
+                                        "``autoloader/search/bounds.py``).", "f: d=2: its Args entry states no default"]
+
+
 # ---------------------------------------------------------------- the check finds what is missing
 
 def _undocumented(a: int, b: int, *rest: int, **kwargs: Any) -> int:

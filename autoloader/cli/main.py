@@ -125,6 +125,52 @@ fix: line. Exit status 1 when a check fails (a warning is not a failure). --json
 "status", "detail", "fix"}]}, status one of ok, warn, fail, info."""
 
 
+TROUBLESHOOTING = """\
+The errors DataLoader users meet, what each means, and the fix (autoloader avoids or reports the first ones itself):
+
+  Bus error / "unable to allocate shared memory(shm) ... No space left on device"
+      Batches in flight overflow /dev/shm (Docker's default is 64 MB); autoloader skips candidates that would not
+      fit. Fix: docker run --shm-size=8g (Kubernetes: an emptyDir with medium: Memory at /dev/shm), smaller batches.
+  "DataLoader worker (pid(s) X) exited unexpectedly" / "... is killed by signal: Killed."
+      The OOM killer. autoloader skips candidates over the memory budget (a forked worker's size is measured at its
+      first batch) and a killed trial fails only that candidate. Fix: max_workers=, a smaller prefetch_factor, or
+      less memory per worker (next entry).
+  Workers' memory grows every epoch ("memory leak", PyTorch issue 13246)
+      Each worker copies the Python objects it reads (reference counts: copy-on-read). autoloader counts the copied
+      pages, warns, and keeps its choice within the memory budget as forecast for the epoch's end. Fix: numpy
+      arrays or tensors instead of lists of Python objects; gc.freeze() before the loader starts.
+  "Too many open files" / "received 0 items of ancdata" / OSError: [Errno 24]
+      Each worker holds file descriptors; without max_workers autoloader tries at most `ulimit -n` // 32 workers.
+      Fix: ulimit -n 65536 (Docker: --ulimit nofile=65536:65536), or
+      torch.multiprocessing.set_sharing_strategy('file_system').
+  "Cannot re-initialize CUDA in forked subprocess"
+      The dataset, a transform or collate_fn touches CUDA in a worker. Fix: return CPU tensors and let the loader
+      move them (device="cuda", normalize=); else multiprocessing_context="spawn".
+  "Can't pickle local object '...<locals>.<lambda>'" / PicklingError
+      spawn/forkserver workers get a pickled dataset; make_loader names the attribute before any worker starts (a
+      ValueError). Fix: module-level functions (or functools.partial), files opened lazily in the worker.
+  The loader hangs ("DataLoader timed out after N seconds", or no error)
+      Trials have a wall-clock limit and stuck workers are terminated; online tuning has none. Fix: timeouts on the
+      dataset's own I/O, connections opened lazily in each worker. A worker killed by a signal (SIGSEGV) is torch's
+      RuntimeError, never a hang (NOTE [ Asynchronous exceptions ] in autoloader/supervise/signals.py).
+  ConnectionResetError or a bare EOFError, then "DataLoader worker (pid X) is killed by signal" in your except
+      A worker was killed (the OOM killer, usually) while it handed a batch over. autoloader's loaders raise torch's
+      RuntimeError once, the connection error as its cause. Fix the cause (memory_budget=, fewer workers).
+  An IterableDataset gives every sample N times with N workers
+      autoloader warns. Fix: split the stream in __iter__ by torch.utils.data.get_worker_info().
+  "autoloader: this loader was made before torch.distributed was initialised, so it is not sharded"
+      Call make_loader after init_process_group (Lightning: in train_dataloader()), or pass distributed=False.
+  "load_state_dict(state): the state was saved with ..."
+      The resume changed what may not change (help(autoloader.PrefetchLoader.load_state_dict)).
+  "terminate called without an active exception" at exit under torchrun
+      gloo's teardown: end with dist.destroy_process_group() (Accelerate: accelerator.end_training()).
+  TypeError / ValueError from make_loader
+      The arguments are checked before any work; the message names the argument, its value and the fix, and starts
+      with DataLoader's own words where DataLoader refuses it too (help(autoloader.make_loader), Raises).
+  AutoloaderWarning "autoloader could not tune (...)"
+      No candidate worked: the loader serves num_workers=0 and caches nothing; loader.tuning.trials says why each
+      candidate failed."""
+
 def _parser(sub: Any, name: str, line: str, description: str) -> argparse.ArgumentParser:
     """A subcommand: ``line`` is its line in ``autotune --help``, ``description`` heads its own ``--help``."""
     return sub.add_parser(name, help=line, description=description,
@@ -152,7 +198,7 @@ def _tuning_options(parser: argparse.ArgumentParser, *, batch_default: Optional[
     parser.add_argument("--json", action="store_true", help="print JSON and nothing else on stdout (default: a "
                                                             "readable report)")
     parser.add_argument("--plot", metavar="FILE.png", help="also write a PNG of samples/s against num_workers (needs "
-                                                           "matplotlib: pip install \"autoloader[plot]\"; default: "
+                                                           "matplotlib: pip install matplotlib; default: "
                                                            "no plot)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr (default: one per trial)")
 
@@ -214,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor = _parser(sub, "doctor", "check what makes DataLoader workers slow, crash or leak, and name the fix",
                      _DOCTOR)
+    doctor.epilog = TROUBLESHOOTING
     _json_option(doctor)
     doctor.set_defaults(func=cmd_doctor)
     return parser

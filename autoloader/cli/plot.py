@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Un
 if TYPE_CHECKING:
     from ..results import EpochTrace, TuneResult
 
-MISSING = "install autoloader[plot] (matplotlib) for --plot"
+MISSING = "--plot needs matplotlib: pip install matplotlib (the plot extra: pip install \".[plot]\" in a checkout)"
 
 
 def available() -> bool:
@@ -36,7 +36,7 @@ def plot_tune_result(result: "TuneResult", path: Union[str, "os.PathLike[str]"],
         Path: The file written.
 
     Raises:
-        ImportError: matplotlib is not installed (``pip install "autoloader[plot]"``).
+        ImportError: matplotlib is not installed (``pip install matplotlib``, the ``plot`` extra).
         OSError: ``path`` cannot be written.
     """
     if not available():
@@ -145,7 +145,7 @@ def plot_online_epoch(trace: "EpochTrace", path: Union[str, "os.PathLike[str]"],
         Path: The file written.
 
     Raises:
-        ImportError: matplotlib is not installed (``pip install "autoloader[plot]"``).
+        ImportError: matplotlib is not installed (``pip install matplotlib``, the ``plot`` extra).
         OSError: ``path`` cannot be written.
     """
     if not available():

@@ -147,7 +147,8 @@ def probe_machine(data_dir: "str | os.PathLike[str] | None" = None, *, disk: boo
 
     Args:
         data_dir: A directory (str or ``os.PathLike``) on the storage your data lives on, where the disk is
-            measured. Default None: the cache directory (created if missing).
+            measured. Default None: the cache directory (``$AUTOLOADER_CACHE_DIR``, else
+            ``$XDG_CACHE_HOME/autoloader``, else ``~/.cache/autoloader``; created if missing).
         disk (bool): Measure the disk's read speed with the page cache bypassed (``O_DIRECT``, else
             ``posix_fadvise``): writes a temporary file under ``data_dir`` and reads it back, about
             ``disk_seconds``. Default True. NOTE [ Measuring disk reads past the page cache ] in

@@ -83,8 +83,8 @@ def tune(
         input_key: For mapping batches, the key of the input tensor ``normalize``/``dtype`` apply to. Default None.
         budget (float): Seconds the trials may take, > 0. Default None: 30 s. When it runs out the best found so
             far is returned, at most one trial's time limit later.
-        max_workers (int): The most worker processes tried, an int >= 0. Default None: bounded by the usable CPUs
-            and the open-files limit.
+        max_workers (int): The most worker processes tried, an int >= 0. Default None: max(64, 8 x the usable CPUs),
+            at most ``ulimit -n`` // 32, and never more than an ``IterableDataset``'s shards.
         threads: False (default: no threads), True (the tuner chooses threads per process) or an int N >= 1 (every
             candidate fetches each batch's samples with N threads per process); map-style datasets with a
             thread-safe ``__getitem__`` only.

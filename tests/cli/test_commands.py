@@ -134,7 +134,7 @@ def test_plot_without_matplotlib_fails_before_tuning(work, capsys, monkeypatch):
     monkeypatch.setattr("autoloader.cli.plot.available", lambda: False)
     assert cli.main(["tune", f"{USER_MODULE}:make_ds", "--batch-size", "4", "--plot", "x.png"]) == 1
     err = capsys.readouterr().err
-    assert "install autoloader[plot] (matplotlib) for --plot" in err
+    assert "--plot needs matplotlib: pip install matplotlib" in err
     one_line_error(err)
     assert not (work / "cache").exists()
 

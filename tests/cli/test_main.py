@@ -54,3 +54,18 @@ def test_each_command_help_says_what_it_does_prints_and_exits_with():
         assert f"usage: autotune {command}" in text
         description = build_parser()._subparsers._group_actions[0].choices[command].description
         assert description and "--json prints" in description, f"autotune {command} --help: no description of its JSON"
+
+
+def test_doctor_help_is_the_troubleshooting_list():
+    """``autotune doctor --help`` ends with every error users meet, each a line then its meaning and fix; the README
+    shows the five met most and points here (tests/test_readme.py checks they are among these)."""
+    from autoloader.cli.main import TROUBLESHOOTING
+
+    text = _help_of(["doctor", "--help"])
+    assert TROUBLESHOOTING.splitlines()[0] in text
+    entries = [line for line in TROUBLESHOOTING.splitlines() if line.startswith("  ") and not line.startswith("    ")]
+    assert len(entries) >= 12
+    for entry in entries:
+        assert entry.strip() in text
+    fixes = [line for line in TROUBLESHOOTING.splitlines() if line.startswith("      ")]
+    assert len(fixes) >= len(entries) and all(len(line) <= 120 for line in TROUBLESHOOTING.splitlines())
