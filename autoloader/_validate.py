@@ -111,9 +111,10 @@ def _worker_rules(kwargs: Mapping[str, Any]) -> None:
     """DataLoader's checks of the worker keywords, in its order and words (torch 2.13, ``DataLoader.__init__`` and
     its ``multiprocessing_context`` setter). Without ``num_workers`` autoloader picks the workers, so the keywords
     that need some are kept for when it does (README "Use it")."""
-    workers, timeout = kwargs.get("num_workers"), kwargs.get("timeout", 0)
-    fixed = _is_int(workers)
-    if fixed and workers < 0:
+    given, timeout = kwargs.get("num_workers"), kwargs.get("timeout", 0)
+    workers = given if isinstance(given, int) and not isinstance(given, bool) else None  # a wrong type: check_knobs
+    fixed = workers is not None
+    if workers is not None and workers < 0:
         raise ValueError(f"num_workers option should be non-negative; use num_workers=0 to disable multiprocessing. "
                          f"Got num_workers={workers}: pass an int >= 0, or {_TUNE_IT}")
     if isinstance(timeout, numbers.Real) and timeout < 0:
@@ -124,7 +125,7 @@ def _worker_rules(kwargs: Mapping[str, Any]) -> None:
         raise ValueError("prefetch_factor option could only be specified in multiprocessing.let num_workers > 0 to "
                          "enable multiprocessing, otherwise set prefetch_factor to None. Drop prefetch_factor, or set "
                          "num_workers > 0 (or leave num_workers out to let autoloader pick the workers)")
-    if _is_int(prefetch) and prefetch < 0:
+    if isinstance(prefetch, int) and prefetch < 0:  # a bool is never negative
         raise ValueError(f"prefetch_factor option should be non-negative: got prefetch_factor={prefetch}, pass an "
                          f"int >= 1, or {_TUNE_IT}")
     if fixed and workers == 0 and kwargs.get("persistent_workers"):

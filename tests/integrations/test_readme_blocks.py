@@ -107,7 +107,7 @@ def test_webdataset_block(tmp_path):
 @pytest.mark.ray
 def test_ray_block(tmp_path):
     pytest.importorskip("ray")
-    script = _script(tmp_path, "import autoloader.ray\ntrain_step = lambda batch: None\n", INTEGRATION_BLOCKS[4],
+    script = _script(tmp_path, "import autoloader.ray\ntrain_step = lambda *batch: None\n", INTEGRATION_BLOCKS[4],
                      "done(loader.tuning.source, type(loader).__name__, loader.stats.batches)\n")
     output = _run([sys.executable, str(script)], tmp_path)  # a local Ray, started and shut down by autoloader
     assert "rank done tuned PrefetchLoader 4" in output and "Chosen: ray tasks=" in output, output[-3000:]
