@@ -42,7 +42,7 @@ field by field and against a digest when loaded, then against the loader it resu
 # batches are not loaded, so a worker's RNG is elsewhere), an RNG that none of the above reaches (a sampler's private
 # ``random.Random`` without ``state_dict``: detected by redrawing twice, a ValueError), and draws whose interleaving
 # with the loop's depends on the configuration (a dataset drawing in the main process with ``num_workers=0`` before
-# the save and in workers after it). README "Checkpoint and resume" lists them.
+# the save and in workers after it). ``PrefetchLoader.load_state_dict``'s docstring lists them.
 """
 from __future__ import annotations
 
