@@ -69,6 +69,7 @@ def all_gather(obj: Any, *, size: int, group: Any = None) -> List[Any]:
 
 
 AGREED_MAX = ("fetch_s_per_batch", "fetch_cpu_s_per_batch", "fetch_delay_s_per_batch", "consumer_s_per_batch",
+              "consumer_cpu_s_per_batch",
               "worker_cpu_util", "main_cpu_util", "stall_fraction", "worker_uss_bytes", "worker_uss_growth_bytes",
               "worker_rss_bytes", "batch_bytes", "worker_uss_total_bytes", "window_s", "batches", "worker_copied_bytes",
               "worker_copied_run_bytes", "worker_copy_span_bytes", "worker_shared_bytes", "startup_s")
@@ -100,8 +101,8 @@ class Agreed:
     """Why autoloader's measurement broke (here, or on another rank): the search stops."""
     elapsed_s: float
     """The search's clock: the slowest rank's seconds since it started."""
-    main_rss_bytes: int
-    """The largest main process's resident memory (what a forked worker starts out sharing)."""
+    main_private_bytes: int
+    """The largest main process's private memory (``probe.private_bytes``: the most a forked worker could copy)."""
 
 
 @dataclass(frozen=True)
@@ -160,22 +161,22 @@ class Coordinator:
         """The node leader's ``obj`` on every rank (a gather, so it checks the ranks are at the same ``point``)."""
         return obj if self.size == 1 else self._gather(point, obj if self.is_leader else None)[0]
 
-    def outcome(self, outcome: Outcome, *, elapsed_s: float, main_rss_bytes: int) -> Agreed:
+    def outcome(self, outcome: Outcome, *, elapsed_s: float, main_private_bytes: int) -> Agreed:
         """One candidate's outcome on every rank: the slowest rank's rate, the largest of each other figure
         (``AGREED_MAX``), ``steady`` and ``drained`` as ``_DRAINED_ORDER`` says, failed everywhere when it failed
         anywhere, a ``TuningError`` anywhere an error everywhere."""
         trial = None if isinstance(outcome, TuningError) else outcome
         values = [0.0 if trial is None else 1.0, -1.0 if trial is None or not trial.ok else float(trial.samples_per_s),
-                  -elapsed_s, -float(main_rss_bytes)]
+                  -elapsed_s, -float(main_private_bytes)]
         values += [math.inf if trial is None or getattr(trial, n) is None else -float(getattr(trial, n))
                    for n in AGREED_MAX]
         values += [1.0 if trial is None else float(trial.steady),
                    float(_DRAINED_ORDER.index(None if trial is None else trial.drained))]
         agreed = self._min("outcome", values)
-        elapsed, rss = -agreed[2], int(-agreed[3])
+        elapsed, private = -agreed[2], int(-agreed[3])
         if agreed[0] == 0.0 or trial is None:
             error = outcome if isinstance(outcome, TuningError) else TuningError("autoloader failed on another rank")
-            return Agreed(None, error, elapsed, rss)
+            return Agreed(None, error, elapsed, private)
         update: Dict[str, Any] = {}
         figures, (steady, drained) = agreed[4:-2], agreed[-2:]
         for name, value in zip(AGREED_MAX, figures):
@@ -187,7 +188,7 @@ class Coordinator:
                           reason=trial.reason if not trial.ok else "failed on another rank")
         else:
             update["samples_per_s"] = agreed[1]
-        return Agreed(trial if self.size == 1 else dataclasses.replace(trial, **update), None, elapsed, rss)
+        return Agreed(trial if self.size == 1 else dataclasses.replace(trial, **update), None, elapsed, private)
 
     def native(self, changes: bool) -> bool:
         """Whether a native-threads limit changes a pool on any rank (the pools are each rank's own)."""

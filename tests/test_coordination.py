@@ -44,23 +44,23 @@ def _outcome(coordinator: Coordinator, rank: int) -> Any:
     waited in it (drained), where rank 1's never waited: online decisions read all three."""
     trial = TrialResult(LoaderConfig(2, 2), samples_per_s=1000.0 - 400 * rank, worker_uss_bytes=(1 + rank) * 2**20,
                         startup_s=1.5 - rank, steady=rank == 1, drained=rank == 0)
-    agreed = coordinator.outcome(trial, elapsed_s=1.0 + rank, main_rss_bytes=100 + rank)
-    return [agreed.trial.samples_per_s, agreed.trial.worker_uss_bytes, agreed.elapsed_s, agreed.main_rss_bytes,
+    agreed = coordinator.outcome(trial, elapsed_s=1.0 + rank, main_private_bytes=100 + rank)
+    return [agreed.trial.samples_per_s, agreed.trial.worker_uss_bytes, agreed.elapsed_s, agreed.main_private_bytes,
             agreed.trial.startup_s, agreed.trial.steady, agreed.trial.drained]
 
 
 def _alike(coordinator: Coordinator, rank: int) -> Any:
     """Two outcomes the ranks read alike: a window neither rank waited in, then a serial one (no workers: None)."""
     never = coordinator.outcome(TrialResult(LoaderConfig(2, 2), samples_per_s=5.0, drained=False), elapsed_s=1.0,
-                                main_rss_bytes=1)
-    serial = coordinator.outcome(TrialResult(LoaderConfig(0), samples_per_s=5.0), elapsed_s=1.0, main_rss_bytes=1)
+                                main_private_bytes=1)
+    serial = coordinator.outcome(TrialResult(LoaderConfig(0), samples_per_s=5.0), elapsed_s=1.0, main_private_bytes=1)
     return [never.trial.drained, never.trial.steady, serial.trial.drained]
 
 
 def _failed(coordinator: Coordinator, rank: int) -> Any:
     """Rank 0's measurement broke (a TuningError); rank 1's went fine: both stop."""
     outcome = TuningError("broken here") if rank == 0 else TrialResult(LoaderConfig(2, 2), samples_per_s=5.0)
-    agreed = coordinator.outcome(outcome, elapsed_s=1.0, main_rss_bytes=1)
+    agreed = coordinator.outcome(outcome, elapsed_s=1.0, main_private_bytes=1)
     return [agreed.trial is None, str(agreed.error)]
 
 

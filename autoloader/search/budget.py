@@ -23,21 +23,23 @@ the machine's facts and of what trials measured (tested on tables).
 # Every check uses ``footprint``: ``budget_guard`` before a candidate starts, ``first_batch_check`` once its workers
 # made their first batch, the choice at the end (a candidate whose measured footprint is over the budget is not
 # chosen), and ``no_longer_fits`` on a cached result.
-# Before a worker was measured, its size is unknown, and it is not guessed: a forked worker shares every page of this
-# process copy-on-write, so this process's RSS (the old estimate) said 280 MiB for workers that measured 15 MiB and
-# refused 8 workers (2,227 MiB "needed") whose epoch peaked at 129 MiB. ``budget_guard`` then checks only what is
-# known (the batches in /dev/shm, pinned, in threads' hands), the candidate starts, and its workers' USS is read at
-# their first batch (``MemoryCheck``, trials and online alike; ``procs.MEMORY_SAMPLE`` of them, spread over the pool,
-# sizing all: one read costs 2-20 ms): when the footprint measured there, plus the growth an earlier candidate's
-# workers showed during their window beyond the noise, is over the budget, the candidate stops at once, "skipped"
-# with the figures, and its measured worker size guards every later candidate (``per_worker_bytes``: sized by
-# candidates of two workers or more, a lone worker holding alone every page this process writes meanwhile). What this
-# admits: the process tree passes the budget only from the start of a candidate to its first batch, and by less than
-# its workers' USS there (a forked worker's private pages then are what it allocated and copied to make its first
-# prefetch_factor batches: 8-20 MiB each measured here; a worker_init_fn that allocates more is not bounded); once a
-# worker was measured, only by what a worker holds there beyond that size. Spawned workers share nothing and import
-# everything again, so for them this process's RSS stays the estimate until one is measured
-# (``per_worker_estimate``).
+# Before a worker was measured, it is sized conservatively (``per_worker_estimate``): this process's private memory
+# (``probe.private_bytes``: its anonymous pages, the most a forked worker can ever copy, and about what a spawned one
+# builds again), so that no pool starts whose footprint is not known to fit, from the first fork on. (Not sizing it
+# at all, and checking the workers only at their first batch, let a prior of 25 workers start under 380 MiB and peak
+# at 1.36x the budget; 22 workers reading a list of 300,000 objects under 700 MiB measured 1,210 MiB in their window.)
+# A forked worker measures far less than that bound (15-20 MiB beside 150-350 MiB of this process), so the first pool
+# is the most workers that fit at the conservative size, its workers' USS is read at their first batch
+# (``MemoryCheck``, trials and online alike; ``procs.MEMORY_SAMPLE`` of them, spread over the pool, sizing all: one
+# read costs 2-20 ms), and the search then grows the pool to the most that fit at the measured size
+# (``search/online_plan.py``'s prior; the trials' climb goes up from it): one more start in the first epoch where
+# the budget is tight, none where it is not (half of 23 GiB holds 64 workers of 150 MiB). When the footprint measured
+# at the first batch, plus the growth an earlier candidate's workers showed during their window beyond the noise, is
+# over the budget, the candidate stops at once, "skipped" with the figures, and its measured worker size guards every
+# later candidate (``per_worker_bytes``: sized by candidates of two workers or more, a lone worker holding alone every
+# page this process writes meanwhile). What this admits: once a worker was measured, the process tree passes the
+# budget only by what a worker holds beyond that size (its own allocations: a worker_init_fn that allocates more is
+# not bounded).
 # Copy-on-read (NOTE [ Copy-on-read ] in measure/advice.py) makes workers grow with every sample they read; a trial
 # sees the start of it, and the choice is made on the forecast of an epoch (NOTE [ Copy-on-read forecast ] in
 # growth.py).
@@ -180,24 +182,24 @@ def no_longer_fits(result: TuneResult, *, budget_bytes: Optional[int], shm_free_
                         budget_bytes=budget_bytes, shm_free_bytes=shm_free_bytes)
 
 
-def per_worker_estimate(measured_bytes: Optional[int], *, forked: bool,
-                        main_rss_bytes: Optional[int]) -> Optional[int]:
+def per_worker_estimate(measured_bytes: Optional[int], *, main_private_bytes: Optional[int]) -> Optional[int]:
     """One worker's memory for the checks before a candidate starts: as measured (``per_worker_bytes``) once a worker
-    candidate reached its first batch; before that None for forked workers, which share this process's pages
-    copy-on-write (their candidate is checked at its first batch instead: NOTE [ Memory budget ]), and this process's
-    RSS (``main_rss_bytes``) for spawned ones, which import everything again (an estimate, until one is measured)."""
-    if measured_bytes is not None or forked:
-        return measured_bytes
-    return main_rss_bytes
+    candidate reached its first batch; before that, this process's private memory (``main_private_bytes``,
+    ``probe.private_bytes``), the most a forked worker can ever copy and about what a spawned one builds again: a
+    conservative size, so that no pool starts that is not known to fit (NOTE [ Memory budget ]); None when neither is
+    known."""
+    return measured_bytes if measured_bytes is not None else main_private_bytes
 
 
 def memory_check(config: LoaderConfig, trials: Sequence[TrialResult], *, budget_bytes: Optional[int],
-                 main_rss_bytes: Optional[int], batch_bytes: Optional[int]) -> Optional[MemoryCheck]:
+                 main_private_bytes: Optional[int], batch_bytes: Optional[int]) -> Optional[MemoryCheck]:
     """What ``config``'s workers are checked against at their first batch: the budget and the most a worker grew
-    during an earlier window of ``trials``; the census only where its workers, each copying all of this process (its
-    RSS: the most a fork can copy) on top of their own size, would not fit. None without workers or a budget."""
+    during an earlier window of ``trials``; the census only where its workers, each copying all of this process's
+    private memory (the most a fork can copy) on top of their own size, would not fit. None without workers or a
+    budget."""
     if config.num_workers == 0 or budget_bytes is None:
         return None
-    worst = None if main_rss_bytes is None else footprint(
-        config, per_worker_bytes=main_rss_bytes + (per_worker_bytes(trials) or 0), batch_bytes=batch_bytes).total_bytes
+    worst = None if main_private_bytes is None else footprint(
+        config, per_worker_bytes=main_private_bytes + (per_worker_bytes(trials) or 0),
+        batch_bytes=batch_bytes).total_bytes
     return MemoryCheck(budget_bytes, worker_growth_bytes(trials), census=worst is None or worst > budget_bytes)

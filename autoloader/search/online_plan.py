@@ -7,8 +7,9 @@ online epoch scheduler measures each candidate it yields."""
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Optional, Protocol, Sequence
+from typing import Any, List, Optional, Protocol, Sequence, Tuple
 
+from .._text import mib
 from ..config import LoaderConfig
 from ..results import TrialResult, TuneResult
 from . import budget, online_policy, policy
@@ -29,7 +30,7 @@ class Search(Protocol):
     coordinator: Any
 
     def run(self, config: LoaderConfig, *, first: bool = False, again: bool = False, force: bool = False,
-            probe: bool = False, gain: float = 0.0) -> Steps[Optional[TrialResult]]:
+            probe: bool = False, gain: float = 0.0, unsized: bool = False) -> Steps[Optional[TrialResult]]:
         ...
 
     def config(self, n: int, prefetch: Optional[int] = None, pin: Optional[bool] = None,
@@ -46,6 +47,15 @@ class Search(Protocol):
         ...
 
     def per_worker_estimate(self) -> Optional[int]:
+        ...
+
+    def most_that_fit(self, *, low: int, high: int) -> Optional[int]:
+        ...
+
+    def first_pool(self, n: int) -> Tuple[int, bool]:
+        ...
+
+    def fit_below_refusals(self) -> Steps[None]:
         ...
 
     def refused(self) -> List[int]:
@@ -79,29 +89,50 @@ def online_steps(search: Search, *, serial: Optional[TrialResult] = None) -> Ste
             if workers:
                 log.info("serial loading takes %.1f ms a batch beside a %.1f ms step: trying %d workers",
                          1e3 * (serial.fetch_s_per_batch or 0.0), 1e3 * (serial.consumer_s_per_batch or 0.0), workers)
-        while workers:  # the most of the prior that the memory budget admits, by what is known or measured
-            fitting = _fitting(search, low=0, high=workers) or 0
-            if fitting != workers:
-                log.info("online: %d workers would not fit the memory budget; %d do", workers, fitting)
-            workers = fitting
-            if not workers:
-                break
-            gain = online_policy.prior_gain(fetch_s=serial.fetch_s_per_batch or 0.0,
-                                            consumer_s=serial.consumer_s_per_batch, workers=workers)
-            yield from search.run(search.config(workers), gain=gain)
-            last = search.found.trials[-1]
-            if last.status != "skipped":
-                break
-            workers = workers - 1 if budget.skipped_for_memory(last) else workers // 2  # its workers' size is known
+        yield from _prior_pool(search, serial, workers)
     else:
         yield from search.run(search.config(settings.start.num_workers), first=True)
     yield from _jumps(search, serial)
+    yield from search.fit_below_refusals()
     chosen = search.choose()
     serial_now = search.found.by_config.get(search.config(0))
     if chosen is None or (chosen.config.num_workers == 0 and serial_now is not None and not serial_now.steady):
         yield from search.run(search.config(0), again=True)  # the probe's estimate won, or nothing ran: serial, measured
         chosen = search.choose()
     return (yield from _finish(search, chosen))
+
+
+def _prior_pool(search: Search, serial: TrialResult, prior: int) -> Steps[None]:
+    """The prior's pool, held to what is known to fit the memory budget (NOTE [ Memory budget ] in budget.py): the
+    most of ``prior`` workers that fit at the size known (measured, else this process's private memory); then, once
+    its workers were measured, grown to the most of ``prior`` that fit at their measured size. When not one worker fits
+    at the conservative size, one starts, checked at its first batch."""
+    workers = prior
+    while workers:
+        fitting, unsized = search.first_pool(workers)
+        if fitting != workers:
+            log.info("online: %d workers would not fit the memory budget at %s each; %s", workers,
+                     mib(search.per_worker_estimate() or 0), "one starts, checked at its first batch" if unsized
+                     else f"{fitting} do")
+        workers = fitting
+        if not workers:
+            return
+        yield from search.run(search.config(workers), gain=_gain(serial, workers), unsized=unsized)
+        last = search.found.trials[-1]
+        if last.status != "skipped":
+            break
+        workers = workers - 1 if budget.skipped_for_memory(last) else workers // 2  # its workers' size is known
+    if workers and workers < prior and search.found.per_worker_bytes is not None:
+        grown = search.most_that_fit(low=workers, high=prior)
+        if grown is not None and grown > workers:
+            log.info("online: %d workers measured %s each; %d fit the memory budget", workers,
+                     mib(search.found.per_worker_bytes), grown)
+            yield from search.run(search.config(grown), gain=_gain(serial, grown))
+
+
+def _gain(serial: TrialResult, workers: int) -> float:
+    return online_policy.prior_gain(fetch_s=serial.fetch_s_per_batch or 0.0, consumer_s=serial.consumer_s_per_batch,
+                                    workers=workers)
 
 
 def _prior(search: Search, serial: TrialResult, *, consumer_s: Optional[float]) -> int:
@@ -131,7 +162,7 @@ def _jumps(search: Search, serial: Optional[TrialResult]) -> Steps[None]:
                                   tolerance=settings.tolerance)
         if move is None or (settings.descend and last is not None and move.workers > last.config.num_workers):
             return
-        workers = _fitting(search, low=last.config.num_workers if last is not None else 0, high=move.workers)
+        workers = search.most_that_fit(low=last.config.num_workers if last is not None else 0, high=move.workers)
         if workers is None:
             return
         log.info("online: %s%s", move.why, "" if workers == move.workers else
@@ -150,24 +181,8 @@ def _below_a_refusal(search: Search, trials: Sequence[TrialResult]) -> Optional[
     high = trials[-1].config.num_workers - 1
     low = max((t.config.num_workers for t in trials if t.ok and t.config.num_workers <= high
                and t.config.num_workers not in refused), default=0)
-    workers = _fitting(search, low=low, high=high)
+    workers = search.most_that_fit(low=low, high=high)
     return workers if workers is not None and workers > low else None
-
-
-def _fitting(search: Search, *, low: int, high: int) -> Optional[int]:
-    """The most workers up to ``high`` that the memory budget admits (``Search.guard``: it grows with the count), a
-    jump down as it is; None when none above ``low`` does."""
-    estimate = search.per_worker_estimate()
-    if high <= low or search.guard(search.config(high), estimate) is None:
-        return high
-    top, bottom = high, low  # top does not fit; bottom is measured (it fit)
-    while top - bottom > 1:
-        middle = (top + bottom) // 2
-        if search.guard(search.config(middle), estimate) is None:
-            bottom = middle
-        else:
-            top = middle
-    return bottom if bottom > low else None
 
 
 def _finish(search: Search, chosen: Optional[TrialResult]) -> Steps[TuneResult]:

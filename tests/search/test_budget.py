@@ -108,8 +108,8 @@ BATCH = 32
 
 
 class PriorSearch(Search):
-    """The search with a fixed prior for one worker before any was measured, as for spawned workers (the real one
-    reads this process's RSS, which depends on what ran before in the test session; forked workers have none)."""
+    """The search with a fixed size for one worker before any was measured (the real one reads this process's private
+    memory, which depends on what ran before in the test session)."""
 
     prior = 100 * MIB
 
@@ -212,24 +212,23 @@ def test_a_trial_measures_the_growth_per_sample_and_the_forecast_catches_it():
     assert math.isfinite(growth.forecast_bytes(flat, epoch_samples=100_000))
 
 
-def test_a_count_skipped_on_the_prior_estimate_is_measured_once_a_worker_was():
-    # before any worker ran, one is sized at 300 MiB (the real search: this process's RSS); measured, 100 MiB
+def test_the_first_pool_is_what_fits_at_the_conservative_size_and_grows_once_measured():
+    # before any worker ran, one is sized at 300 MiB (the real search: this process's private memory); measured,
+    # 100 MiB: the first pool is the 3 that fit at 300 MiB, never a count that does not (issue 59: no pool starts
+    # whose footprint is not known to fit), then it grows to the predicted 8, and climbs to the most that fit
     asked, result = drive(waiting, memory_budget=GIB, prior=300 * MIB)
     counts = [c.num_workers for c in asked]
-    assert 2 in counts and 8 in counts, counts
-    first_skipped = [t.config.num_workers for t in result.trials if t.status == "skipped"]
-    assert 8 in first_skipped, "skipped on the prior first"
-    assert any(t.ok and t.config.num_workers == 8 for t in result.trials), "then measured"
+    assert counts[:3] == [0, 3, 8], counts
+    assert not any(t.status == "skipped" and t.config.num_workers <= 10 for t in result.trials), result.trials
     assert result.num_workers == 10 and all(n <= 10 for n in counts), "then halfway to 16 (skipped): the most that fit"
 
 
-def test_the_predicted_count_skipped_on_the_estimate_is_tried_once_one_worker_was_measured():
-    # 600 MiB per worker before one ran: 8, 4 and 2 are skipped, 1 is measured (no faster than 0: the climb alone
-    # would stop there); measured at 100 MiB, the predicted 8 fits and is tried, and the climb goes on from it, to the
-    # most that fit
-    asked, result = drive(waiting, memory_budget=GIB, prior=600 * MIB)
+def test_when_not_one_worker_fits_at_the_conservative_size_one_starts_checked_at_its_first_batch():
+    # 1.5 GiB per worker before one ran, under 1 GiB: no count is known to fit, so one worker starts, sized at its
+    # first batch (100 MiB); the predicted 8 then fits, and the climb goes on from it, to the most that fit
+    asked, result = drive(waiting, memory_budget=GIB, prior=1536 * MIB)
     counts = [c.num_workers for c in asked]
-    assert counts[:2] == [0, 1] and 8 in counts, counts
+    assert counts[:3] == [0, 1, 8], counts
     assert result.num_workers == 10, [(t.config.num_workers, t.status) for t in result.trials]
 
 
@@ -285,7 +284,7 @@ def test_the_census_is_asked_for_only_where_copying_could_matter():
     search = Search(request, full_profile(), budget=30.0)
     assert search.memory_check(config(0)) is None
     assert search.memory_check(config(8)).census, "nothing measured: asked for"
-    search.main_rss = 300 * MIB
+    search.main_private = 300 * MIB
     assert search.memory_check(config(2)).census is False, "2 x 300 MiB fit 1 GiB whatever they copy"
     assert search.memory_check(config(8)).census is True
     assert search.memory_check(config(8)).budget_bytes == GIB
@@ -308,43 +307,37 @@ def test_the_census_is_asked_for_only_where_copying_could_matter():
      "3 MiB is the noise of two readings (batches being built): no growth"),
 ])
 def test_memory_check(n, trials, budget_bytes, rss, expected, why):
-    check = budget.memory_check(config(n), trials, budget_bytes=budget_bytes, main_rss_bytes=rss, batch_bytes=MIB)
+    check = budget.memory_check(config(n), trials, budget_bytes=budget_bytes, main_private_bytes=rss, batch_bytes=MIB)
     assert (None if check is None else (check.budget_bytes, check.growth_bytes, check.census)) == expected, why
 
 
-@pytest.mark.parametrize("measured, forked, rss, expected, why", [
-    (16 * MIB, True, 300 * MIB, 16 * MIB, "a worker measured: its size, forked or not"),
-    (16 * MIB, False, 300 * MIB, 16 * MIB, "... spawned too"),
-    (None, True, 300 * MIB, None, "forked, none measured: not guessed (checked at its first batch)"),
-    (None, False, 300 * MIB, 300 * MIB, "spawned, none measured: this process's RSS, the estimate"),
-    (None, False, None, None, "spawned, before the first outcome: nothing to estimate from"),
+@pytest.mark.parametrize("measured, private, expected, why", [
+    (16 * MIB, 300 * MIB, 16 * MIB, "a worker measured: its size"),
+    (None, 300 * MIB, 300 * MIB, "none measured: this process's private memory, the most a fork can copy"),
+    (None, None, None, "before the first outcome, among ranks: nothing to size it by"),
 ])
-def test_per_worker_estimate(measured, forked, rss, expected, why):
-    assert budget.per_worker_estimate(measured, forked=forked, main_rss_bytes=rss) == expected, why
+def test_per_worker_estimate(measured, private, expected, why):
+    assert budget.per_worker_estimate(measured, main_private_bytes=private) == expected, why
 
 
-def test_forked_workers_are_never_refused_on_this_processs_rss():
-    """Issue 45: under 380 MiB, 8 and 4 forked workers were skipped as 2,227 and 1,120 MiB (this process's RSS each)
-    before any was measured; they take 15 MiB. Now the first worker candidate starts, checked at its first batch."""
+def test_the_first_pool_is_held_to_what_fits_at_this_processs_size_then_grows():
+    """Issue 59: waiting-bound 384 KiB samples online under 380 MiB: the prior's 25 workers started before any worker
+    was measured and peaked at 1.36x the budget. The first pool is now the most that fit at this process's private
+    size (a forked worker's bound), and once its workers measured 15 MiB each the pool grows to what fits."""
     request = Request.checked(LatencyBound(n=100_000, latency_s=0.004), 16, device="cpu", max_workers=64,
                               memory_budget=380 * MIB)
     search = Search(request, full_profile(), budget=30.0)
-    assert search.settings.forked and search.per_worker_estimate() is None
-    asked, result = drive_candidates(search, forked_waiting)
-    worker_candidates = [c for c in asked if c.config.num_workers]
-    assert worker_candidates and all(c.memory is not None and c.memory.budget_bytes == 380 * MIB
-                                     for c in worker_candidates)
-    table = [(t.config.num_workers, t.status, t.reason) for t in result.trials]
-    assert not any(t.status == "skipped" and t.config.num_workers <= 8 for t in result.trials), table
-    assert result.num_workers >= 8, table
-    # what the old estimate refused: this process's RSS per worker
-    old = budget.budget_guard(config(8), per_worker_bytes=psutil.Process().memory_info().rss, batch_bytes=6 * MIB,
-                              budget_bytes=380 * MIB, shm_free_bytes=None)
-    assert old is not None
+    search.main_private = 150 * MIB  # as the first outcome agrees it (a pytest process with torch: 150-350 MiB)
+    assert search.per_worker_estimate() == 150 * MIB
+    assert search.most_that_fit(low=0, high=25) == 2, "2 x 150 MiB and their batches fit 380 MiB; 3 do not"
+    search.found.per_worker_bytes = 15 * MIB
+    assert search.most_that_fit(low=2, high=25) == 25
 
 
-def test_a_candidate_over_the_budget_at_its_first_batch_is_skipped_and_guards_the_rest():
-    # 64 MiB per worker at the first batch: 8 workers (512 MiB) stop there; every later candidate is guarded by it
+def test_a_candidate_over_the_budget_at_its_first_batch_is_skipped_and_guards_the_rest(monkeypatch):
+    # 64 MiB per worker at the first batch, this process's private memory 10 MiB (a worker that allocates on its own
+    # passes the conservative size): 8 workers (512 MiB) stop there; every later candidate is guarded by it
+    monkeypatch.setattr("autoloader.search.search.private_bytes", lambda: 10 * MIB)
     def heavy(candidate):
         trial = forked_waiting(candidate)
         n = candidate.config.num_workers
@@ -430,7 +423,7 @@ def test_a_lone_workers_size_does_not_size_the_others():
     assert budget.per_worker_bytes([lone, two, stopped]) == 40 * MIB, "measured at its first batch, it counts"
 
 
-def test_the_search_looks_below_counts_forecast_past_the_budget():
+def test_the_search_looks_below_counts_forecast_past_the_budget(monkeypatch):
     """Issue 45's list of 300,000 objects under 700 MiB: each worker copies a page a sample, out of 181 MiB. Measured
     in a real run: the search climbed 8 -> 32 -> 16 -> 23, every one forecast past the budget, and fell back to no
     workers (875 samples/s). Once a count measured the copies, counts forecast past the budget are not started
@@ -445,9 +438,13 @@ def test_the_search_looks_below_counts_forecast_past_the_budget():
         return dataclasses.replace(trial, config=config, consumer_s_per_batch=1e-5, worker_cpu_util=0.05,
                                    startup_s=0.05 * n)
     request = Request.checked(LatencyBound(n=300_000), 64, device="cpu", max_workers=32, memory_budget=700 * MIB)
-    with pytest.warns(AutoloaderWarning, match="choosing workers=4"):
+    monkeypatch.setattr("autoloader.search.search.private_bytes", lambda: 160 * MIB)  # the list's process
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AutoloaderWarning)  # the choice fits: nothing to warn of
         asked, result = drive_candidates(Search(request, full_profile(), budget=30.0), copy_on_read)
     table = [(t.config.num_workers, t.status, (t.reason or "")[:40]) for t in result.trials]
+    assert all(growth.forecast_bytes(t, epoch_samples=300_000) <= 700 * MIB for t in result.trials if t.ok and
+               t.config.num_workers), "no pool measured was forecast past the budget: each was known to fit"
     refused = [t for t in result.trials if t.status == "skipped"]
     assert refused and all("copy-on-read" in t.reason and "by the end of an epoch" in t.reason for t in refused)
     assert result.num_workers == 4, table
@@ -456,7 +453,7 @@ def test_the_search_looks_below_counts_forecast_past_the_budget():
     assert not result.config.persistent_workers, "in time its workers would copy all 181 MiB each"
 
 
-def test_a_measured_count_forecast_past_the_budget_is_a_ceiling_the_search_looks_below():
+def test_a_measured_count_forecast_past_the_budget_is_a_ceiling_the_search_looks_below(monkeypatch):
     """The same list under 600 MiB (4 workers forecast at 652 MiB, 3 at 534): the first count measured (8) is forecast
     past the budget once measured, and 4 (its half) too. 8 had counted as measured, so nothing below 4 was tried and
     the choice fell back to no workers (2 of 3 benchmark runs of the list under 700 MiB, whose 4 workers sit at the
@@ -469,9 +466,12 @@ def test_a_measured_count_forecast_past_the_budget_is_a_ceiling_the_search_looks
         return dataclasses.replace(copying(n, 875.0 * n), config=candidate.config, consumer_s_per_batch=1e-5,
                                    worker_cpu_util=0.05, startup_s=0.05 * n)
     request = Request.checked(LatencyBound(n=300_000), 64, device="cpu", max_workers=32, memory_budget=600 * MIB)
-    with pytest.warns(AutoloaderWarning, match="choosing workers=3"):
+    monkeypatch.setattr("autoloader.search.search.private_bytes", lambda: 160 * MIB)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AutoloaderWarning)
         asked, result = drive_candidates(Search(request, full_profile(), budget=30.0), copy_on_read)
     table = [(t.config.num_workers, t.status) for t in result.trials]
+    assert 0 < max(c.config.num_workers for c in asked) <= 3, table
     assert result.num_workers == 3, table
     assert growth.forecast_bytes(next(t for t in result.trials if t.ok and t.config.num_workers == 3),
                                  epoch_samples=300_000) <= 600 * MIB

@@ -145,9 +145,10 @@ class Budgeted(Host):
         return dataclasses.replace(measured, worker_uss_bytes=uss if n else None)
 
 
-def test_a_prior_stopped_at_its_first_batch_for_memory_goes_to_the_most_its_measured_workers_fit(monkeypatch):
-    """Issue 45: waiting-bound 384 KiB samples under 380 MiB started a prior of 28 workers, stopped at their first
-    batch (16 MiB each measured), then halved to 14 (refused), then 7; 23 fit by what the 28 measured."""
+def test_the_prior_starts_as_the_pool_known_to_fit_and_grows_to_what_its_measured_workers_fit(monkeypatch):
+    """Issue 59: waiting-bound 384 KiB samples under 380 MiB started a prior of 25-29 workers before any was measured
+    and peaked at 1.36x the budget (stopped at their first batch, after the fact). At this process's private size
+    (150 MiB here) 2 fit; they measure 16 MiB each, and the pool grows to the 23 that fit at that size."""
     host = Budgeted(fetch_s=0.07, cpu=0.07, step_s=0.0001, cpus=2, batch=16)
 
     def guard(self, config, per_worker):
@@ -155,9 +156,10 @@ def test_a_prior_stopped_at_its_first_batch_for_memory_goes_to_the_most_its_meas
         return "memory: too many" if per_worker is not None and n * per_worker > host.budget_mib * 2**20 else None
 
     monkeypatch.setattr(Search, "guard", guard)
+    monkeypatch.setattr("autoloader.search.search.private_bytes", lambda: 150 * 2**20)
     asked, result = drive(host)
-    assert asked[:3] == [0, 29, 23], asked
-    assert [t.config.num_workers for t in result.trials if t.status == "skipped"] == [29]
+    assert asked[:3] == [0, 2, 23], asked
+    assert not [t.config.num_workers for t in result.trials if t.status == "skipped"], "none over the budget"
     assert result.config.num_workers == 23
 
 
@@ -180,6 +182,7 @@ def test_a_jump_stopped_at_its_first_batch_for_memory_goes_to_the_most_its_measu
 
     monkeypatch.setattr(Search, "guard", guard)
     monkeypatch.setattr("autoloader.search.online_plan.online_policy.prior_workers", lambda **_: 7)
+    monkeypatch.setattr("autoloader.search.search.private_bytes", lambda: 16 * 2**20)
     asked, result = drive(host)
     assert asked[:4] == [0, 7, 16, 13], asked
     assert [t.config.num_workers for t in result.trials if t.status == "skipped"] == [16]

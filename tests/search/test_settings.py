@@ -68,8 +68,6 @@ def test_a_re_tune_searches_the_family_of_the_configuration_in_force(start, pref
     ({"threads": 4}, "tune_threads", False, "... and none is searched"),
     ({}, "threads", 1, "otherwise one thread a process"),
     ({"native_threads": 2}, "native_setting", 2, "native_threads= as given"),
-    ({"dataloader_kwargs": {"multiprocessing_context": "spawn"}}, "forked", False, "spawned workers share nothing"),
-    ({"dataloader_kwargs": {"multiprocessing_context": "fork"}}, "forked", True, "forked ones share pages"),
 ])
 def test_the_settings_of_a_request(kwargs, field, expected, why):
     assert getattr(settings(**kwargs), field) == expected, why

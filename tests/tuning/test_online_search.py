@@ -94,12 +94,12 @@ class OtherRankStalled(Coordinator):
     """One process whose outcomes come back as if another rank of its node had waited 60 % of every window (the node
     agrees on the largest stall: ``Coordinator.outcome``)."""
 
-    def outcome(self, outcome, *, elapsed_s, main_rss_bytes):
-        agreed = super().outcome(outcome, elapsed_s=elapsed_s, main_rss_bytes=main_rss_bytes)
+    def outcome(self, outcome, *, elapsed_s, main_private_bytes):
+        agreed = super().outcome(outcome, elapsed_s=elapsed_s, main_private_bytes=main_private_bytes)
         if agreed.trial is None or agreed.trial.stall_fraction is None:
             return agreed
         return Agreed(dataclasses.replace(agreed.trial, stall_fraction=0.6), None, agreed.elapsed_s,
-                      agreed.main_rss_bytes)
+                      agreed.main_private_bytes)
 
 
 def test_the_decisions_stall_is_the_one_the_ranks_agreed_not_this_ranks(profile):
