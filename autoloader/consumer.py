@@ -5,7 +5,7 @@ import math
 import numbers
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Optional, Union
+from typing import Any, Callable, Deque, Dict, Optional, Tuple, Union
 
 import torch
 
@@ -109,17 +109,23 @@ class Consumer:
 
     def seconds_per_batch(self, batch: Any, *, seconds: float = 0.25, max_calls: int = 20) -> float:
         """Time the step alone on one batch already on the device: each call synchronised, so the 0.25 s stop sees
-        the device's time, not how fast the host queues work."""
+        the device's time, not how fast the host queues work (``cost_per_batch``'s wall seconds)."""
+        return self.cost_per_batch(batch, seconds=seconds, max_calls=max_calls)[0]
+
+    def cost_per_batch(self, batch: Any, *, seconds: float = 0.25, max_calls: int = 20) -> Tuple[float, float]:
+        """(wall seconds, this process's CPU seconds) of the step alone on one batch already on the device, each call
+        synchronised, for ``seconds`` and at least two calls (at most ``max_calls``): the step's pace, and the CPUs it
+        keeps busy meanwhile (a CPU step's intra-op pool; a GPU step's host work)."""
         if self.is_noop:
-            return 0.0
+            return 0.0, 0.0
         self(batch)
         self.synchronize()
         calls = 0
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         while calls < max_calls:
             self(batch)
             self.synchronize()
             calls += 1
             if calls >= 2 and time.perf_counter() - start >= seconds:
                 break
-        return (time.perf_counter() - start) / calls
+        return (time.perf_counter() - start) / calls, (time.process_time() - cpu) / calls

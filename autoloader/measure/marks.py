@@ -27,6 +27,8 @@ class BatchMark:
     """Host time inside the consumer step (and the pacing after it)."""
     wait_delay_s: Optional[float] = None
     """The main thread's time inside ``next()`` waiting for a CPU (run queue), when the kernel says."""
+    step_cpu_s: float = 0.0
+    """This process's CPU time inside the consumer step, every thread of it (a CPU step's intra-op pool too)."""
 
 
 @dataclass(frozen=True)

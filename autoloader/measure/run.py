@@ -133,9 +133,11 @@ class Run:
         the device and the previous batch is marked in the window (NOTE [ Trial timing ], 2.-3.)."""
         t_ask, c_ask = time.perf_counter(), cpu_and_delay() if self.measuring else _UNREAD
         if self.measuring and self._previous is not None:
+            c_done = c_ask
             self.consumer.pace()
             batch, t_prev, c_prev, t_got, c_got = self._previous
-            self.window.add(batch, t_ask=t_prev, c_ask=c_prev, t_got=t_got, c_got=c_got, consumer=self.consumer)
+            self.window.add(batch, t_ask=t_prev, c_ask=c_prev, t_got=t_got, c_got=c_got, consumer=self.consumer,
+                            c_done=c_done)
             t_ask, c_ask = time.perf_counter(), cpu_and_delay()
         self._asked = (t_ask, c_ask)
 

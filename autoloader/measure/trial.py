@@ -95,8 +95,9 @@ def run_trial(request: Request, config: LoaderConfig, *, consumer: Consumer, lim
     timeout, file descriptors, or a thread candidate the tuner chose, ``threads_tuned``, raising), and with
     ``status="skipped"`` when ``memory`` (the candidate's ``budget.MemoryCheck``) stopped it at its first batch;
     re-raises the user's own exceptions from the dataset or the step unchanged, and ``KeyboardInterrupt``. With
-    ``measure_consumer``, ``consumer_s_per_batch`` is the step alone timed on the last batch (see
-    ``Consumer.seconds_per_batch``); otherwise it is the host time spent in the step during the window.
+    ``measure_consumer``, ``consumer_s_per_batch`` and ``consumer_cpu_s_per_batch`` are the step alone timed on the
+    last batch (see ``Consumer.cost_per_batch``); otherwise the host time and CPU spent in the step during the
+    window.
     """
     spawned = config.num_workers > 0 and start_method(request.setting("multiprocessing_context")) != "fork"
     limit_s += SPAWN_STARTUP_S if spawned else 0.0
@@ -152,6 +153,7 @@ def _consume(prefetcher: PrefetchLoader, run: Run, consumer: Consumer, *, measur
         record.user = False
     if measure_consumer and last is not None and run.result is not None:
         record.user = True
-        consumer_s = consumer.seconds_per_batch(last, seconds=0.25)
+        consumer_s, consumer_cpu_s = consumer.cost_per_batch(last, seconds=0.25)
         record.user = False
-        run.result = dataclasses.replace(run.result, consumer_s_per_batch=consumer_s)
+        run.result = dataclasses.replace(run.result, consumer_s_per_batch=consumer_s,
+                                         consumer_cpu_s_per_batch=consumer_cpu_s)

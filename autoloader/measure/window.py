@@ -113,9 +113,11 @@ class Window:
                 self.edges.census_pid = workers[0].pid
                 self.edges.census = cow.take(workers[0].pid)
 
-    def add(self, batch: Any, *, t_ask: float, c_ask: Clocks, t_got: float, c_got: Clocks, consumer: Any) -> None:
+    def add(self, batch: Any, *, t_ask: float, c_ask: Clocks, t_got: float, c_got: Clocks, consumer: Any,
+            c_done: Optional[Clocks] = None) -> None:
         """Record a batch the consumer has finished; the batch that opens the window first waits for the device.
-        ``c_ask``/``c_got``: ``cpuclock.cpu_and_delay()`` when the batch was asked for and when it came."""
+        ``c_ask``/``c_got``/``c_done``: ``cpuclock.cpu_and_delay()`` when the batch was asked for, when it came and
+        when the loop asked for the next one (its step over; None: now)."""
         if self.rule == "candidate" and self.edges.opened is None:
             self._open_early(t_ask, t_got)
         if len(self.marks) + 1 == self.skip and self.settled is not None and not self.settled():
@@ -124,8 +126,9 @@ class Window:
             consumer.synchronize()
         t_done = time.perf_counter()
         cpu, delay = spent(c_ask, c_got)
+        step_cpu = (c_done[0] if c_done is not None else time.process_time()) - c_got[0]
         self.marks.append(BatchMark(t_done, samples_in(batch, self.batch_size), t_got - t_ask, cpu, t_done - t_got,
-                                    delay))
+                                    delay, max(0.0, step_cpu)))
         if len(self.marks) == self.skip:
             tracker = self.edges.tracker
             self.edges.opened = Reading(time.perf_counter(), time.process_time(),
@@ -228,6 +231,7 @@ class Window:
             fetch_cpu_s_per_batch=sum(m.wait_cpu_s for m in window_marks) / batches,
             fetch_delay_s_per_batch=mean_delay(window_marks),
             consumer_s_per_batch=sum(m.step_s for m in window_marks) / batches,
+            consumer_cpu_s_per_batch=sum(m.step_cpu_s for m in window_marks) / batches,
             batch_bytes=self.batch_bytes,
             steady=opened == self.skip - 1 and batches >= self.need and not self.exhausted,
             drained=self._drained(marks[opened:]),
@@ -258,6 +262,7 @@ class Window:
                            stall_fraction=stall_fraction(fetch, fetch + step), fetch_s_per_batch=fetch,
                            fetch_cpu_s_per_batch=statistics.median(m.wait_cpu_s for m in marks),
                            fetch_delay_s_per_batch=mean_delay(marks), consumer_s_per_batch=step,
+                           consumer_cpu_s_per_batch=statistics.median(m.step_cpu_s for m in marks),
                            batch_bytes=self.batch_bytes, steady=False)
 
     def _stopped(self, elapsed: float) -> TrialResult:

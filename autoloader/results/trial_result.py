@@ -43,6 +43,9 @@ class TrialResult:
         fetch_delay_s_per_batch (float): Of ``fetch_s_per_batch``, the time the measuring thread waited for a CPU
             (run-queue wait, not waiting for data); None where the kernel does not say.
         consumer_s_per_batch (float): Seconds per batch the step took (the simulated or your real one).
+        consumer_cpu_s_per_batch (float): CPU seconds per batch this process spent in the step, every thread of it
+            (a step on the CPU runs torch's intra-op pool: up to the usable CPUs per second of step); the CPUs the
+            step takes from the workers (``search/capacity.py``'s ``step_cpus``).
         worker_cpu_util (float): How busy each worker kept a CPU, 0 to 1 (CPU time over wall time, per worker).
         worker_cpu_s_per_batch (float): The workers' CPU seconds per batch.
         main_cpu_util (float): How busy the main process kept a CPU during the window.
@@ -90,6 +93,7 @@ class TrialResult:
     fetch_cpu_s_per_batch: Optional[float] = None
     fetch_delay_s_per_batch: Optional[float] = None
     consumer_s_per_batch: Optional[float] = None
+    consumer_cpu_s_per_batch: Optional[float] = None
     worker_cpu_util: Optional[float] = None
     worker_cpu_s_per_batch: Optional[float] = None
     main_cpu_util: Optional[float] = None
