@@ -13,10 +13,10 @@ from ..probe._pools import NativePool, limit_held
 from .trial_result import TrialResult, trial_row
 from .tune_words import bottleneck_words, disk_words, limit_words
 
-Bottleneck = Literal["consumer", "cpu", "io", "ipc", "memory", "oversubscription"]
+Bottleneck = Literal["consumer", "consumer-cpu", "cpu", "io", "ipc", "memory", "oversubscription"]
 Source = Literal["tuned", "online", "cache", "fallback", "pending"]
 
-BOTTLENECKS: Tuple[str, ...] = ("consumer", "cpu", "io", "ipc", "memory", "oversubscription")
+BOTTLENECKS: Tuple[str, ...] = ("consumer", "consumer-cpu", "cpu", "io", "ipc", "memory", "oversubscription")
 SOURCES: Tuple[str, ...] = ("tuned", "online", "cache", "fallback", "pending")
 
 

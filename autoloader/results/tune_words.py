@@ -10,6 +10,8 @@ from ..probe._pools import NativePool
 
 BOTTLENECK_WORDS = {
     "consumer": "the training step: loading keeps up, more workers would not help",
+    "consumer-cpu": "consumer (cpu): the training step runs on the CPUs the workers would use, so more workers only "
+                    "take them from it",
     "cpu": "CPU: the usable cores are busy decoding/augmenting samples",
     "io": "waiting: workers mostly sleep on storage or network reads",
     "ipc": "inter-process transfer: handing batches between processes costs more than loading them",

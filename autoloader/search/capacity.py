@@ -1,14 +1,17 @@
 """What both searches' policies read of a candidate's capacity: the tolerance within which rates are alike, the
-headroom loading should keep over the step, what starting a worker costs before one was measured, how many workers
-fill the CPUs, and whether a candidate's processes keep the usable CPUs busy. Pure.
+headroom loading should keep over the step, what starting a worker costs before one was measured, how many CPUs the
+training step keeps busy, how many workers fill the CPUs left to them, and whether a candidate's processes keep the
+usable CPUs busy. Pure.
 """
 from __future__ import annotations
 
 import math
 
+from typing import Optional
+
 from ..results import TrialResult
 
-__all__ = ["DEFAULT_TOLERANCE", "FORK_S", "HEADROOM", "cpu_saturated", "fill_count"]
+__all__ = ["DEFAULT_TOLERANCE", "FORK_S", "HEADROOM", "STEP_CPU_FLOOR", "cpu_saturated", "fill_count", "step_cpus"]
 
 DEFAULT_TOLERANCE = 0.05
 """Rates within this share of each other are alike: the fewest workers among them are chosen."""
@@ -20,14 +23,31 @@ FORK_S = 0.02
 gigabytes."""
 
 
+STEP_CPU_FLOOR = 0.25
+"""A step that keeps less of a CPU busy than this is not counted against the workers' CPUs: a GPU step's host work,
+a sleep, the loop's own bookkeeping."""
+
+
+def step_cpus(trial: Optional[TrialResult], *, usable_cpus: int) -> float:
+    """The CPUs the training step keeps busy while it runs, as ``trial`` measured it (``consumer_cpu_s_per_batch``
+    over ``consumer_s_per_batch``: a step on the CPU runs torch's intra-op pool, up to the usable CPUs), at most the
+    usable CPUs; 0 when not measured or below ``STEP_CPU_FLOOR``. The workers share the CPUs with it: the CPUs left to
+    them while it runs are the rest."""
+    if trial is None or not trial.consumer_s_per_batch or trial.consumer_cpu_s_per_batch is None:
+        return 0.0
+    cpus = min(float(usable_cpus), trial.consumer_cpu_s_per_batch / trial.consumer_s_per_batch)
+    return cpus if cpus >= STEP_CPU_FLOOR else 0.0
+
+
 def cpu_saturated(trial: TrialResult, *, usable_cpus: int, level: float = 0.85) -> bool:
     """True when the workers and the main process together keep ``level`` of the usable CPUs busy."""
     used = (trial.worker_cpu_util or 0.0) * trial.config.num_workers + (trial.main_cpu_util or 0.0)
     return used >= level * usable_cpus
 
 
-def fill_count(*, usable_cpus: int, share: float) -> int:
-    """The worker count whose CPU use, ``share`` of a CPU each, comes nearest the usable CPUs (at least 1): rounded,
+def fill_count(*, usable_cpus: float, share: float) -> int:
+    """The worker count whose CPU use, ``share`` of a CPU each, comes nearest ``usable_cpus`` (the usable CPUs, or
+    those the step leaves them; at least 1): rounded,
     not rounded up. A share measured a hair under 1 must not add a worker the cores cannot run (2 / 0.998 is 2, not
     the 3 that ran 6-10 % slower than 2 on the 2-core VM, the main process starved beside them), and a worker that
     would find half a CPU or less is one too many. The one rule by which both searches fill the CPUs."""

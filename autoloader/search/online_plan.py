@@ -14,6 +14,7 @@ from ..config import LoaderConfig
 from ..results import TrialResult, TuneResult
 from . import budget, online_policy, policy
 from .candidates import Steps
+from .capacity import step_cpus
 from .native_search import compare_native
 
 __all__ = ["online_steps"]
@@ -96,8 +97,11 @@ def online_steps(search: Search, *, serial: Optional[TrialResult] = None) -> Ste
     yield from search.fit_below_refusals()
     chosen = search.choose()
     serial_now = search.found.by_config.get(search.config(0))
-    if chosen is None or (chosen.config.num_workers == 0 and serial_now is not None and not serial_now.steady):
-        yield from search.run(search.config(0), again=True)  # the probe's estimate won, or nothing ran: serial, measured
+    if chosen is None or (chosen.config.num_workers == 0 and serial_now is not None and not serial_now.steady) or \
+            online_policy.serial_in_doubt(chosen, serial=serial_now or serial, trials=search.found.trials,
+                                          batch_size=settings.batch_size):
+        # the probe's estimate won, or it may beat the workers, or nothing ran: serial serving, measured
+        yield from search.run(search.config(0), again=True)
         chosen = search.choose()
     return (yield from _finish(search, chosen))
 
@@ -140,7 +144,8 @@ def _prior(search: Search, serial: TrialResult, *, consumer_s: Optional[float]) 
     return online_policy.prior_workers(fetch_s=serial.fetch_s_per_batch or 0.0,
                                        fetch_cpu_s=serial.fetch_cpu_s_per_batch or 0.0,
                                        fetch_delay_s=serial.fetch_delay_s_per_batch, consumer_s=consumer_s,
-                                       usable_cpus=settings.usable, cap=search.climb_cap())
+                                       usable_cpus=settings.usable, cap=search.climb_cap(),
+                                       step_cpus=step_cpus(serial, usable_cpus=settings.usable))
 
 
 def _jumps(search: Search, serial: Optional[TrialResult]) -> Steps[None]:
@@ -159,7 +164,8 @@ def _jumps(search: Search, serial: Optional[TrialResult]) -> Steps[None]:
         move = online_policy.jump(trials, serial=serial,
                                   consumer_s=last.consumer_s_per_batch if last is not None else None,
                                   batch_size=settings.batch_size, usable_cpus=settings.usable, cap=search.climb_cap(),
-                                  tolerance=settings.tolerance)
+                                  tolerance=settings.tolerance,
+                                  step_cpus=step_cpus(last or serial, usable_cpus=settings.usable))
         if move is None or (settings.descend and last is not None and move.workers > last.config.num_workers):
             return
         workers = search.most_that_fit(low=last.config.num_workers if last is not None else 0, high=move.workers)

@@ -11,22 +11,36 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 #    CPUs, the serial batches a late start serves against the forks an early one wastes if the step wants fewer;
 #    when it is the cap, a guess, those batches must pay the forks twice), the prior's workers start, inside that
 #    first batch, while the main process finishes it and serves a short tail. The prior (``prior_workers``) is the
-#    count that fills the usable CPUs at the CPU share the samples showed (the cores rule for CPU-bound loading, several times it for
-#    loading that waits), and, once the step is known, no more than meet it (Little's law: a worker makes a batch per
-#    ``fetch_s``, the loop eats one per ``consumer_s``). Serial serving goes on only while the evidence says the
-#    loop could not be ``SERIAL_MARGIN`` faster with workers: they hide at most the loading, and each batch they hand
-#    over costs the main process ``HANDOVER_S``.
+#    count that fills the CPUs the step leaves (the usable CPUs less those the step keeps busy while it runs,
+#    ``capacity.step_cpus``: a step on the CPU runs torch's intra-op pool on the same cores as the workers) at the
+#    CPU share the samples showed (the cores rule for CPU-bound loading beside a step that leaves the CPUs free,
+#    several times it for loading that waits), and, once the step is known, no more than meet it (Little's law: a
+#    worker makes a batch per ``fetch_s``, the loop eats one per ``consumer_s``). Serial serving goes on only while
+#    the evidence says the loop could not be ``SERIAL_MARGIN`` faster with workers: they hide at most the loading, and
+#    each batch they hand over costs the main process ``HANDOVER_S``. The prior's pool is what fits the memory budget
+#    at the size known (NOTE [ Memory budget ] in budget.py).
 # 2. Measure in time and confidence. A candidate's window opens once the batches its workers prefetched are drained
 #    (the loop waited for one: the queue is empty) and closes when its rate is known within half the tolerance from
 #    its own batches' jitter, or at a bound (``switching.window_bound_s``) of a few per cent of the epoch
 #    (measure/window.py).
-# 3. Jump, don't step (``jump``). A candidate the loop waited for (loading-bound) with CPUs to spare is scaled to
-#    what meets the step or fills the CPUs, in one move; one that keeps up is cut to the fewest Little's law says
-#    still keep up. A window the loop never waited in (``TrialResult.drained`` False) measured the loop's pace while
-#    the prefetched batches lasted, not the workers': when the workers are only a little slower than the loop their
-#    queue drains over hundreds of batches, far past any window, so such a candidate is weighed at the rate Little's
-#    law gives its workers from the serial probe, when that is lower (``sustained``). A jump that measures below the best so far beyond the tolerance is rolled back at once (the
-#    selection keeps the best). At most ``MAX_JUMPS`` jumps per search.
+# 3. Find the knee by measurement (``jump``). The probe's regime is a prior, never a ceiling: the rate rises with the
+#    workers at about one worker's rate (the serial probe's, or the steepest count measured) until something the
+#    probe cannot see stops it (the cores; a service admitting K requests at once; the main process handing batches
+#    over; a step on the CPU). A candidate the loop waited for whose rate is below its workers times one worker's
+#    rate, beyond the tolerance, is past that knee: the search goes down to the knee (``knee``: the best rate measured
+#    over one worker's, with twice the tolerance of headroom), and between it and the best while a jump down falls
+#    short. One beside a step on the CPU that keeps every CPU busy goes down to the count that fills what the step
+#    leaves. Otherwise, with CPUs to spare, it is scaled up to what meets the step or fills the CPUs, in one move; one
+#    that keeps up is cut to the fewest Little's law says still keep up. A window the loop never waited in
+#    (``TrialResult.drained`` False) measured the loop's pace while the prefetched batches lasted, not the workers':
+#    when the workers are only a little slower than the loop their queue drains over hundreds of batches, far past
+#    any window, so such a candidate is weighed at the rate Little's law gives its workers from the serial probe, when
+#    that is lower (``sustained``). A jump up that measures below the best so far beyond the tolerance is rolled back
+#    at once (the selection keeps the best). At most ``MAX_JUMPS`` jumps per search. Then serial serving is measured
+#    as any candidate when the workers chosen do not beat its most hopeful estimate by ``SERIAL_CHECK``
+#    (``serial_in_doubt``): the probe's first steps are slow while a step warms up, and a step on the CPU loses to
+#    workers that take its cores, which only a window of serial serving in the same loop shows. The choice is the
+#    fewest workers within the tolerance of the best measured.
 # 4. A switch must repay itself (``switching.repays``): when the rest of the epoch is too short for the predicted gain to
 #    cover what the switch costs the loop (forking the workers on the loop's thread, as the largest pool started so far
 #    measured it, ``switching.fork_s``; a window at a risk of being slower), the candidate waits for the next epoch,
@@ -44,9 +58,9 @@ from ..results import TrialResult
 from .capacity import DEFAULT_TOLERANCE, FORK_S, HEADROOM, cpu_saturated, fill_count
 from .threads_policy import rate
 
-__all__ = ["EARLY_BATCHES", "HANDOVER_S", "Jump", "KEEPS_UP_STALL", "MAX_JUMPS", "SERIAL_MARGIN", "cpu_share",
-           "fills_cpus", "jump", "keeps_up", "prior_gain", "prior_workers", "serial_competitive", "starts_early",
-           "sustained", "untimed_cap"]
+__all__ = ["BISECT_RATIO", "EARLY_BATCHES", "HANDOVER_S", "Jump", "KEEPS_UP_STALL", "MAX_JUMPS", "SERIAL_CHECK",
+           "SERIAL_MARGIN", "cpu_share", "fills_cpus", "jump", "keeps_up", "knee", "prior_gain", "prior_workers",
+           "serial_competitive", "serial_estimate", "serial_in_doubt", "starts_early", "sustained", "untimed_cap"]
 
 HANDOVER_S = 0.5e-3
 """What the main process pays to receive one batch from a worker (unpickling, mapping its shared memory), before any
@@ -61,6 +75,11 @@ KEEPS_UP_STALL = 0.05
 """A candidate whose loop waited for data at most this share of its window keeps up with the step."""
 MAX_JUMPS = 3
 """Jumps a search makes after the prior before it decides."""
+SERIAL_CHECK = 1.5
+"""Workers that beat the most hopeful estimate of serial serving by less than this are decided only after a window
+of serial serving (``serial_in_doubt``)."""
+BISECT_RATIO = 1.25
+"""A jump down that fell short of the best is followed by the count between them while they are this far apart."""
 
 
 def serial_competitive(*, fetch_s: float, consumer_s: float, handover_s: float = HANDOVER_S,
@@ -79,20 +98,23 @@ def cpu_share(*, fetch_s: float, fetch_cpu_s: float, fetch_delay_s: Optional[flo
 
 
 def prior_workers(*, fetch_s: float, fetch_cpu_s: float, consumer_s: Optional[float], usable_cpus: int,
-                  cap: int, fetch_delay_s: Optional[float] = None) -> int:
+                  cap: int, fetch_delay_s: Optional[float] = None, step_cpus: float = 0.0) -> int:
     """The workers an epoch starts with, from the first batch's cost (``fetch_s`` wall, ``fetch_cpu_s`` CPU and
     ``fetch_delay_s`` run-queue seconds per batch in the main process) and the step's (``consumer_s``; None while no
-    step was timed): 0 when serial serving is competitive (``serial_competitive``); else the count that fills the
-    usable CPUs at the loading's ``cpu_share`` (``capacity.fill_count``: the cores rule when loading is CPU-bound,
-    more when it waits, at most ``max(8, 2 x CPUs)`` before the step is timed) and, once the step is known, no more than meet it with
-    ``HEADROOM`` (Little's law: 68 ms batches beside a 5 ms step need 15). Never above ``cap``. Pure."""
+    step was timed; ``step_cpus``: the CPUs it keeps busy, ``capacity.step_cpus``): 0 when serial serving is
+    competitive (``serial_competitive``); else the count that fills the CPUs the step leaves at the loading's
+    ``cpu_share`` (``capacity.fill_count``: the cores rule when loading is CPU-bound beside a step that leaves the
+    CPUs free, fewer beside a step on the CPU, more when loading waits, at most ``max(8, 2 x CPUs)`` before the step is
+    timed) and, once the step is known, no more than meet it with ``HEADROOM`` (Little's law: 68 ms batches beside a
+    5 ms step need 15). Never above ``cap``. Pure."""
     if cap < 1 or fetch_s <= 0:
         return 0
     if consumer_s is not None and serial_competitive(fetch_s=fetch_s, consumer_s=consumer_s):
         return 0
     share = cpu_share(fetch_s=fetch_s, fetch_cpu_s=fetch_cpu_s, fetch_delay_s=fetch_delay_s)
     meets = math.ceil(HEADROOM * fetch_s / consumer_s - 1e-9) if consumer_s else untimed_cap(usable_cpus)
-    return max(1, min(cap, fill_count(usable_cpus=usable_cpus, share=share), meets))
+    free = max(0.0, usable_cpus - step_cpus)
+    return max(1, min(cap, fill_count(usable_cpus=free, share=share), meets))
 
 
 def prior_gain(*, fetch_s: float, consumer_s: Optional[float], workers: int, handover_s: float = HANDOVER_S) -> float:
@@ -179,15 +201,74 @@ def sustained(trial: TrialResult, *, serial: Optional[TrialResult], usable_cpus:
                              f"prefetched batches lasted; {n} workers make about {making:,.0f} by Little's law")
 
 
+def knee(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], batch_size: int,
+         tolerance: float = DEFAULT_TOLERANCE) -> Optional[int]:
+    """The fewest workers that reach the plateau the worker counts in ``trials`` measured (NOTE [ Online convergence ],
+    3.): the rate rises with the workers at one worker's rate, then stops (a core count, a service that admits K
+    requests at once, the main process handing batches over), so the knee of that curve is the best rate measured
+    over one worker's rate, with twice the ``tolerance`` of headroom. One worker's rate is the
+    steepest measured (a count's rate over its workers; the fewest workers are the least contended) or the serial
+    probe's (a batch per ``fetch_s`` less its run-queue wait), whichever is more; None when no worker count measured
+    a rate. Pure."""
+    ok = [t for t in trials if t.ok and t.config.num_workers > 0]
+    if not ok:
+        return None
+    slopes = [rate(t) / t.config.num_workers for t in ok]
+    if serial is not None and serial.fetch_s_per_batch:
+        fetch_s = serial.fetch_s_per_batch - (serial.fetch_delay_s_per_batch or 0.0)
+        if fetch_s > 0:
+            slopes.append(batch_size / fetch_s)
+    slope = max(slopes)
+    best = max(rate(t) for t in ok)
+    return max(1, math.ceil((1.0 + 2 * tolerance) * best / slope - 1e-9))
+
+
+def serial_estimate(serial: Optional[TrialResult], trials: Sequence[TrialResult], *,
+                    batch_size: int) -> Optional[float]:
+    """What serial serving would make, samples/s, by the most hopeful reading of what was measured: its own rate when
+    it was measured steadily; else a batch per its loading time (``serial``'s ``fetch_s``, the probe's) plus the
+    shortest step any candidate timed (a step is slower beside workers that take its CPUs, and while it warms up). None
+    when no loading time is known. Pure."""
+    if serial is None:
+        return None
+    if serial.ok and serial.steady:
+        return rate(serial)
+    steps = [t.consumer_s_per_batch for t in [serial, *trials] if t.consumer_s_per_batch is not None]
+    if not serial.fetch_s_per_batch:
+        return rate(serial) if serial.ok else None
+    return batch_size / (serial.fetch_s_per_batch + min(steps, default=0.0))
+
+
+def serial_in_doubt(chosen: TrialResult, *, serial: Optional[TrialResult], trials: Sequence[TrialResult],
+                    batch_size: int) -> bool:
+    """Whether serving without workers must be measured before ``chosen`` (with workers) is decided: serial serving
+    was measured only in its first batches (the probe; an early start times their loading alone) and its most hopeful
+    estimate (``serial_estimate``) is within ``SERIAL_CHECK`` of ``chosen``'s rate; False when nothing of it is known
+    (a re-tune from a cached decision). A step on the CPU loses to workers that
+    take its CPUs (a CNN trained on 2 cores ran 1.33x slower beside one worker than with none), and the first batches'
+    step is slow while it warms up: only a window of serial serving in the same loop tells. Pure."""
+    if not chosen.ok or not chosen.config.num_workers or serial is None or (serial.ok and serial.steady):
+        return False
+    estimate = serial_estimate(serial, trials, batch_size=batch_size)
+    return estimate is not None and rate(chosen) < SERIAL_CHECK * estimate
+
+
 def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consumer_s: Optional[float],
-         batch_size: int, usable_cpus: int, cap: int, tolerance: float = DEFAULT_TOLERANCE) -> Optional[Jump]:
+         batch_size: int, usable_cpus: int, cap: int, tolerance: float = DEFAULT_TOLERANCE,
+         step_cpus: float = 0.0) -> Optional[Jump]:
     """Where the search goes after the worker counts ``trials`` measured (oldest first; ``serial``: the first
-    batches' costs in the main process, its probe; None when none was timed), or None to decide now (NOTE [ Online
-    convergence ], 3.):
-    - the last measured below the best beyond ``tolerance``: None (a roll-back: the selection keeps the best);
-    - the loop waited for it and the CPUs are not saturated: the count that meets the step with ``HEADROOM`` or
-      fills the CPUs at the measured use per worker, when that is more than ``tolerance`` above it (and a jump up
-      that gained less than half the ``tolerance`` over fewer workers stops the climb);
+    batches' costs in the main process, its probe; None when none was timed; ``step_cpus``: the CPUs the step keeps
+    busy, ``capacity.step_cpus``), or None to decide now (NOTE [ Online convergence ], 3.):
+    - the last measured below the best beyond ``tolerance``: after a jump up, None (a roll-back: the selection keeps
+      the best); after a jump down, the (geometric) middle between it and the best, while they are more than a
+      quarter apart;
+    - the loop waited for it: past the knee of the measured curve (``knee``: its rate under one worker's rate times
+      its workers beyond ``tolerance``), down to the knee, unless fewer workers measured within ``tolerance`` of the
+      best already; beside a step on the CPU that it keeps waiting for CPUs
+      (saturated), down to the count that fills the CPUs the step leaves; otherwise, with CPUs to spare, up to the
+      count that meets the step with ``HEADROOM`` or fills the CPUs at the measured use per worker, when that is more
+      than ``tolerance`` above it (and a jump up that gained less than half the ``tolerance`` over fewer workers stops
+      the climb, as does a count above it that made as much; one above that made less sends it halfway there);
     - it kept up: the fewest that still keep up by Little's law (half as many when no batch was timed in the main
       process), when that is more than ``tolerance`` below it.
     A count already measured (or failed: a ceiling) is never proposed again. Pure."""
@@ -195,22 +276,37 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
     ok = [t for t in trials if t.ok]
     if not ok or not ok[-1].config.num_workers or trials[-1] is not ok[-1]:
         return None
-    last, best = ok[-1], max(rate(t) for t in ok)
+    last, top = ok[-1], max(ok, key=rate)
+    n, best = last.config.num_workers, rate(top)
     if rate(last) < (1.0 - tolerance) * best:
-        return None
-    n = last.config.num_workers
+        return _between(n, top.config.num_workers, measured)
     ceiling = min((c for c, r in measured.items() if r is None and c > 0), default=cap + 1)
     fewer = [t for t in ok if 0 < t.config.num_workers < n]
     if not keeps_up(last):
+        at_knee = knee(trials, serial=serial, batch_size=batch_size, tolerance=tolerance)
+        good = min(t.config.num_workers for t in ok if t.config.num_workers and rate(t) >= (1.0 - tolerance) * best)
+        if at_knee is not None and at_knee < (1.0 - tolerance) * good and at_knee not in measured:
+            return Jump(at_knee, f"{n} workers made {rate(last):,.0f} samples/s, less than {n} times what one worker "
+                                 f"makes: the rate stops rising near {at_knee} workers")
+        busy = (last.worker_cpu_util or 0.0) * n + (last.main_cpu_util or 0.0)
+        if step_cpus and cpu_saturated(last, usable_cpus=usable_cpus) and last.worker_cpu_util:
+            beside = fill_count(usable_cpus=max(0.0, usable_cpus - step_cpus), share=last.worker_cpu_util)
+            if beside < (1.0 - tolerance) * n and beside not in measured:
+                return Jump(beside, f"the step keeps {step_cpus:.1f} of {usable_cpus} CPUs busy and {n} workers "
+                                    f"take the rest and more: {beside} fill what it leaves")
         if cpu_saturated(last, usable_cpus=usable_cpus) or not consumer_s:
             return None
         if fewer and rate(last) <= (1.0 + tolerance / 2) * max(rate(t) for t in fewer):
             return None  # the last jump up gained nothing: the model's bottleneck is elsewhere
+        above = [t for t in ok if t.config.num_workers > n]
+        if any(rate(t) >= (1.0 - tolerance) * rate(last) for t in above):
+            return None  # more workers were measured and made as much: the plateau
         needed = HEADROOM * batch_size / consumer_s
         by_step = n * needed / rate(last)
-        busy = (last.worker_cpu_util or 0.0) * n + (last.main_cpu_util or 0.0)
         by_cpu = n * 0.85 * usable_cpus / busy if busy > 0 else math.inf
         target = min(cap, ceiling - 1, math.ceil(min(by_step, by_cpu) - 1e-9))
+        if above:  # more workers made less (too many for the CPUs): the peak lies between, try the middle
+            target = min(target, math.ceil(math.sqrt(n * min(t.config.num_workers for t in above)) - 1e-9))
         if target > (1.0 + tolerance) * n and target not in measured:
             gain = min(needed, rate(last) * target / n) / rate(last) - 1.0
             return Jump(target, f"the loop waited for data {last.stall_fraction or 0:.0%} of {n} workers' window: "
@@ -223,9 +319,21 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
         fetch_cpu_s, fetch_delay_s = serial.fetch_cpu_s_per_batch or 0.0, serial.fetch_delay_s_per_batch
         share = cpu_share(fetch_s=fetch_s, fetch_cpu_s=fetch_cpu_s, fetch_delay_s=fetch_delay_s)
         fewest = max(1, min(n, math.ceil(HEADROOM * (fetch_s - (fetch_delay_s or 0.0)) / consumer_s - 1e-9),
-                            fill_count(usable_cpus=usable_cpus, share=share)))
+                            fill_count(usable_cpus=max(0.0, usable_cpus - step_cpus), share=share)))
     else:  # no batch was timed in the main process (a re-tune from a cached decision): halve
         fewest = max(1, n // 2)
     if fewest < (1.0 - tolerance) * n and fewest not in measured:
         return Jump(fewest, f"{n} workers kept up with the step: {fewest} predicted to keep up too")
     return None
+
+
+def _between(n: int, best: int, measured: Mapping[int, Optional[float]]) -> Optional[Jump]:
+    """After ``n`` workers measured below the best (``best`` workers) beyond the tolerance: when ``n`` was a jump down,
+    the geometric middle between them (the knee lies there), while they are more than ``BISECT_RATIO`` apart and the
+    middle was not measured; after a jump up, None (a roll-back)."""
+    if n >= best or best <= BISECT_RATIO * n or best - n <= 1:
+        return None
+    middle = min(best - 1, max(n + 1, math.ceil(math.sqrt(n * best) - 1e-9)))
+    if middle in measured:
+        return None
+    return Jump(middle, f"{n} workers fell short of the {best} measured best: {middle} between them")

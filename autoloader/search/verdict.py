@@ -10,7 +10,7 @@ from typing import Callable, Optional, Sequence
 
 from . import native_policy
 from .budget import skipped_for_memory
-from .capacity import cpu_saturated
+from .capacity import cpu_saturated, step_cpus
 from .candidates import fallback_result
 from .growth import lasting_bytes
 from .settings import Findings, Settings
@@ -66,14 +66,19 @@ def unmeasured(settings: Settings, trials: Sequence[TrialResult], *, consumer_ra
 
 def bottleneck(chosen: TrialResult, trials: Sequence[TrialResult], *, consumer_samples_per_s: Optional[float],
                usable_cpus: int, memory_limited: bool) -> Bottleneck:
-    """What limits the chosen configuration, from what it measured."""
+    """What limits the chosen configuration, from what it measured: ``consumer-cpu`` where it is the step and the
+    step keeps at least half the usable CPUs busy itself (``capacity.step_cpus``), or where no workers were chosen
+    because those measured lost beside such a step."""
+    on_cpu = step_cpus(chosen, usable_cpus=usable_cpus) >= 0.5 * usable_cpus
+    if on_cpu and chosen.config.num_workers == 0 and any(t.ok and t.config.num_workers > 0 for t in trials):
+        return "consumer-cpu"
     if consumer_samples_per_s and rate(chosen) >= 0.9 * consumer_samples_per_s:
-        return "consumer"
+        return "consumer-cpu" if on_cpu else "consumer"
     if chosen.consumer_s_per_batch and chosen.window_s and \
             chosen.consumer_s_per_batch * chosen.batches >= 0.75 * chosen.window_s:
-        return "consumer"
+        return "consumer-cpu" if on_cpu else "consumer"
     if chosen.stall_fraction is not None and chosen.stall_fraction < 0.1 and consumer_samples_per_s:
-        return "consumer"
+        return "consumer-cpu" if on_cpu else "consumer"
     if memory_limited:
         return "memory"
     n = chosen.config.num_workers

@@ -17,8 +17,11 @@ from workloads import LatencyBound
 
 @dataclasses.dataclass
 class Host:
-    """Per batch: ``fetch_s`` of loading in one process (``cpu`` of it on a CPU), a step of ``step_s``; ``cpus`` usable
-    CPUs; a worker hands a batch over for ``handover_s`` of the main process."""
+    """Per batch: ``fetch_s`` of loading in one process (``cpu`` of it on a CPU), a step of ``step_s`` keeping
+    ``step_cpus`` CPUs busy (a step on the CPU: beside workers that take its CPUs it slows by as much, and by
+    ``contention`` more, an intra-op pool waiting on its slowest thread; its first ``warm_up`` batches take twice as
+    long); ``cpus`` usable CPUs; a worker hands a batch over for ``handover_s`` of the main process; a service behind
+    the data admits at most ``ceiling`` requests at once (the probe cannot see it)."""
 
     fetch_s: float
     cpu: float
@@ -26,23 +29,34 @@ class Host:
     cpus: int
     batch: int = 128
     handover_s: float = 0.0005
+    ceiling: int = 1 << 30
+    step_cpus: float = 0.0
+    contention: float = 0.0
+    warm_up: bool = False
 
     def measure(self, config: LoaderConfig, *, probe: bool = False, early: bool = False) -> TrialResult:
         n = config.num_workers
+        step_cpu = self.step_s * self.step_cpus
         if n == 0:
-            per_batch = self.fetch_s + self.step_s
+            step = self.step_s * (2.0 if probe and self.warm_up else 1.0)
+            per_batch = self.fetch_s + step
             fields = dict(fetch_s_per_batch=self.fetch_s, fetch_cpu_s_per_batch=self.fetch_s * self.cpu,
-                          consumer_s_per_batch=None if early else self.step_s, steady=not probe)
+                          consumer_s_per_batch=None if early else step,
+                          consumer_cpu_s_per_batch=None if early else step * self.step_cpus, steady=not probe)
             rate = None if early else self.batch / per_batch
             return TrialResult(config=config, samples_per_s=rate, batches=2 if probe else 30,
                                stall_fraction=self.fetch_s / per_batch, **fields)
-        busy = min(n, self.cpus / self.cpu)            # workers that find a CPU
-        production = busy / self.fetch_s               # batches per second
-        consumer = 1.0 / (self.step_s + self.handover_s)
+        busy = min(n, self.cpus / self.cpu, self.ceiling)    # workers that find a CPU, and a slot of the service
+        demand = self.step_cpus + busy * self.cpu
+        slowed = max(1.0, demand / self.cpus) * (1.0 + (self.contention if demand > self.cpus else 0.0))
+        step = self.step_s * (slowed if self.step_cpus else 1.0)
+        production = busy / (self.fetch_s * (slowed if self.step_cpus else 1.0))  # batches per second
+        consumer = 1.0 / (step + self.handover_s)
         rate = min(production, consumer)
         return TrialResult(config=config, samples_per_s=rate * self.batch, batches=30,
-                           stall_fraction=max(0.0, 1.0 - rate / consumer), consumer_s_per_batch=self.step_s,
-                           worker_cpu_util=self.cpu * busy / n, main_cpu_util=0.1)
+                           stall_fraction=max(0.0, 1.0 - rate / consumer), consumer_s_per_batch=step,
+                           consumer_cpu_s_per_batch=step_cpu, worker_cpu_util=self.cpu * busy / n,
+                           main_cpu_util=0.1 + self.step_cpus * step * rate)
 
 
 def online_search(host: Host, *, start=None, serial=None, down=False):
@@ -96,6 +110,31 @@ def test_waiting_data_jumps_to_what_meets_the_step():
     asked, result = drive(Host(fetch_s=0.064, cpu=0.05, step_s=0.005, cpus=2, batch=16))
     assert asked == [0, 16], "the probe timed the step: Little's law, 1.2 x 64 / 5 = 15.4, at once (CPUs allow 40)"
     assert result.config.num_workers == 16
+
+
+@pytest.mark.parametrize("ceiling, step_s", [(16, 0.001), (6, 0.001), (24, 0.002)])
+def test_a_hidden_concurrency_ceiling_is_found_by_measurement(ceiling, step_s):
+    """Issue 59: waiting-bound data behind a service that admits K requests at once, short steps: the prior (what the
+    CPUs allow) is far past K; the knee of the measured curve is found, and the fewest workers within the tolerance of
+    its plateau decided, whatever the probe predicted."""
+    asked, result = drive(Host(fetch_s=0.064, cpu=0.05, step_s=step_s, cpus=2, batch=16, ceiling=ceiling))
+    assert asked[1] > ceiling, asked
+    assert ceiling <= result.config.num_workers <= math.ceil(1.1 * ceiling), asked
+    assert len(asked) <= 4, "the prior, the knee, the decision"
+
+
+@pytest.mark.parametrize("step_cpus, contention, expected", [
+    (1.9, 0.5, 0), (1.9, 0.0, 0), (1.0, 0.0, 1), (0.0, 0.0, 1)])
+def test_a_step_on_the_cpu_is_counted_against_the_workers_cpus(step_cpus, contention, expected):
+    """Issue 59: a CNN trained on 2 CPUs (its step keeps 1.9 of them busy) over JPEG decoding ran 1.33x slower with the
+    one worker chosen than with none: the step's CPUs are the workers' too. The prior fills only what the step leaves,
+    and serial serving, warming up in the probe, is measured before workers are decided."""
+    host = Host(fetch_s=0.06, cpu=1.0, step_s=0.2, cpus=2, batch=32, step_cpus=step_cpus, contention=contention,
+                warm_up=True)
+    asked, result = drive(host)
+    assert asked[:2] == [0, 1], asked
+    assert asked.count(0) >= 2, "serial serving measured, not only probed"
+    assert result.config.num_workers == expected, [(t.config.num_workers, t.samples_per_s) for t in result.trials]
 
 
 def test_a_re_tune_measures_the_configuration_in_force_first_and_only_goes_down_when_told():

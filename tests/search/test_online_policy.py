@@ -77,13 +77,56 @@ def jump(trials, *, fetch_s=0.064, cpu_s=0.064, step=0.01, cpus=16, cap=128):
 
 
 def test_a_loading_bound_candidate_with_cpus_to_spare_jumps_to_what_meets_the_step():
-    # 4 workers at 40 % CPU each, 250 samples/s; the step eats 1,600/s: 4 x 1.2 x 1600 / 250 = 30.7; the CPUs
-    # (0.85 x 16 / 1.7 busy) allow 32: 31
-    assert jump([trial(4, 250.0, stall=0.8, util=0.4, main=0.1)]) == 31
+    # 4 workers at 40 % CPU each, 250 samples/s (what 4 make at a batch of 16 per 256 ms: still rising); the step eats
+    # 1,600/s: 4 x 1.2 x 1600 / 250 = 30.7; the CPUs (0.85 x 16 / 1.7 busy) allow 32: 31
+    assert jump([trial(4, 250.0, stall=0.8, util=0.4, main=0.1)], fetch_s=0.256, cpu_s=0.1) == 31
 
 
 def test_a_loading_bound_candidate_on_saturated_cpus_does_not_jump():
-    assert jump([trial(16, 800.0, stall=0.5, util=0.95, main=0.3)]) is None
+    assert jump([trial(16, 800.0, stall=0.5, util=0.95, main=0.3)], fetch_s=0.32, cpu_s=0.3) is None
+
+
+@pytest.mark.parametrize("workers, rate, fetch_s, expected, why", [
+    (40, 4000.0, 0.064, 18, "a service admitting 16 requests at once: 40 workers make what 16 do (250/s each); the "
+                            "knee with 10 % of headroom"),
+    (64, 4000.0, 0.064, 18, "the cap: the same plateau"),
+    (16, 800.0, 0.064, 4, "16 CPU-busy workers make what 3.2 would: 4 measured next, not trusted"),
+    (16, 3900.0, 0.064, 79, "16 make 16 x 244/s: still rising (within the margin), up to what meets the step"),
+    (8, 1500.0, 0.064, 7, "8 make 1,500/s, 6 x one worker's: 7 (6 with 10 % of headroom) measured next"),
+    (8, 1900.0, 0.064, 81, "8 make 1,900/s, 7.6 x one worker's: the knee (9) is above them: up"),
+])
+def test_a_loading_bound_candidate_past_the_knee_of_its_curve_goes_down_to_the_knee(workers, rate, fetch_s,
+                                                                                    expected, why):
+    """Issue 59: the probe cannot see a concurrency ceiling (a storage server or decoder pool admitting K requests);
+    the rate measured against one worker's says where the curve went flat, whatever the prior predicted."""
+    assert jump([trial(workers, rate, stall=0.5, util=0.05, main=0.3)], fetch_s=fetch_s, cpu_s=0.003,
+                step=0.001) == expected, why
+
+
+def test_a_jump_down_that_fell_short_is_followed_by_the_middle():
+    # 40 workers at the plateau, 18 predicted at the knee measured 10 % below: 27 between (geometric middle)
+    plateau, short = trial(40, 4000.0, stall=0.5, util=0.05), trial(18, 3600.0, stall=0.5, util=0.05)
+    assert jump([plateau, short], cpu_s=0.003, step=0.001) == 27
+    assert jump([plateau, short, trial(27, 3990.0, stall=0.5, util=0.05)], cpu_s=0.003, step=0.001) is None
+    assert jump([trial(8, 1000.0, stall=0.3, util=0.3), trial(16, 900.0, stall=0.4, util=0.2)]) is None, \
+        "a jump up that fell short: rolled back"
+
+
+def test_below_a_count_that_made_less_the_climb_goes_halfway_to_it():
+    """64 waiting workers on 2 CPUs (a service admitting 12) made 543/s, the knee's 5 made 690/s, 5 x one worker's:
+    still rising below 64, so the peak lies between; the middle (18) is measured, not the step's model (which the 64
+    already refuted)."""
+    trials = [trial(64, 543.0, stall=0.6, util=0.01, main=0.4), trial(5, 690.0, stall=0.6, util=0.05, main=0.1)]
+    assert jump(trials, fetch_s=16 / 138.0, cpu_s=0.001, step=0.0001, cpus=2) == 18
+
+
+def test_beside_a_step_on_the_cpu_a_saturated_pool_goes_down_to_what_the_step_leaves():
+    # 2 workers each at 95 % of a CPU on 2 CPUs beside a step that keeps 1.2 CPUs busy: the CPUs are oversubscribed
+    busy = trial(2, 400.0, stall=0.3, util=0.95, main=1.2, step=0.05)
+    move = op.jump([busy], serial=None, consumer_s=0.05, batch_size=16, usable_cpus=2, cap=64, step_cpus=1.2)
+    assert move is not None and move.workers == 1 and "1.2 of 2 CPUs" in move.why
+    assert op.jump([busy], serial=None, consumer_s=0.05, batch_size=16, usable_cpus=2, cap=64) is None, \
+        "without the step's CPU: nothing to go down to"
 
 
 def test_the_cpus_bound_a_jump_up():
@@ -108,8 +151,8 @@ def test_without_a_timed_batch_a_candidate_that_keeps_up_halves():
 def test_a_count_measured_or_failed_is_never_proposed_again():
     assert jump([trial(4, 800.0, stall=0.01, step=0.02), trial(16, 800.0, stall=0.01, step=0.02)],
                 step=0.02) is None, "4 was measured"
-    assert jump([trial(31, 0.0, stall=0.0, ok=False), trial(4, 250.0, stall=0.8, util=0.4, main=0.1)]) == 30, \
-        "31 failed: a ceiling"
+    assert jump([trial(31, 0.0, stall=0.0, ok=False), trial(4, 250.0, stall=0.8, util=0.4, main=0.1)],
+                fetch_s=0.256, cpu_s=0.1) == 30, "31 failed: a ceiling"
 
 
 def test_nothing_to_jump_from():

@@ -1,4 +1,5 @@
 """The tuner's decisions, tested on tables of fake trial results (no trial runs here)."""
+import dataclasses
 
 import pytest
 
@@ -267,6 +268,19 @@ def test_a_cpu_bound_climb_stops_at_the_cpu_ceiling():
 def test_first_count(serial, consumer, step_s, usable, cap, expected, why):
     assert policy.first_count(serial, consumer_samples_per_s=consumer, consumer_s=step_s, usable_cpus=usable,
                               cap=cap) == expected, why
+
+
+@pytest.mark.parametrize("step_cpu_s, expected, why", [
+    (0.0, 2, "a step that leaves the CPUs free: the 2 CPUs"),
+    (0.019, 1, "a step keeping 1.9 of 2 CPUs busy: one worker, on what it leaves (at least one is measured)"),
+    (0.01, 1, "a step keeping one CPU busy: one worker fills the other"),
+    (0.002, 2, "a step keeping a fifth of a CPU busy: not counted (capacity.STEP_CPU_FLOOR)"),
+])
+def test_the_first_count_fills_what_the_step_leaves(step_cpu_s, expected, why):
+    """Issue 59: a step on the CPU runs torch's intra-op pool on the workers' cores."""
+    serial = dataclasses.replace(_serial(0.020, 0.020), consumer_s_per_batch=0.01, consumer_cpu_s_per_batch=step_cpu_s)
+    assert policy.first_count(serial, consumer_samples_per_s=3200.0, consumer_s=0.01, usable_cpus=2,
+                              cap=64) == expected, why
 
 
 def _limited(n, rate, *, limit):

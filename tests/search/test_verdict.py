@@ -9,7 +9,7 @@ from autoloader import AutoloaderWarning
 from autoloader.config import LoaderConfig
 from autoloader.probe._pools import NativePool
 from autoloader.request import Request
-from autoloader.results import TrialResult
+from autoloader.results import TrialResult, TuneResult
 from autoloader.search import verdict
 from autoloader.search.bounds import worker_bounds
 from autoloader.search.settings import Findings, Settings
@@ -73,6 +73,23 @@ def test_bottleneck_is_the_consumer_when_it_is_busy_most_of_the_window():
     idle = TrialResult(config=LoaderConfig(2, 2), samples_per_s=330, batches=40, window_s=2.0,
                        consumer_s_per_batch=0.01, stall_fraction=0.7, worker_cpu_util=0.95, main_cpu_util=0.2)
     assert verdict.bottleneck(idle, [idle], consumer_samples_per_s=1600, usable_cpus=2, memory_limited=False) == "cpu"
+
+
+def test_a_step_that_keeps_the_cpus_busy_itself_is_named_consumer_cpu():
+    """Issue 59: a CNN trained on 2 CPUs keeps 1.9 of them busy; workers only took them from it."""
+    def cpu_step(n, rate, cpu_s):
+        return TrialResult(config=LoaderConfig(n, 2) if n else LoaderConfig(0), samples_per_s=rate, batches=40,
+                           window_s=40 * 32 / rate, consumer_s_per_batch=0.2, consumer_cpu_s_per_batch=cpu_s,
+                           stall_fraction=0.05, fetch_s_per_batch=0.01, fetch_cpu_s_per_batch=0.01)
+    serial, one = cpu_step(0, 123.0, 0.38), cpu_step(1, 110.0, 0.38)
+    assert verdict.bottleneck(serial, [serial, one], consumer_samples_per_s=150, usable_cpus=2,
+                              memory_limited=False) == "consumer-cpu"
+    assert verdict.bottleneck(one, [one], consumer_samples_per_s=115, usable_cpus=2, memory_limited=False) \
+        == "consumer-cpu"
+    light = cpu_step(1, 110.0, 0.02)  # a GPU step's host work: a tenth of a CPU
+    assert verdict.bottleneck(light, [light], consumer_samples_per_s=115, usable_cpus=2, memory_limited=False) \
+        == "consumer"
+    assert "consumer (cpu)" in str(TuneResult(LoaderConfig(0), 123.0, "consumer-cpu", "tuned"))
 
 
 def test_disk_ceiling():
