@@ -69,7 +69,7 @@ def all_gather(obj: Any, *, size: int, group: Any = None) -> List[Any]:
 
 
 AGREED_MAX = ("fetch_s_per_batch", "fetch_cpu_s_per_batch", "fetch_delay_s_per_batch", "consumer_s_per_batch",
-              "consumer_cpu_s_per_batch",
+              "consumer_cpu_s_per_batch", "other_cpus",
               "worker_cpu_util", "main_cpu_util", "stall_fraction", "worker_uss_bytes", "worker_uss_growth_bytes",
               "worker_rss_bytes", "batch_bytes", "worker_uss_total_bytes", "window_s", "batches", "worker_copied_bytes",
               "worker_copied_run_bytes", "worker_copy_span_bytes", "worker_shared_bytes", "startup_s")

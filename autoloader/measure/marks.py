@@ -10,7 +10,7 @@ from ..loader.batch import iter_tensors
 from ..supervise.procs import WorkerSample, WorkerTracker
 from . import cow
 
-__all__ = ["BatchMark", "Edges", "Reading", "mean_delay", "samples_in", "window_open"]
+__all__ = ["BatchMark", "Edges", "Reading", "mean_delay", "other_cpus", "samples_in", "window_open"]
 
 
 @dataclass(frozen=True)
@@ -33,19 +33,23 @@ class BatchMark:
 
 @dataclass(frozen=True)
 class Reading:
-    """Counters read at one edge of the window."""
+    """Counters read at one edge of the window: the wall clock, this process's CPU time, its workers', and the
+    machine's busy time on this process's CPUs (``cpuclock.machine_busy_s``)."""
 
     time: float
     main_cpu_s: float
     workers: Optional[WorkerSample]
+    machine_busy_s: Optional[float] = None
 
 
 @dataclass
 class Edges:
     """What a window reads at its edges: the workers' tracker and their memory at the first batch, the counters when
-    it opened and when it closed, and when it closed; one worker's pages copied in between (copy-on-read)."""
+    it began (a probe's window spans its run from the start), opened and closed, and when it closed; one worker's
+    pages copied in between (copy-on-read)."""
 
     end: float
+    begun: Optional[Reading] = None
     tracker: Optional[WorkerTracker] = None
     memory_start: Optional[WorkerSample] = None
     opened: Optional[Reading] = None
@@ -80,3 +84,18 @@ def window_open(count: int, skip: int, n: int) -> Optional[int]:
         if count - 1 - index >= 2:
             return index
     return None
+
+
+def other_cpus(start: Optional[Reading], end: Optional[Reading]) -> Optional[float]:
+    """The CPUs other processes kept busy between two readings, on average: the machine's busy time on this process's
+    CPUs less this process's and its workers' CPU time, over the wall time; None when the machine's time was not
+    read."""
+    if start is None or end is None or start.machine_busy_s is None or end.machine_busy_s is None:
+        return None
+    wall = end.time - start.time
+    if wall <= 0:
+        return None
+    own = end.main_cpu_s - start.main_cpu_s
+    if start.workers is not None and end.workers is not None:
+        own += max(0.0, end.workers.cpu_s - start.workers.cpu_s)
+    return max(0.0, (end.machine_busy_s - start.machine_busy_s - own) / wall)

@@ -18,8 +18,8 @@ from ..loader.epochs import stall_fraction
 from ..results import TrialResult
 from ..supervise.procs import WorkerTracker
 from . import cow, window_rule
-from .cpuclock import spent
-from .marks import BatchMark, Edges, Reading, mean_delay, samples_in, window_open
+from .cpuclock import machine_busy_s, spent
+from .marks import BatchMark, Edges, Reading, mean_delay, other_cpus, samples_in, window_open
 
 Rule = Literal["trial", "candidate", "probe"]
 """How a window opens and closes: a trial's fixed rule (NOTE [ Trial timing ] in run.py), an online candidate's
@@ -89,7 +89,8 @@ class Window:
         self.marks: List[BatchMark] = []
         self.startup_s: Optional[float] = None
         self.batch_bytes: Optional[int] = None
-        self.edges = Edges(started)
+        self.edges = Edges(started, begun=Reading(started, time.process_time(), None, machine_busy_s())
+                           if spec.rule == "probe" else None)
         self.exhausted = False
         self.memory_check: Optional[MemoryCheck] = None
         """The memory budget the workers face at their first batch (set by the driver: ``Candidate.memory``)."""
@@ -132,7 +133,7 @@ class Window:
         if len(self.marks) == self.skip:
             tracker = self.edges.tracker
             self.edges.opened = Reading(time.perf_counter(), time.process_time(),
-                                       tracker.sample(memory=False) if tracker else None)
+                                       tracker.sample(memory=False) if tracker else None, machine_busy_s())
         elif self.edges.tracker is not None and t_done - self.edges.tracker.last_sampled >= SAMPLE_EVERY_S:
             self.edges.tracker.sample(memory=False)
 
@@ -192,7 +193,10 @@ class Window:
         self.edges.end = time.perf_counter()
         if self.edges.opened is not None:
             tracker = self.edges.tracker
-            self.edges.closed = Reading(self.edges.end, time.process_time(), tracker.sample() if tracker else None)
+            self.edges.closed = Reading(self.edges.end, time.process_time(), tracker.sample() if tracker else None,
+                                        machine_busy_s())
+        elif self.edges.begun is not None:
+            self.edges.closed = Reading(self.edges.end, time.process_time(), None, machine_busy_s())
             if self.edges.census is not None and self.edges.census_pid is not None:
                 last = cow.take(self.edges.census_pid)
                 self.edges.copies = cow.copied(self.edges.census, last) if last is not None else None
@@ -263,6 +267,7 @@ class Window:
                            fetch_cpu_s_per_batch=statistics.median(m.wait_cpu_s for m in marks),
                            fetch_delay_s_per_batch=mean_delay(marks), consumer_s_per_batch=step,
                            consumer_cpu_s_per_batch=statistics.median(m.step_cpu_s for m in marks),
+                           other_cpus=other_cpus(self.edges.begun, self.edges.closed),
                            batch_bytes=self.batch_bytes, steady=False)
 
     def _stopped(self, elapsed: float) -> TrialResult:
@@ -279,7 +284,8 @@ class Window:
         if start is None or end is None:
             return {}
         probed = max(1e-9, end.time - start.time)
-        fields: dict = {"main_cpu_util": (end.main_cpu_s - start.main_cpu_s) / probed}
+        fields: dict = {"main_cpu_util": (end.main_cpu_s - start.main_cpu_s) / probed,
+                        "other_cpus": other_cpus(start, end)}
         n = self.config.num_workers
         if not n or start.workers is None or end.workers is None:
             return fields

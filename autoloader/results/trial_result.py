@@ -45,10 +45,13 @@ class TrialResult:
         consumer_s_per_batch (float): Seconds per batch the step took (the simulated or your real one).
         consumer_cpu_s_per_batch (float): CPU seconds per batch this process spent in the step, every thread of it
             (a step on the CPU runs torch's intra-op pool: up to the usable CPUs per second of step); the CPUs the
-            step takes from the workers (``search/capacity.py``'s ``step_cpus``).
+            step takes from the workers (``capacity.step_cpus`` in ``autoloader/search/capacity.py``).
         worker_cpu_util (float): How busy each worker kept a CPU, 0 to 1 (CPU time over wall time, per worker).
         worker_cpu_s_per_batch (float): The workers' CPU seconds per batch.
         main_cpu_util (float): How busy the main process kept a CPU during the window.
+        other_cpus (float): The CPUs other processes kept busy during the window, on average: the machine's other load
+            on the CPUs this process may use (its busy time less this process's and its workers'); None where the
+            platform does not say.
         read_bytes_per_batch (float): Bytes the workers read from storage per batch.
         worker_rss_bytes (int): The largest worker's resident memory at the window's end.
         worker_uss_bytes (int): One worker's private memory (USS) at the window's end: the mean of the workers read.
@@ -97,6 +100,7 @@ class TrialResult:
     worker_cpu_util: Optional[float] = None
     worker_cpu_s_per_batch: Optional[float] = None
     main_cpu_util: Optional[float] = None
+    other_cpus: Optional[float] = None
     read_bytes_per_batch: Optional[float] = None
     worker_rss_bytes: Optional[int] = None
     worker_uss_bytes: Optional[int] = None

@@ -14,7 +14,7 @@ from ..config import LoaderConfig
 from ..results import TrialResult, TuneResult
 from . import budget, online_policy, policy
 from .candidates import Steps
-from .capacity import step_cpus
+from .capacity import busy_cpus
 from .native_search import compare_native
 
 __all__ = ["online_steps"]
@@ -145,7 +145,7 @@ def _prior(search: Search, serial: TrialResult, *, consumer_s: Optional[float]) 
                                        fetch_cpu_s=serial.fetch_cpu_s_per_batch or 0.0,
                                        fetch_delay_s=serial.fetch_delay_s_per_batch, consumer_s=consumer_s,
                                        usable_cpus=settings.usable, cap=search.climb_cap(),
-                                       step_cpus=step_cpus(serial, usable_cpus=settings.usable))
+                                       busy_cpus=busy_cpus(serial, usable_cpus=settings.usable))
 
 
 def _jumps(search: Search, serial: Optional[TrialResult]) -> Steps[None]:
@@ -165,7 +165,7 @@ def _jumps(search: Search, serial: Optional[TrialResult]) -> Steps[None]:
                                   consumer_s=last.consumer_s_per_batch if last is not None else None,
                                   batch_size=settings.batch_size, usable_cpus=settings.usable, cap=search.climb_cap(),
                                   tolerance=settings.tolerance,
-                                  step_cpus=step_cpus(last or serial, usable_cpus=settings.usable))
+                                  busy_cpus=busy_cpus(last or serial, usable_cpus=settings.usable))
         if move is None or (settings.descend and last is not None and move.workers > last.config.num_workers):
             return
         workers = search.most_that_fit(low=last.config.num_workers if last is not None else 0, high=move.workers)

@@ -11,8 +11,9 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 #    CPUs, the serial batches a late start serves against the forks an early one wastes if the step wants fewer;
 #    when it is the cap, a guess, those batches must pay the forks twice), the prior's workers start, inside that
 #    first batch, while the main process finishes it and serves a short tail. The prior (``prior_workers``) is the
-#    count that fills the CPUs the step leaves (the usable CPUs less those the step keeps busy while it runs,
-#    ``capacity.step_cpus``: a step on the CPU runs torch's intra-op pool on the same cores as the workers) at the
+#    count that fills the CPUs the step leaves (the usable CPUs less those the step keeps busy while it runs, and those
+#    other processes keep busy, ``capacity.busy_cpus``: a step on the CPU runs torch's intra-op pool on the same cores
+#    as the workers) at the
 #    CPU share the samples showed (the cores rule for CPU-bound loading beside a step that leaves the CPUs free,
 #    several times it for loading that waits), and, once the step is known, no more than meet it (Little's law: a
 #    worker makes a batch per ``fetch_s``, the loop eats one per ``consumer_s``). Serial serving goes on only while
@@ -29,8 +30,8 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 #    over; a step on the CPU). A candidate the loop waited for whose rate is below its workers times one worker's
 #    rate, beyond the tolerance, is past that knee: the search goes down to the knee (``knee``: the best rate measured
 #    over one worker's, with twice the tolerance of headroom), and between it and the best while a jump down falls
-#    short. One beside a step on the CPU that keeps every CPU busy goes down to the count that fills what the step
-#    leaves. Otherwise, with CPUs to spare, it is scaled up to what meets the step or fills the CPUs, in one move; one
+#    short. One beside a step on the CPU (or other load) that keeps every CPU busy goes down to the count that fills
+#    what they leave. Otherwise, with CPUs to spare, it is scaled up to what meets the step or fills the CPUs, in one move; one
 #    that keeps up is cut to the fewest Little's law says still keep up. A window the loop never waited in
 #    (``TrialResult.drained`` False) measured the loop's pace while the prefetched batches lasted, not the workers':
 #    when the workers are only a little slower than the loop their queue drains over hundreds of batches, far past
@@ -98,11 +99,11 @@ def cpu_share(*, fetch_s: float, fetch_cpu_s: float, fetch_delay_s: Optional[flo
 
 
 def prior_workers(*, fetch_s: float, fetch_cpu_s: float, consumer_s: Optional[float], usable_cpus: int,
-                  cap: int, fetch_delay_s: Optional[float] = None, step_cpus: float = 0.0) -> int:
+                  cap: int, fetch_delay_s: Optional[float] = None, busy_cpus: float = 0.0) -> int:
     """The workers an epoch starts with, from the first batch's cost (``fetch_s`` wall, ``fetch_cpu_s`` CPU and
     ``fetch_delay_s`` run-queue seconds per batch in the main process) and the step's (``consumer_s``; None while no
-    step was timed; ``step_cpus``: the CPUs it keeps busy, ``capacity.step_cpus``): 0 when serial serving is
-    competitive (``serial_competitive``); else the count that fills the CPUs the step leaves at the loading's
+    step was timed; ``busy_cpus``: the CPUs it and other processes keep busy, ``capacity.busy_cpus``): 0 when serial
+    serving is competitive (``serial_competitive``); else the count that fills the CPUs they leave at the loading's
     ``cpu_share`` (``capacity.fill_count``: the cores rule when loading is CPU-bound beside a step that leaves the
     CPUs free, fewer beside a step on the CPU, more when loading waits, at most ``max(8, 2 x CPUs)`` before the step is
     timed) and, once the step is known, no more than meet it with ``HEADROOM`` (Little's law: 68 ms batches beside a
@@ -113,7 +114,7 @@ def prior_workers(*, fetch_s: float, fetch_cpu_s: float, consumer_s: Optional[fl
         return 0
     share = cpu_share(fetch_s=fetch_s, fetch_cpu_s=fetch_cpu_s, fetch_delay_s=fetch_delay_s)
     meets = math.ceil(HEADROOM * fetch_s / consumer_s - 1e-9) if consumer_s else untimed_cap(usable_cpus)
-    free = max(0.0, usable_cpus - step_cpus)
+    free = max(0.0, usable_cpus - busy_cpus)
     return max(1, min(cap, fill_count(usable_cpus=free, share=share), meets))
 
 
@@ -255,17 +256,17 @@ def serial_in_doubt(chosen: TrialResult, *, serial: Optional[TrialResult], trial
 
 def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consumer_s: Optional[float],
          batch_size: int, usable_cpus: int, cap: int, tolerance: float = DEFAULT_TOLERANCE,
-         step_cpus: float = 0.0) -> Optional[Jump]:
+         busy_cpus: float = 0.0) -> Optional[Jump]:
     """Where the search goes after the worker counts ``trials`` measured (oldest first; ``serial``: the first
-    batches' costs in the main process, its probe; None when none was timed; ``step_cpus``: the CPUs the step keeps
-    busy, ``capacity.step_cpus``), or None to decide now (NOTE [ Online convergence ], 3.):
+    batches' costs in the main process, its probe; None when none was timed; ``busy_cpus``: the CPUs the step and
+    other processes keep busy, ``capacity.busy_cpus``), or None to decide now (NOTE [ Online convergence ], 3.):
     - the last measured below the best beyond ``tolerance``: after a jump up, None (a roll-back: the selection keeps
       the best); after a jump down, the (geometric) middle between it and the best, while they are more than a
       quarter apart;
     - the loop waited for it: past the knee of the measured curve (``knee``: its rate under one worker's rate times
       its workers beyond ``tolerance``), down to the knee, unless fewer workers measured within ``tolerance`` of the
-      best already; beside a step on the CPU that it keeps waiting for CPUs
-      (saturated), down to the count that fills the CPUs the step leaves; otherwise, with CPUs to spare, up to the
+      best already; beside a step on the CPU (or other load) that it keeps waiting for CPUs (saturated), down to the
+      count that fills the CPUs they leave; otherwise, with CPUs to spare, up to the
       count that meets the step with ``HEADROOM`` or fills the CPUs at the measured use per worker, when that is more
       than ``tolerance`` above it (and a jump up that gained less than half the ``tolerance`` over fewer workers stops
       the climb, as does a count above it that made as much; one above that made less sends it halfway there);
@@ -289,11 +290,11 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
             return Jump(at_knee, f"{n} workers made {rate(last):,.0f} samples/s, less than {n} times what one worker "
                                  f"makes: the rate stops rising near {at_knee} workers")
         busy = (last.worker_cpu_util or 0.0) * n + (last.main_cpu_util or 0.0)
-        if step_cpus and cpu_saturated(last, usable_cpus=usable_cpus) and last.worker_cpu_util:
-            beside = fill_count(usable_cpus=max(0.0, usable_cpus - step_cpus), share=last.worker_cpu_util)
+        if busy_cpus and cpu_saturated(last, usable_cpus=usable_cpus) and last.worker_cpu_util:
+            beside = fill_count(usable_cpus=max(0.0, usable_cpus - busy_cpus), share=last.worker_cpu_util)
             if beside < (1.0 - tolerance) * n and beside not in measured:
-                return Jump(beside, f"the step keeps {step_cpus:.1f} of {usable_cpus} CPUs busy and {n} workers "
-                                    f"take the rest and more: {beside} fill what it leaves")
+                return Jump(beside, f"the step and other work keep {busy_cpus:.1f} of {usable_cpus} CPUs busy and {n} "
+                                    f"workers take the rest and more: {beside} fill what they leave")
         if cpu_saturated(last, usable_cpus=usable_cpus) or not consumer_s:
             return None
         if fewer and rate(last) <= (1.0 + tolerance / 2) * max(rate(t) for t in fewer):
@@ -319,7 +320,7 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
         fetch_cpu_s, fetch_delay_s = serial.fetch_cpu_s_per_batch or 0.0, serial.fetch_delay_s_per_batch
         share = cpu_share(fetch_s=fetch_s, fetch_cpu_s=fetch_cpu_s, fetch_delay_s=fetch_delay_s)
         fewest = max(1, min(n, math.ceil(HEADROOM * (fetch_s - (fetch_delay_s or 0.0)) / consumer_s - 1e-9),
-                            fill_count(usable_cpus=max(0.0, usable_cpus - step_cpus), share=share)))
+                            fill_count(usable_cpus=max(0.0, usable_cpus - busy_cpus), share=share)))
     else:  # no batch was timed in the main process (a re-tune from a cached decision): halve
         fewest = max(1, n // 2)
     if fewest < (1.0 - tolerance) * n and fewest not in measured:

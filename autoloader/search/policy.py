@@ -12,7 +12,7 @@ import math
 from typing import Collection, List, Mapping, Optional, Sequence, Tuple
 
 from . import native_policy
-from .capacity import DEFAULT_TOLERANCE, HEADROOM, fill_count, step_cpus
+from .capacity import DEFAULT_TOLERANCE, HEADROOM, busy_cpus, fill_count
 from .budget import trial_footprint
 from .growth import forecast_bytes, growth_per_sample
 from .threads_policy import fewest_near, rate
@@ -111,7 +111,8 @@ def first_count(serial: Optional[TrialResult], *, consumer_samples_per_s: Option
                 usable_cpus: int, cap: int, tolerance: float = DEFAULT_TOLERANCE) -> int:
     """The first worker count to measure after the serial candidate: none (0) when serial loading already keeps up
     with the consumer within ``tolerance``, else ``predict_from_serial`` (beside the CPUs the step keeps busy, as the
-    serial candidate measured them: ``capacity.step_cpus``); without a serial rate (it failed), the usable CPUs, at
+    serial candidate measured them, and other processes': ``capacity.busy_cpus``); without a serial rate (it failed),
+    the usable CPUs, at
     most ``cap``."""
     if serial is None:
         return max(0, min(usable_cpus, cap))
@@ -119,35 +120,35 @@ def first_count(serial: Optional[TrialResult], *, consumer_samples_per_s: Option
         return 0
     return predict_from_serial(fetch_s=serial.fetch_s_per_batch or 0.0, fetch_cpu_s=serial.fetch_cpu_s_per_batch or 0.0,
                                consumer_s=consumer_s, usable_cpus=usable_cpus, cap=cap,
-                               step_cpus=step_cpus(serial, usable_cpus=usable_cpus))
+                               busy_cpus=busy_cpus(serial, usable_cpus=usable_cpus))
 
 
 def predict_from_serial(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float, usable_cpus: int,
-                        cap: int, step_cpus: float = 0.0) -> int:
+                        cap: int, busy_cpus: float = 0.0) -> int:
     """Workers to try first, from the ``num_workers=0`` trial.
 
     A worker makes one batch per ``fetch_s`` seconds and keeps a CPU busy ``fetch_cpu_s / fetch_s`` of the time.
     Loading meets the consumer at ``fetch_s / consumer_s`` workers (with headroom) and fills the CPUs the step leaves
-    (``step_cpus`` of the usable ones busy while it runs) at ``capacity.fill_count`` of them; the first trial is the
+    and other processes (``busy_cpus`` of the usable ones busy) at ``capacity.fill_count`` of them; the first trial is the
     smaller of the two, and at most ``FIRST_STEP_WORKERS`` (or twice the CPUs) so a large jump is only taken once
     per-worker costs are measured.
     """
     if fetch_s <= 0:
         return 1
     needed = workers_needed(fetch_s=fetch_s, fetch_cpu_s=fetch_cpu_s, consumer_s=consumer_s, usable_cpus=usable_cpus,
-                            step_cpus=step_cpus)
+                            busy_cpus=busy_cpus)
     first_step = max(FIRST_STEP_WORKERS, 2 * usable_cpus)
     return _clamp(math.ceil(min(needed, first_step) - 1e-9), cap)
 
 
 def workers_needed(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float, usable_cpus: int,
-                   step_cpus: float = 0.0) -> float:
+                   busy_cpus: float = 0.0) -> float:
     """Single-threaded workers (batches in flight) that meet the consumer with ``HEADROOM`` or fill the CPUs the step
-    leaves (``step_cpus`` of the usable ones busy while it runs), whichever is fewer, from the serial trial
+    and other processes leave (``busy_cpus`` of the usable ones busy), whichever is fewer, from the serial trial
     (``predict_from_serial``; threads-first sizes its first candidate by it too); 1 when nothing was measured."""
     if fetch_s <= 0:
         return 1.0
-    by_cpu = fill_count(usable_cpus=max(0.0, usable_cpus - step_cpus), share=fetch_cpu_s / fetch_s)
+    by_cpu = fill_count(usable_cpus=max(0.0, usable_cpus - busy_cpus), share=fetch_cpu_s / fetch_s)
     by_consumer = HEADROOM * fetch_s / consumer_s if consumer_s > 0 else math.inf
     return min(by_cpu, by_consumer)
 

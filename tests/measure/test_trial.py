@@ -113,3 +113,23 @@ def test_a_trial_over_the_memory_budget_stops_at_its_first_batch():
     assert wait_no_children() == []
     fits = run_trial(request, LoaderConfig(2, 2), consumer=CPU, limit_s=3.0, memory=MemoryCheck(budget_bytes=2**40))
     assert fits.ok and fits.worker_uss_bytes is not None
+
+
+def _burn(_batch) -> None:
+    started = time.thread_time()
+    while time.thread_time() - started < 0.01:
+        pass
+
+
+def test_a_step_on_the_cpu_is_measured_as_cpu_the_step_takes():
+    """Issue 59: the step's own CPU time (``consumer_cpu_s_per_batch``) beside its wall time: a step that burns 10 ms of
+    one thread keeps about one CPU busy; one that sleeps keeps none (generous margins: a loaded machine)."""
+    request = Request.checked(InMemory(n=2000), 16, device="cpu")
+    burning = run_trial(request, LoaderConfig(0), consumer=Consumer(_burn, torch.device("cpu")), limit_s=10.0,
+                        measure_consumer=True)
+    assert burning.ok and burning.consumer_cpu_s_per_batch is not None
+    assert 0.008 <= burning.consumer_cpu_s_per_batch <= 0.05, burning
+    assert burning.consumer_cpu_s_per_batch >= 0.5 * burning.consumer_s_per_batch, burning
+    sleeping = run_trial(request, LoaderConfig(0), consumer=Consumer(0.01, torch.device("cpu")), limit_s=10.0)
+    assert sleeping.ok and sleeping.consumer_cpu_s_per_batch < 0.3 * sleeping.consumer_s_per_batch, sleeping
+    assert sleeping.other_cpus is None or sleeping.other_cpus >= 0.0

@@ -123,7 +123,7 @@ def test_below_a_count_that_made_less_the_climb_goes_halfway_to_it():
 def test_beside_a_step_on_the_cpu_a_saturated_pool_goes_down_to_what_the_step_leaves():
     # 2 workers each at 95 % of a CPU on 2 CPUs beside a step that keeps 1.2 CPUs busy: the CPUs are oversubscribed
     busy = trial(2, 400.0, stall=0.3, util=0.95, main=1.2, step=0.05)
-    move = op.jump([busy], serial=None, consumer_s=0.05, batch_size=16, usable_cpus=2, cap=64, step_cpus=1.2)
+    move = op.jump([busy], serial=None, consumer_s=0.05, batch_size=16, usable_cpus=2, cap=64, busy_cpus=1.2)
     assert move is not None and move.workers == 1 and "1.2 of 2 CPUs" in move.why
     assert op.jump([busy], serial=None, consumer_s=0.05, batch_size=16, usable_cpus=2, cap=64) is None, \
         "without the step's CPU: nothing to go down to"
