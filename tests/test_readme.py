@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import configparser
 import contextlib
+import gc
 import importlib.metadata
 import io
 import json
@@ -199,13 +200,40 @@ def _five_ms_step(images, labels) -> None:
 @pytest.mark.slow
 def test_the_tuning_sample_has_the_shape_of_a_real_run(own_cache):
     """The README's ``print(loader.tuning)`` sample against a real run of the README's block on the dataset and step
-    it names (two epochs): the same lines, any numbers (a decision taken online, its table of candidates)."""
+    it names: the same lines, any numbers (a decision taken online, its table of candidates). The block runs its two
+    epochs; a search that outlived them (a busy machine) is given up to four more before its decision is printed."""
     sample = by_first_line("Chosen: num_workers=")[0]
     namespace = {**_namespace(own_cache), "train_set": Waiting(), "epochs": 2, "train_step": _five_ms_step}
-    printed = _run(by_first_line("from autoloader import make_loader")[0], namespace)
-    assert namespace["loader"].decisions, printed  # decided online, as the sample shows
-    assert same_shape(sample.text, printed) == [], printed
-    assert "stall %" in printed and "tuned online, in the training loop" in printed
+    try:
+        _run(by_first_line("from autoloader import make_loader")[0], namespace)
+        loader = namespace["loader"]
+        for epoch in range(2, 6):
+            if loader.decisions:
+                break
+            loader.set_epoch(epoch)
+            for images, labels in loader:
+                _five_ms_step(images, labels)
+        printed = str(loader.tuning)
+        assert loader.decisions, printed  # decided online, as the sample shows
+        assert same_shape(sample.text, printed) == [], printed
+        assert "stall %" in printed and "tuned online, in the training loop" in printed
+    finally:
+        namespace.clear()  # the loader and its persistent workers
+        gc.collect()
+
+
+def test_checkpoint_and_resume(own_cache, monkeypatch):
+    block = by_first_line("torch.save({\"model\"")[0]
+    monkeypatch.chdir(own_cache)
+    namespace = _namespace(own_cache)
+    torch.manual_seed(0)
+    loader = namespace["make_loader"](namespace["train_set"], batch_size=64, shuffle=True)
+    it = iter(loader)
+    next(it)  # one batch of the epoch's four trained before the checkpoint
+    namespace.update(loader=loader, model=torch.nn.Linear(2, 2), saved_epoch=0)
+    _run(block, namespace)
+    del it
+    assert namespace["loader"] is not loader and namespace["loader"].stats.batches == 3  # the rest of the epoch
 
 
 @pytest.mark.slow
