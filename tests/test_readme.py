@@ -458,6 +458,18 @@ CLAIMED = ("# install, then probe", "# run the tests", "from autoloader import m
            "torch.save({\"model\"", "# train.py: torchrun", "$ autotune ", *INTEGRATION_BLOCKS)
 
 
+def test_every_claimed_block_is_run_by_a_test_here():
+    """A prefix in ``CLAIMED`` is looked up by a test of this module (``by_first_line``/``_commands_of``), or run by
+    the integration tests (``INTEGRATION_BLOCKS``): a claimed block no test runs would pass unseen."""
+    import ast
+
+    tree = ast.parse(Path(__file__).read_text())
+    asked = {node.args[0].value for node in ast.walk(tree) if isinstance(node, ast.Call) and node.args
+             and getattr(node.func, "id", "") in ("by_first_line", "_commands_of")
+             and isinstance(node.args[0], ast.Constant)}
+    assert set(CLAIMED) - set(INTEGRATION_BLOCKS) <= asked, set(CLAIMED) - set(INTEGRATION_BLOCKS) - asked
+
+
 def test_every_block_is_checked():
     unclaimed = [f"README.md:{b.line}: {b.first!r}" for b in blocks() if not b.first.startswith(CLAIMED)]
     assert unclaimed == [], "a README code block no test runs: add it to tests/test_readme.py"
