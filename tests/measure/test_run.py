@@ -21,7 +21,7 @@ import fault_data as fd
 from autoloader.config import LoaderConfig
 from autoloader.consumer import Consumer
 from autoloader.measure.failures import classify
-from autoloader.measure.window import MIN_OPENED
+from autoloader.measure.window import MIN_OPENED, WindowSpec
 from autoloader.measure.run import END, Run, served
 from autoloader.measure.trial import trial_loader
 
@@ -127,7 +127,10 @@ def test_a_trial_without_workers_measures_in_the_main_process():
 # -- candidate --------------------------------------------------------------------------------------------------------
 
 def test_a_candidate_is_measured_once_then_serves_on_with_the_same_workers_and_nothing_in_the_batches():
-    run = Run(_loader(400), WORKERS, mode="candidate", consumer=CPU, batch_size=BATCH, limit_s=FAR)
+    # its window closes when confident or at its bound (the scheduler's rule): 0.3 s, a third of the 100 batches, so
+    # a loaded machine's jitter cannot keep it open to the loader's end
+    run = Run(_loader(400), WORKERS, mode="candidate", consumer=CPU, batch_size=BATCH, limit_s=FAR,
+              window=WindowSpec("candidate", 0.3))
     batches, pids, measured_at = _drive_candidate(run)
     result = run.result
     assert measured_at is not None and result is not None, "the window never completed"
