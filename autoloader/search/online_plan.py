@@ -17,7 +17,7 @@ from .candidates import Steps
 from .capacity import busy_cpus
 from .native_search import compare_native
 
-__all__ = ["online_steps"]
+__all__ = ["online_cap", "online_steps"]
 
 log = logging.getLogger("autoloader.tuner")
 
@@ -144,8 +144,17 @@ def _prior(search: Search, serial: TrialResult, *, consumer_s: Optional[float]) 
     return online_policy.prior_workers(fetch_s=serial.fetch_s_per_batch or 0.0,
                                        fetch_cpu_s=serial.fetch_cpu_s_per_batch or 0.0,
                                        fetch_delay_s=serial.fetch_delay_s_per_batch, consumer_s=consumer_s,
-                                       usable_cpus=settings.usable, cap=search.climb_cap(),
+                                       usable_cpus=settings.usable, cap=online_cap(search),
                                        busy_cpus=busy_cpus(serial, usable_cpus=settings.usable))
+
+
+def online_cap(search: Search) -> int:
+    """The most workers the online search measures: the search's climb cap, and no more than an epoch can measure
+    (``online_policy.measurable_cap``)."""
+    settings = search.settings
+    epoch_batches = -(-settings.epoch_samples // settings.batch_size) if settings.epoch_samples else None
+    measurable = online_policy.measurable_cap(epoch_batches=epoch_batches, prefetch_factor=settings.prefetch)
+    return search.climb_cap() if measurable is None else min(search.climb_cap(), measurable)
 
 
 def _jumps(search: Search, serial: Optional[TrialResult]) -> Steps[None]:
@@ -163,7 +172,7 @@ def _jumps(search: Search, serial: Optional[TrialResult]) -> Steps[None]:
         last = next((t for t in reversed(trials) if t.ok), None)
         move = online_policy.jump(trials, serial=serial,
                                   consumer_s=last.consumer_s_per_batch if last is not None else None,
-                                  batch_size=settings.batch_size, usable_cpus=settings.usable, cap=search.climb_cap(),
+                                  batch_size=settings.batch_size, usable_cpus=settings.usable, cap=online_cap(search),
                                   tolerance=settings.tolerance,
                                   busy_cpus=busy_cpus(last or serial, usable_cpus=settings.usable))
         if move is None or (settings.descend and last is not None and move.workers > last.config.num_workers):

@@ -36,7 +36,9 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 #    (``TrialResult.drained`` False) measured the loop's pace while the prefetched batches lasted, not the workers':
 #    when the workers are only a little slower than the loop their queue drains over hundreds of batches, far past
 #    any window, so such a candidate is weighed at the rate Little's law gives its workers from the serial probe, when
-#    that is lower (``sustained``). A jump up that measures below the best so far beyond the tolerance is rolled back
+#    that is lower (``sustained``); and no candidate holds more than ``IN_FLIGHT_SHARE`` of the epoch in flight
+#    (``measurable_cap``): it would serve its window from its queue. A jump up that measures below the best so far
+#    beyond the tolerance is rolled back
 #    at once (the selection keeps the best). At most ``MAX_JUMPS`` jumps per search. Then serial serving is measured
 #    as any candidate when the workers chosen do not beat its most hopeful estimate by ``SERIAL_CHECK``
 #    (``serial_in_doubt``): the probe's first steps are slow while a step warms up, and a step on the CPU loses to
@@ -59,8 +61,9 @@ from ..results import TrialResult
 from .capacity import DEFAULT_TOLERANCE, FORK_S, HEADROOM, cpu_saturated, fill_count
 from .threads_policy import rate
 
-__all__ = ["BISECT_RATIO", "EARLY_BATCHES", "HANDOVER_S", "Jump", "KEEPS_UP_STALL", "MAX_JUMPS", "SERIAL_CHECK",
-           "SERIAL_MARGIN", "cpu_share", "fills_cpus", "jump", "keeps_up", "knee", "prior_gain", "prior_workers",
+__all__ = ["BISECT_RATIO", "EARLY_BATCHES", "HANDOVER_S", "IN_FLIGHT_SHARE", "Jump", "KEEPS_UP_STALL", "MAX_JUMPS",
+           "SERIAL_CHECK", "SERIAL_MARGIN", "cpu_share", "fills_cpus", "jump", "keeps_up", "knee", "measurable_cap",
+           "prior_gain", "prior_workers",
            "serial_competitive", "serial_estimate", "serial_in_doubt", "starts_early", "sustained", "untimed_cap"]
 
 HANDOVER_S = 0.5e-3
@@ -79,6 +82,8 @@ MAX_JUMPS = 3
 SERIAL_CHECK = 1.5
 """Workers that beat the most hopeful estimate of serial serving by less than this are decided only after a window
 of serial serving (``serial_in_doubt``)."""
+IN_FLIGHT_SHARE = 0.5
+"""An online candidate's batches in flight are at most this share of the epoch (``measurable_cap``)."""
 BISECT_RATIO = 1.25
 """A jump down that fell short of the best is followed by the count between them while they are this far apart."""
 
@@ -126,6 +131,17 @@ def prior_gain(*, fetch_s: float, consumer_s: Optional[float], workers: int, han
         return 0.0
     step = consumer_s or 0.0
     return (fetch_s + step) / max(step + handover_s, fetch_s / workers) - 1.0
+
+
+def measurable_cap(*, epoch_batches: Optional[int], prefetch_factor: int) -> Optional[int]:
+    """The most workers an online candidate may have and still be measured in an epoch of ``epoch_batches``: their
+    batches in flight (``prefetch_factor`` each) at most ``IN_FLIGHT_SHARE`` of the epoch. The window opens once the
+    loop drained what they prefetched; a pool that holds most of an epoch in flight serves it from its queue, and
+    measures the loop's pace, not its own (53 workers holding 106 of a 100-batch epoch read 2,404 samples/s where a
+    service admitting 12 requests allowed 1,650). None when the epoch's length is unknown. Pure."""
+    if not epoch_batches:
+        return None
+    return max(1, int(IN_FLIGHT_SHARE * epoch_batches) // max(1, prefetch_factor))
 
 
 def untimed_cap(usable_cpus: int) -> int:

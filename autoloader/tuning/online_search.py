@@ -19,7 +19,7 @@ from ..results import Decision, TrialResult, TuneResult
 from ..search import online_policy, switching
 from ..search.budget import overlap_guard
 from ..search.candidates import Candidate, Steps
-from ..search.online_plan import online_steps
+from ..search.online_plan import online_cap, online_steps
 from ..search.retune import retune
 from ..search.search import Search
 
@@ -122,7 +122,7 @@ class OnlineSearch:
         workers = online_policy.prior_workers(fetch_s=estimate.fetch_s, fetch_cpu_s=estimate.fetch_cpu_s,
                                               fetch_delay_s=estimate.fetch_delay_s, consumer_s=None,
                                               usable_cpus=current.search.settings.usable,
-                                              cap=current.search.climb_cap())
+                                              cap=online_cap(current.search))
         search = current.search
         fills = online_policy.fills_cpus(fetch_s=estimate.fetch_s, fetch_cpu_s=estimate.fetch_cpu_s,
                                          fetch_delay_s=estimate.fetch_delay_s, usable_cpus=search.settings.usable)

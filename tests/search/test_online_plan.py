@@ -10,6 +10,7 @@ from autoloader.config import LoaderConfig
 from autoloader.probe import probe_machine
 from autoloader.request import Request
 from autoloader.results import TrialResult
+from autoloader.search import online_policy
 from autoloader.search.online_plan import online_steps
 from autoloader.search.search import Search
 from workloads import LatencyBound
@@ -59,17 +60,17 @@ class Host:
                            main_cpu_util=0.1 + self.step_cpus * step * rate)
 
 
-def online_search(host: Host, *, start=None, serial=None, down=False):
-    """The online search's generator on ``host``'s emulated CPUs, no memory budget."""
-    request = Request.checked(LatencyBound(n=100000), host.batch, device="cpu", dataloader_kwargs={})
+def online_search(host: Host, *, start=None, serial=None, down=False, samples=100000):
+    """The online search's generator on ``host``'s emulated CPUs, no memory budget, over epochs of ``samples``."""
+    request = Request.checked(LatencyBound(n=samples), host.batch, device="cpu", dataloader_kwargs={})
     profile = probe_machine(disk=False, gpus=False)
     profile = dataclasses.replace(profile, cpu=dataclasses.replace(profile.cpu, usable=host.cpus),
                                   memory=dataclasses.replace(profile.memory, budget_bytes=None))
     return online_steps(Search(request, profile, budget=math.inf, start=start, descend=down), serial=serial)
 
 
-def drive(host: Host, *, early: bool = False, start=None, serial=None, down=False):
-    steps = online_search(host, start=start, serial=serial, down=down)
+def drive(host: Host, *, early: bool = False, start=None, serial=None, down=False, samples=100000):
+    steps = online_search(host, start=start, serial=serial, down=down, samples=samples)
     asked, candidate = [], next(steps)
     try:
         while True:
@@ -121,6 +122,21 @@ def test_a_hidden_concurrency_ceiling_is_found_by_measurement(ceiling, step_s):
     assert asked[1] > ceiling, asked
     assert ceiling <= result.config.num_workers <= math.ceil(1.1 * ceiling), asked
     assert len(asked) <= 4, "the prior, the knee, the decision"
+
+
+def test_no_candidate_holds_most_of_a_short_epoch_in_flight():
+    """A 100-batch epoch: 53 workers (what the CPUs allowed) would hold 106 batches in flight and serve the window from
+    their queue; at most 25 (half the epoch at prefetch 2) are measured, and the knee of the service's 12 is found."""
+    host = Host(fetch_s=0.246, cpu=0.004, step_s=0.0001, cpus=2, batch=34, ceiling=12)
+    asked, result = drive(host, samples=3400, early=True)
+    assert max(asked) <= 25, asked
+    assert 12 <= result.config.num_workers <= 14, asked
+
+
+@pytest.mark.parametrize("epoch_batches, prefetch, cap", [(100, 2, 25), (32, 2, 8), (10, 4, 1), (None, 2, None),
+                                                        (100_000, 2, 25_000)])
+def test_the_measurable_cap(epoch_batches, prefetch, cap):
+    assert online_policy.measurable_cap(epoch_batches=epoch_batches, prefetch_factor=prefetch) == cap
 
 
 @pytest.mark.parametrize("step_cpus, contention, expected", [
