@@ -195,11 +195,11 @@ class Window:
             tracker = self.edges.tracker
             self.edges.closed = Reading(self.edges.end, time.process_time(), tracker.sample() if tracker else None,
                                         machine_busy_s())
-        elif self.edges.begun is not None:
-            self.edges.closed = Reading(self.edges.end, time.process_time(), None, machine_busy_s())
             if self.edges.census is not None and self.edges.census_pid is not None:
                 last = cow.take(self.edges.census_pid)
                 self.edges.copies = cow.copied(self.edges.census, last) if last is not None else None
+        elif self.edges.begun is not None:
+            self.edges.closed = Reading(self.edges.end, time.process_time(), None, machine_busy_s())
 
     def result(self, elapsed: float) -> TrialResult:
         if self.over_budget is not None:

@@ -133,3 +133,29 @@ def test_a_step_on_the_cpu_is_measured_as_cpu_the_step_takes():
     sleeping = run_trial(request, LoaderConfig(0), consumer=Consumer(0.01, torch.device("cpu")), limit_s=10.0)
     assert sleeping.ok and sleeping.consumer_cpu_s_per_batch < 0.3 * sleeping.consumer_s_per_batch, sleeping
     assert sleeping.other_cpus is None or sleeping.other_cpus >= 0.0
+
+
+class _Objects(torch.utils.data.Dataset):
+    """Samples read from a list of 100,000 Python objects at random (a page of them copied per sample: copy-on-read)."""
+
+    def __init__(self):
+        self.items = [bytes([i % 251]) * 512 for i in range(100_000)]
+
+    def __len__(self):
+        return 100_000
+
+    def __getitem__(self, i):
+        time.sleep(0.0005)
+        return torch.tensor([len(self.items[(i * 7919) % 100_000])])
+
+
+def test_a_trial_under_a_memory_budget_reads_which_pages_its_workers_copy():
+    """The census (measure/cow.py) at the first batch and at the window's end: a trial of workers reading a list of
+    objects under a budget they could not fit copying all of this process reports what one worker copied and the span
+    it fell in (NOTE [ Copy-on-read forecast ]); the window that drops that second reading forecasts nothing."""
+    request = Request.checked(_Objects(), 16, device="cpu")
+    trial = run_trial(request, LoaderConfig(2, 2), consumer=Consumer(None, torch.device("cpu")), limit_s=10.0,
+                      memory=MemoryCheck(1 << 40, census=True))
+    assert trial.ok, trial.reason
+    assert trial.worker_copied_bytes is not None and trial.worker_copy_span_bytes is not None, trial
+    assert trial.worker_copied_bytes > 0 and trial.worker_shared_bytes > trial.worker_copy_span_bytes > 0, trial
