@@ -1,6 +1,10 @@
 """The Ray cluster's shape (what a decision is cached under) and the store of Ray decisions: one JSON file per key in
 the ``ray/`` folder of autoloader's cache directory, written atomically, a bad entry a miss with a warning.
 
+``cluster_shape`` asks the cluster (within ``waits.QUERY``); a cluster with no CPU (an autoscaling cluster at its
+minimum size, or a head started with ``--num-cpus=0`` and no worker yet) is asked for one CPU through the autoscaler
+(``ray.autoscaler.sdk.request_resources``) and waited for within ``waits.NODES``, then named with the fix.
+
 The shape is the cluster's, not one machine's: its alive nodes, their CPUs and GPUs, and the names of custom
 resources; never a node's address or id, so two clusters of the same shape share decisions (NOTE [ What the cache
 key covers ] in cache/fingerprint.py says what else the key holds)."""
@@ -8,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, Mapping, Optional
 
@@ -17,11 +22,15 @@ from .._fs import atomic_write_json
 from ..cache.fingerprint import cache_key
 from ..errors import warn_user
 from .records import RayTuning
+from .waits import NODES, QUERY, Limit, bounded
 
 log = logging.getLogger("autoloader.ray")
 
-SCHEMA = 1
+SCHEMA = 2
+"""Version of the entries: 2 since the pool may hold every CPU and batches travel as arrays (older entries miss)."""
 _PLAIN = {"CPU", "GPU", "memory", "object_store_memory"}
+POLL_S = 1.0
+"""Seconds between two looks at a cluster waiting for its first CPU node."""
 
 
 def shape_of(nodes: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
@@ -34,6 +43,36 @@ def shape_of(nodes: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
     per_node = sorted((float(r.get("CPU", 0.0)) for r in resources), reverse=True)
     return {"nodes": len(alive), "cpus": sum(per_node), "gpus": sum(float(r.get("GPU", 0.0)) for r in resources),
             "node_cpus": per_node, "resources": custom}
+
+
+def cluster_shape(ray: Any, *, nodes: Limit = NODES) -> Dict[str, Any]:
+    """The cluster's shape once it has a CPU (see the module docstring): at once when it has one; else after asking
+    the autoscaler for one and waiting at most ``nodes`` (a ``Limit``); a TimeoutError naming the limit and the fix."""
+    shape = shape_of(bounded(QUERY, ray.nodes, detail="ray.nodes()"))
+    if shape["cpus"] > 0:
+        return shape
+    started = time.monotonic()
+    log.info("the Ray cluster has no CPU: asking the autoscaler for one and waiting up to %g s", nodes.seconds)
+    _request_cpus(ray, 1)
+    try:
+        while shape["cpus"] <= 0:
+            if time.monotonic() - started >= nodes.seconds:
+                raise nodes.error(f"{shape['nodes']} node(s) alive, 0 CPUs")
+            time.sleep(min(POLL_S, max(0.0, nodes.seconds - (time.monotonic() - started))))
+            shape = shape_of(bounded(QUERY, ray.nodes, detail="ray.nodes()"))
+    finally:
+        _request_cpus(ray, 0)
+    log.info("the Ray cluster got %g CPUs after %.1f s", shape["cpus"], time.monotonic() - started)
+    return shape
+
+
+def _request_cpus(ray: Any, cpus: int) -> None:
+    """Ask Ray's autoscaler for ``cpus`` CPUs (0: withdraw the request); nothing where there is no autoscaler SDK."""
+    try:
+        from ray.autoscaler.sdk import request_resources
+    except ImportError:
+        return
+    bounded(QUERY, lambda: request_resources(num_cpus=cpus), detail="asking the autoscaler for CPUs")
 
 
 def ray_key(*, dataset_fp: dict, batch_size: int, loader_kwargs: Mapping[str, Any], step: Any, device_type: str,

@@ -1,6 +1,20 @@
 """``make_loader(..., engine="ray")``: the arguments checked, the data sharded as for DataLoaders, this process's Ray
-session opened (NOTE [ Who owns Ray ] in session.py), the pool looked up in the cache under the cluster's shape or
-tuned against the step, and the ``PrefetchLoader`` over a ``RaySource`` returned."""
+session opened (NOTE [ Who owns Ray ] in session.py), the cluster's shape read (waiting for a first CPU node when it
+has none: cluster.py), the pool looked up in the cache under that shape or tuned against the step, and the
+``PrefetchLoader`` over a ``RaySource`` returned.
+
+Two keywords of ``make_loader``'s ``**dataloader_kwargs`` are the Ray engine's, never a DataLoader's:
+``timeout=<seconds>``, the most any batch (a run's first included) and the wait for a first CPU node may take
+(waits.py), and ``runtime_env={...}``, Ray's runtime environment for the Ray autoloader starts or joins
+(``{"working_dir": "."}`` or ``{"py_modules": [...]}`` ships your code to every worker; NOTE [ Who owns Ray ]).
+
+The Ray engine, in brief (README "Ray Data" has the rest): every batch is the one a plain DataLoader of the same
+arguments yields, in its order, however many tasks run at once (NOTE [ Exact batches through Ray ] in source.py);
+the pool is tuned against the step by short trials and cached under the cluster's shape (NOTE [ Sizing the Ray
+pool ] in plan.py); an epoch's order goes to Ray as int64 arrays, a run at a time (order.py), and batches come back
+as Arrow tables whose arrays are read in place and copied once (transport.py); a batch whose ``__getitem__`` or
+``collate_fn`` raised is raised at its ``next()`` and the epoch goes on; a run that fails is named as what it was
+(failures.py); every wait on Ray has a limit (waits.py)."""
 from __future__ import annotations
 
 import logging
@@ -16,17 +30,16 @@ from ..coordination import all_gather
 from ..loader.prefetch import PrefetchLoader
 from ..consumer import Consumer
 from ..request import Request
-from .cluster import RayCache, ray_key, shape_of
+from . import plan
+from .cluster import RayCache, cluster_shape, ray_key
 from .records import RayTuning
 from .session import import_ray, open_session
 from .source import RaySource
 from .trials import Bench, measure_costs, tune_pool
+from .waits import BATCH, NODES, PER_BATCH_FACTOR, STARTUP, Limit
 
 log = logging.getLogger("autoloader.ray")
 
-WAIT_S = 120.0
-"""The most seconds the loop waits for one batch from Ray, unless ``timeout=`` says otherwise; with the block's own
-time on top."""
 BUDGET_S = 30.0
 
 
@@ -36,6 +49,10 @@ def make_ray_loader(arguments: Mapping[str, Any]) -> PrefetchLoader:
     check_ray_arguments(arguments)
     kwargs = dict(arguments["dataloader_kwargs"])
     timeout = kwargs.pop("timeout", 0)
+    runtime_env = kwargs.pop("runtime_env", None)
+    if runtime_env is not None and not isinstance(runtime_env, dict):
+        raise TypeError(f"runtime_env must be a dict of Ray's runtime environment (e.g. {{'working_dir': '.'}}), got "
+                        f"{runtime_env!r}")
     request = _request(arguments, kwargs)
     group = request.group
     address = arguments["address"]
@@ -44,14 +61,14 @@ def make_ray_loader(arguments: Mapping[str, Any]) -> PrefetchLoader:
                          "with `ray start --head --port=6379` and pass address='HOST:6379' (or set RAY_ADDRESS)")
     template = request.data_loader(LoaderConfig(0))
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    open_session(address, num_cpus=cpus)
+    open_session(address, num_cpus=cpus, runtime_env=runtime_env)
     ray = import_ray()
-    shape = shape_of(ray.nodes())
-    source = RaySource(template, _placeholder(shape), address=address, num_cpus=cpus, wait_s=WAIT_S,
+    shape = cluster_shape(ray, nodes=NODES.with_seconds(timeout) if timeout else NODES)
+    source = RaySource(template, _placeholder(shape), address=address, num_cpus=cpus, runtime_env=runtime_env,
                        pin=request.device.type == "cuda")
-    tuning, key = _decide(request, arguments, source, shape, wait_s=float(timeout) if timeout else None)
-    source.use(tuning, wait_s=float(timeout) if timeout else WAIT_S + 20 * (tuning.serial_s_per_batch or 0.0)
-               * tuning.config.batches_per_task)
+    tuning, key = _decide(request, arguments, source, shape, timeout=float(timeout) if timeout else None)
+    source.use(tuning, **limits(float(timeout) if timeout else None, tuning.serial_s_per_batch,
+                                tuning.config.batches_per_task))
     loader = PrefetchLoader(source, device=request.device, cache_key=key, single_process=request.unsharded,
                             **request.transform)
     log.info("autoloader (ray): %s, from %s, %.2f s", tuning.config.label(), tuning.source,
@@ -68,6 +85,16 @@ def _request(arguments: Mapping[str, Any], kwargs: Dict[str, Any]) -> Request:
                            distributed=arguments["distributed"], dataloader_kwargs=kwargs)
 
 
+def limits(timeout: Optional[float], serial_s: Optional[float], block: int) -> Dict[str, Limit]:
+    """The limits on a run's first batch (``startup``) and on each batch after it (``wait``): ``timeout`` for both
+    when given, else ``waits.STARTUP`` and ``waits.BATCH``, each longer by ``PER_BATCH_FACTOR`` times a block's load
+    time (``serial_s`` per batch, measured in the driver)."""
+    if timeout:
+        return {"startup": STARTUP.with_seconds(timeout), "wait": BATCH.with_seconds(timeout)}
+    extra = PER_BATCH_FACTOR * (serial_s or 0.0) * block
+    return {"startup": STARTUP.with_seconds(STARTUP.seconds + extra), "wait": BATCH.with_seconds(BATCH.seconds + extra)}
+
+
 def _placeholder(shape: Dict[str, Any]) -> RayTuning:
     from .records import RayConfig
 
@@ -75,7 +102,7 @@ def _placeholder(shape: Dict[str, Any]) -> RayTuning:
 
 
 def _decide(request: Request, arguments: Mapping[str, Any], source: RaySource, shape: Dict[str, Any], *,
-            wait_s: Optional[float]) -> Tuple[RayTuning, Optional[str]]:
+            timeout: Optional[float]) -> Tuple[RayTuning, Optional[str]]:
     """The cached decision for this cluster shape, else trials on every rank (each as one of the cluster's drivers);
     under torchrun rank 0's, on every rank."""
     group = request.group
@@ -97,7 +124,7 @@ def _decide(request: Request, arguments: Mapping[str, Any], source: RaySource, s
         cached = None if found is None else RayTuning.from_dict(found)
     if cached is not None:
         return cached, key
-    tuning = _tune(request, source, shape, drivers=world, wait_s=wait_s)
+    tuning = _tune(request, source, shape, drivers=world, timeout=timeout)
     if group is not None and world > 1:
         tuning = RayTuning.from_dict(all_gather(tuning.to_dict(), size=world)[0])
     if cache is not None and key is not None and leader and tuning.source == "tuned":
@@ -106,12 +133,14 @@ def _decide(request: Request, arguments: Mapping[str, Any], source: RaySource, s
 
 
 def _tune(request: Request, source: RaySource, shape: Dict[str, Any], *, drivers: int,
-          wait_s: Optional[float]) -> RayTuning:
+          timeout: Optional[float]) -> RayTuning:
     ray = import_ray()
-    session = open_session(source.address, num_cpus=source.num_cpus)
+    session = open_session(source.address, num_cpus=source.num_cpus, runtime_env=source.runtime_env)
     consumer = Consumer(request.step, request.device)
     costs, _ = measure_costs(source.template, consumer, request.device)
     bench = Bench(ray, source.payload.ref(ray, session), source.template, consumer,
-                  wait_s if wait_s is not None else WAIT_S + 20 * costs.serial_s)
+                  **limits(timeout, costs.serial_s, plan.batches_per_task(serial_s=costs.serial_s,
+                                                                          epoch_batches=len(source.template),
+                                                                          tasks=1)))
     return tune_pool(bench, costs=costs, cluster=shape, drivers=drivers, budget=request.budget or BUDGET_S,
                      max_tasks=request.max_workers)

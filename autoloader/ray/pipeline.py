@@ -1,31 +1,32 @@
-"""One run of index batches through Ray Data, read in order with a limit on every wait.
+"""One run of an epoch through Ray Data: the batches of one ``Chunk`` of the epoch's order (order.py), loaded by a pool
+of Ray tasks and read in order, with a limit on every wait.
 
-``Feed(ray, payload, batches, config, ...)`` builds ``from_items`` (one row per batch: its place and its pickled
-indices) -> ``map_batches(work.load_block)`` with ``config``'s pool, block and prefetch, ``preserve_order`` set on
-this dataset's own context (the user's ``DataContext`` is not touched), and reads it in a thread of its own, which
-unpickles (and pins, for CUDA) each batch while the loop trains. ``feed.next()`` waits at most ``wait_s`` for each
-batch; ``feed.close()`` stops the thread and the Ray execution. The loop never waits on Ray without a limit: a
-batch that does not come is a ``TimeoutError`` naming the fix, a failed task a ``RuntimeError`` naming the
-dataset's own exception."""
+``Feed(ray, payload, chunk, config, ...)`` puts the chunk into Ray's object store (one object, within
+``waits.PUT``), builds a Ray dataset of ``Blocks``: one read task per block of ``RayConfig.batches_per_task``
+consecutive positions, each reading its indices from the chunk by position and loading them (``work.load_block``),
+no row per batch built here. The tasks run ``RayConfig.tasks`` at a time, ``RayConfig.cpus`` each, within Ray Data's
+resource limits for this execution (``RayConfig.cluster_cpus``); ``preserve_order`` and the rest are set on this
+dataset's own context (the user's ``DataContext`` is not touched). A thread of its own reads the blocks
+(``iter_batches(batch_format="pyarrow")``, ``RayConfig.prefetch`` ahead) and unpacks each batch (transport.py: one copy,
+page-locked for CUDA) while the loop trains. ``feed.next()`` waits at most ``first`` for the run's first batch and
+``wait`` for each one after; ``feed.close()`` stops the thread and the Ray execution. A batch whose loading raised
+comes out as its ``transport.Failure``; a failed run as the error ``failures.run_failure`` names."""
 from __future__ import annotations
 
+import functools
 import math
-import pickle
 import queue
-import re
 import threading
 import warnings
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
-import torch
-
-from ..loader.batch import map_tensors
+from . import failures
+from .order import Chunk
 from .records import RayConfig
+from .transport import unpack
+from .waits import PUT, Limit, bounded
 from .work import load_block
 
-TASK_RETRIES = 2
-"""Times Ray runs a task again after its worker or node died (Ray Data's default, -1, retries forever: a payload a
-worker cannot import would then never fail)."""
 _END = object()
 _POLL_S = 0.1
 
@@ -35,52 +36,91 @@ class _Failed:
         self.error = error
 
 
-def dataset_for(ray: Any, payload: Any, batches: Sequence[Any], config: RayConfig, *, batched: bool) -> Any:
-    """The Ray dataset of ``batches`` (index batches, in order) loaded with ``config``."""
-    rows = [{"pos": k, "idx": pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL)} for k, index in enumerate(batches)]
-    blocks = max(1, math.ceil(len(rows) / config.batches_per_task))
-    ds = ray.data.from_items(rows, override_num_blocks=blocks)
+def blocks_of(count: int, block: int) -> List[Tuple[int, int]]:
+    """``(first, stop)`` of each block of ``block`` consecutive positions among ``count``."""
+    return [(first, min(count, first + block)) for first in range(0, count, block)]
+
+
+def _datasource(ray: Any) -> Any:
+    class Blocks(ray.data.Datasource):
+        """The blocks of a run: each read task loads positions ``first`` to ``stop - 1`` of the chunk."""
+
+        def __init__(self, payload: Any, chunk_ref: Any, chunk: Chunk, block: int) -> None:
+            self.payload, self.chunk_ref, self.block = payload, chunk_ref, block
+            self.start, self.count, self.batched = chunk.start, chunk.count, chunk.batched
+
+        def estimate_inmemory_data_size(self) -> Optional[int]:
+            return None
+
+        def get_read_tasks(self, parallelism: int, per_task_row_limit: Optional[int] = None,
+                           data_context: Any = None) -> List[Any]:
+            from ray.data.block import BlockMetadata
+
+            return [ray.data.ReadTask(functools.partial(load_block, self.payload, self.chunk_ref, self.start + first,
+                                                        self.start + stop, self.batched),
+                                      BlockMetadata(num_rows=stop - first, size_bytes=None, input_files=None,
+                                                    exec_stats=None))
+                    for first, stop in blocks_of(self.count, self.block)]
+
+    return Blocks
+
+
+def dataset_for(ray: Any, payload: Any, chunk_ref: Any, chunk: Chunk, config: RayConfig) -> Any:
+    """The Ray dataset of one run (see the module docstring)."""
+    from ray.data import ExecutionResources
+
+    source = _datasource(ray)(payload, chunk_ref, chunk, config.batches_per_task)
     with warnings.catch_warnings():  # max_retries has no named parameter in ray 2.60 yet
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-        ds = ds.map_batches(load_block, batch_size=config.batches_per_task, batch_format="numpy",
-                            fn_args=(payload, batched), compute=ray.data.TaskPoolStrategy(size=config.tasks),
-                            num_cpus=config.cpus, max_retries=TASK_RETRIES)
+        ds = ray.data.read_datasource(source, compute=ray.data.TaskPoolStrategy(size=config.tasks),
+                                      num_cpus=config.cpus,
+                                      override_num_blocks=math.ceil(chunk.count / config.batches_per_task),
+                                      ray_remote_args={"max_retries": failures.TASK_RETRIES})
     context = ds.context
     context.execution_options.preserve_order = True
+    context.execution_options.resource_limits = ExecutionResources(cpu=config.cluster_cpus)
     context.enable_progress_bars = False
     context.print_on_execution_start = False
     return ds
 
 
 class Feed:
-    """The batches of one run, in order, each within ``wait_s`` (see the module docstring). ``pin``: copy each batch
-    into page-locked memory in the reading thread (for CUDA)."""
+    """The batches of one run, in order, each within its wait (see the module docstring). ``first``: the limit for the
+    run's first batch; ``wait``: for each one after it. ``pin``: unpack each batch into page-locked memory (CUDA)."""
 
-    def __init__(self, ray: Any, payload: Any, batches: Sequence[Any], config: RayConfig, *, batched: bool,
-                 wait_s: float, pin: bool = False) -> None:
-        self.count, self.wait_s, self.pin = len(batches), wait_s, pin
-        self._dataset = dataset_for(ray, payload, batches, config, batched=batched)
-        self._prefetch = config.prefetch
+    def __init__(self, ray: Any, payload: Any, chunk: Chunk, config: RayConfig, *, first: Limit, wait: Limit,
+                 pin: bool = False) -> None:
+        self.start, self.count, self.pin = chunk.start, chunk.count, pin
+        self.first, self.wait, self.config = first, wait, config
+        self.received = 0
+        """Batches the reading thread got from Ray (the loop may not have them yet)."""
+        chunk_ref = bounded(PUT, lambda: ray.put(chunk), detail=f"{chunk.nbytes:,} bytes of the epoch's order")
+        self._dataset = dataset_for(ray, payload, chunk_ref, chunk, config)
         self._queue: "queue.Queue[Any]" = queue.Queue(maxsize=1)
         self._stop = threading.Event()
-        self._next = 0
+        self._next = self.start
         self._thread = threading.Thread(target=self._run, name="autoloader-ray-feed", daemon=True)
         self._thread.start()
 
+    @property
+    def blocks_left(self) -> int:
+        """Blocks of this run the reading thread has not received yet (all are being loaded, or queued in Ray)."""
+        return math.ceil((self.count - self.received) / self.config.batches_per_task)
+
     def _blocks(self) -> Iterator[Any]:
-        return self._dataset.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=self._prefetch)
+        return self._dataset.iter_batches(batch_size=None, batch_format="pyarrow",
+                                          prefetch_batches=self.config.prefetch)
 
     def _run(self) -> None:
         blocks: Optional[Iterator[Any]] = None
         try:
             blocks = self._blocks()
-            for block in blocks:
-                for pos, raw in zip(block["pos"], block["batch"]):
-                    batch = pickle.loads(raw)
-                    if self.pin:
-                        batch = pinned(batch)
-                    if not self._put((int(pos), batch)):
+            for table in blocks:
+                self.received += table.num_rows
+                for item in unpack(table, pin=self.pin):
+                    if not self._put(item):
                         return
+                del table
             self._put(_END)
         except BaseException as err:  # handed to the loop, which raises it there
             self._put(_Failed(err))
@@ -99,19 +139,23 @@ class Feed:
         return False
 
     def next(self) -> Tuple[int, Any]:
-        """The next batch ``(place in the run, batch)``; StopIteration after the last. Raises TimeoutError when none
-        came within ``wait_s``, RuntimeError when a task failed or Ray Data broke the order."""
+        """The next ``(position in the epoch, batch or transport.Failure)``; StopIteration after the run's last.
+        Raises TimeoutError naming the limit when none came in time, the error ``failures.run_failure`` names when
+        the run failed, RuntimeError when Ray Data broke the order."""
+        limit = self.first if self._next == self.start else self.wait
         try:
-            item = self._queue.get(timeout=self.wait_s)
+            item = self._queue.get(timeout=limit.seconds)
         except queue.Empty:
-            raise TimeoutError(
-                f"autoloader: no batch came from Ray within {self.wait_s:.0f} s (batch {self._next} of {self.count}): "
-                f"the cluster may have no CPU free for the pool (`ray status` shows what holds them), or a task is "
-                f"stuck in the dataset's __getitem__; pass timeout=<seconds> to make_loader to wait longer") from None
+            raise limit.error(f"batch {self._next} of the epoch, in a run of batches {self.start} to "
+                              f"{self.start + self.count - 1}") from None
         if item is _END:
+            if self._next != self.start + self.count:
+                raise RuntimeError(f"autoloader: Ray Data ended the run after batch {self._next - 1} where batch "
+                                   f"{self.start + self.count - 1} was the last; please report this with your ray "
+                                   f"version")
             raise StopIteration
         if isinstance(item, _Failed):
-            raise task_failure(item.error, self._next) from item.error
+            raise failures.run_failure(item.error, self._next) from item.error
         pos, batch = item
         if pos != self._next:
             raise RuntimeError(f"autoloader: Ray Data returned batch {pos} where batch {self._next} was due: its "
@@ -128,49 +172,3 @@ class Feed:
         except queue.Empty:
             pass
         self._thread.join(timeout=2 * _POLL_S)
-
-
-def original_error(error: BaseException) -> BaseException:
-    """The dataset's own exception inside Ray's wrappers (``RayTaskError``, ``UserCodeException``)."""
-    seen: List[BaseException] = []
-    current: Optional[BaseException] = error
-    while current is not None and current not in seen:
-        seen.append(current)
-        module = type(current).__module__
-        if not module.startswith("ray"):
-            return current
-        current = getattr(current, "cause", None) or current.__cause__
-    return seen[-1]
-
-
-_RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
-
-
-def described(error: BaseException) -> str:
-    """``Type: message`` of the dataset's own exception: the first one in Ray's chain that is not Ray's, else the
-    first such line of the worker's traceback that Ray's message carries (the chain does not survive pickling)."""
-    cause = original_error(error)
-    if not type(cause).__module__.startswith("ray"):
-        return f"{type(cause).__name__}: {cause}"
-    for line in str(error).splitlines():
-        found = _RAISED.match(line.strip())
-        if found and not found.group(1).startswith(("ray", "Ray", "UserCodeException")):
-            return line.strip()
-    return f"{type(cause).__name__}: {cause}"
-
-
-def task_failure(error: BaseException, position: int) -> BaseException:
-    """What the loop gets for a failed run: ConnectionError when Ray itself went away, else a RuntimeError naming
-    the dataset's own exception."""
-    cause = original_error(error)
-    if isinstance(cause, ConnectionError) or type(cause).__name__ in ("RaySystemError", "GetTimeoutError"):
-        return ConnectionError(f"autoloader lost Ray while loading batch {position} ({type(cause).__name__}: "
-                               f"{cause}): check that the cluster is up (`ray status`), then iterate again")
-    return RuntimeError(f"autoloader: a Ray task failed while loading batch {position} of the epoch: "
-                        f"{described(error)} (raised by the dataset or collate_fn in a Ray worker; its traceback is "
-                        f"above). Fix the dataset; no batch after it was served")
-
-
-def pinned(batch: Any) -> Any:
-    """``batch`` with every tensor in page-locked memory."""
-    return map_tensors(lambda t: t.pin_memory() if isinstance(t, torch.Tensor) else t, batch)

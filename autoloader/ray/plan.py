@@ -4,11 +4,13 @@ how many batches each task loads, how far the driver reads ahead, and which cand
 
 # NOTE [ Sizing the Ray pool ]
 # The pool is sized as the DataLoader search sizes workers (search/policy.py), against the step:
-# - The guard (``pool_cap``): the pool never holds every CPU of the cluster. Ray Data schedules its own stages (the
-#   input, the output's consumption) on the same CPUs; a pool that asks for all of them leaves those stages none and
-#   the pipeline waits forever, without an error (measured with ray 2.60.0: ``concurrency=2`` actors of 1 CPU on a
-#   2-CPU cluster hung). So ``RESERVE_CPUS`` stay free, and under torchrun each rank's driver gets its share of the
-#   rest (every rank is a driver on the same cluster).
+# - The guard (``pool_cap``): a driver's pool holds at most its share of the cluster's CPUs (under torchrun every rank
+#   is a driver on the same cluster), and Ray Data holds each run to it (``ExecutionResources(cpu=...)`` on the run's
+#   own context, pipeline.py). Nothing more is kept back: a run has one stage, its read tasks, which load the batches
+#   themselves, so no other stage of it can wait for a CPU the pool holds. (The engine used to keep one CPU free
+#   after a hang measured with an actor pool behind an input stage; with ray 2.60.0 neither that layout nor read
+#   tasks holding every CPU hung in tests/benchmarks/results/ray.md's runs, and the kept CPU cost the one-host pool
+#   half its cores.)
 # - First candidate (``first_pool``): from the cost of one batch loaded in the driver (``serial_s``) and the step's
 #   (``step_s``): loading meets the step at ``HEADROOM * serial_s / step_s`` tasks, capped by the guard.
 # - Block (``batches_per_task``): a task hands back its whole block at once, so the epoch's first batch waits for one
@@ -18,6 +20,12 @@ how many batches each task loads, how far the driver reads ahead, and which cand
 #   (``BLOCKS_PER_TASK``), so that loading overlaps the step.
 # - Prefetch (``prefetch_for``): the driver reads one block ahead per task, so a pool that keeps up is never starved
 #   by the driver's own queue.
+# - Runs (``run_blocks``): Ray Data plans every read task of an execution before its first batch (a ``ray.put`` of
+#   each, about a millisecond apiece here), so an epoch is fed as consecutive runs (source.py), the first of
+#   ``FIRST_RUN_BLOCKS`` (at least two waves of the pool), each next one ``RUN_GROWTH`` times larger up to
+#   ``MAX_RUN_BLOCKS``: the first batch waits for the first run's planning only, whatever the epoch's length. The next
+#   run starts when the current one has no block left to launch (``next_run_at``), so the pool stays busy across
+#   runs without two runs' pools at once; its order is drawn meanwhile, ``DRAW_BITE`` batches per batch served.
 # - Search (``next_pool``) and choice (``choose``): double while it pays, then bisect down to the fewest CPUs within
 #   ``DEFAULT_TOLERANCE`` of the best rate, as for DataLoader workers.
 """
@@ -29,9 +37,6 @@ from typing import Mapping, Optional, Sequence
 from ..search.capacity import DEFAULT_TOLERANCE, HEADROOM
 from .records import RayConfig, RayTrial
 
-RESERVE_CPUS = 1.0
-"""CPUs of the cluster the pool never asks for (NOTE [ Sizing the Ray pool ], the guard); half the cluster when it
-has fewer than two."""
 TASK_OVERHEAD_S = 0.01
 """Ray's cost of one map task (scheduling, the block's hand-over), seconds: a block is sized to dwarf it."""
 OVERHEAD_SHARE = 0.05
@@ -40,15 +45,20 @@ FIRST_BATCH_S = 1.0
 BLOCKS_PER_TASK = 4
 """Blocks each task gets per epoch at least, so loading overlaps the step (one block per task would load the whole
 epoch before the step could start on it)."""
+FIRST_RUN_BLOCKS = 8
+"""Blocks of an epoch's first run at least (NOTE [ Sizing the Ray pool ], runs): two waves of the pool when larger."""
+RUN_GROWTH = 4
+MAX_RUN_BLOCKS = 512
+"""Blocks of one run at most: its planning (half a second here) overlaps the run before it."""
+DRAW_BITE = 16
+"""Batches of the next run's order drawn per batch served (the next run may be RUN_GROWTH times larger)."""
 WAITING = 0.5
 """A batch that keeps the CPU busy less than this share of its time mostly waits: tasks then ask half a CPU."""
 
 
 def pool_cpus(cluster_cpus: float, *, drivers: int = 1) -> float:
-    """CPUs one driver's pool may hold: the cluster's less ``RESERVE_CPUS`` (half of a cluster under 2 CPUs), shared
-    by ``drivers`` (one per torchrun rank)."""
-    reserve = RESERVE_CPUS if cluster_cpus >= 2 * RESERVE_CPUS else cluster_cpus / 2
-    return max(0.0, cluster_cpus - reserve) / max(1, drivers)
+    """CPUs one driver's pool may hold: its share of the cluster's, shared by ``drivers`` (one per torchrun rank)."""
+    return max(0.0, cluster_cpus) / max(1, drivers)
 
 
 def pool_cap(cluster_cpus: float, *, cpus: float, drivers: int = 1, max_tasks: Optional[int] = None) -> int:
@@ -94,6 +104,18 @@ def batches_per_task(*, serial_s: float, epoch_batches: int, tasks: int) -> int:
 def prefetch_for(tasks: int) -> int:
     """Blocks the driver reads ahead: one per task (NOTE [ Sizing the Ray pool ], prefetch)."""
     return max(1, tasks)
+
+
+def run_blocks(k: int, config: RayConfig) -> int:
+    """Blocks of run ``k`` (0 the first) of an epoch under ``config`` (NOTE [ Sizing the Ray pool ], runs)."""
+    first = max(FIRST_RUN_BLOCKS, 2 * (config.tasks + config.prefetch))
+    return min(max(MAX_RUN_BLOCKS, first), first * RUN_GROWTH ** min(k, 16))
+
+
+def next_run_at(config: RayConfig) -> int:
+    """Blocks of the current run left unread when the next run starts: those of one wave and of the read-ahead, all
+    launched by then (NOTE [ Sizing the Ray pool ], runs)."""
+    return config.tasks + config.prefetch
 
 
 def config_for(tasks: int, *, cpus: float, serial_s: float, epoch_batches: int) -> RayConfig:

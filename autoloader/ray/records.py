@@ -154,6 +154,8 @@ class RayTuning:
         seconds (float): How long tuning took.
         consumer_samples_per_s (float): The step's own rate, when measured.
         serial_s_per_batch (float): Seconds one batch took to load in the driver (the cost the pool is sized by).
+        startup_s (float): Seconds the warm-up run took before the trials: the largest pool's workers starting,
+            importing torch and the dataset (not counted in any trial's rate nor in the budget); None when not run.
     """
 
     config: RayConfig
@@ -165,6 +167,7 @@ class RayTuning:
     seconds: float = 0.0
     consumer_samples_per_s: Optional[float] = None
     serial_s_per_batch: Optional[float] = None
+    startup_s: Optional[float] = None
 
     @property
     def bottleneck(self) -> Optional[str]:
@@ -213,7 +216,7 @@ class RayTuning:
             raise ValueError(f"source must be one of {RAY_SOURCES}, got {data.get('source')!r}")
         if not isinstance(data.get("cluster"), dict):
             raise ValueError("cluster must be an object (the cluster's shape)")
-        for name in ("samples_per_s", "consumer_samples_per_s", "serial_s_per_batch"):
+        for name in ("samples_per_s", "consumer_samples_per_s", "serial_s_per_batch", "startup_s"):
             value = data.get(name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not math.isfinite(value)):
@@ -227,6 +230,9 @@ class RayTuning:
                 f"  cluster: {self.cluster.get('nodes')} node(s), {self.cluster.get('cpus')} CPUs"]
         if self.consumer_samples_per_s is not None:
             head.append(f"  step alone: {rate(self.consumer_samples_per_s)} samples/s")
+        if self.startup_s is not None:
+            head.append(f"  start-up: {self.startup_s:.2f} s warming the pool up before the trials (not in their "
+                        f"rates)")
         rows = [["*" if t.config == self.config and t.ok else " ", t.config.label(), rate(t.samples_per_s),
                  "-" if t.first_batch_s is None else f"{t.first_batch_s:.2f} s",
                  "-" if t.stall_fraction is None else f"{100 * t.stall_fraction:.0f}%", t.reason or ""]

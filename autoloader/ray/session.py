@@ -9,9 +9,17 @@
 # - Neither: a local Ray is started with the usable CPUs, in a temporary directory of autoloader's own, and at the
 #   end it is shut down (its processes with it) and its files removed: that directory, and the session directory
 #   Ray reports (``ray.init(...).address_info``), which Ray 2.60 sometimes puts under ``/tmp/ray`` anyway.
+# - A Ray the user initialised at another address than ``address=`` names, or a session of autoloader's the user
+#   replaced (shut down, then ``ray.init`` of their own): each session remembers which Ray it is (its session name and
+#   job), so the first is a ValueError naming both addresses, and the second is taken for the user's Ray (used, never
+#   shut down), its files of autoloader's own removed. ``shutdown()`` stops a Ray only while it is still autoloader's.
+# - ``runtime_env=`` (``make_loader``'s, e.g. ``{"working_dir": ".", "py_modules": [...]}``): passed to the
+#   ``ray.init`` autoloader makes (a local Ray also gets the driver's import path), so that the workers import the
+#   dataset's modules; a Ray the user initialised has theirs (passing one then is a ValueError naming the fix).
 # Under torchrun every rank is its own driver (its own session): a rank's batches never pass through another's.
-# Every wait on Ray has a limit: the address is tried with a socket first (``CONNECT_S``), so a cluster that is not
-# there is a ``ConnectionError`` naming the fix, not a wait in ``ray.init``.
+# Every wait on Ray has a limit (waits.py): the address is tried with a socket first (``CONNECT``), so a cluster that
+# is not there is a ``ConnectionError`` naming the fix, and joining it runs within ``INIT``. A local Ray is started on
+# the calling thread (Ray's processes die with the thread that started them), within Ray's own start-up checks.
 """
 from __future__ import annotations
 
@@ -24,11 +32,12 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Dict, Optional, Tuple
+
+from .waits import CONNECT, INIT, bounded
 
 log = logging.getLogger("autoloader.ray")
 
-CONNECT_S = 5.0
 INSTALL_HINT = 'pip install "autoloader[ray]" (ray[data,train]==2.60.0)'
 
 
@@ -54,12 +63,20 @@ class Session:
     session_dir: Optional[str] = None
     """Where Ray put this local session's files: under ``temp_dir``, or (measured with ray 2.60.0: in a process
     whose parent ran Ray) under ``/tmp/ray`` anyway."""
+    identity: Optional[Tuple[str, str]] = None
+    """Which Ray this is: its session name and this driver's job id (``identity_of``)."""
+    runtime_env: Optional[Dict[str, Any]] = None
+
+    def current(self, ray: Any) -> bool:
+        """This process's Ray is still this session's."""
+        return ray.is_initialized() and (self.identity is None or identity_of(ray) == self.identity)
 
     def close(self) -> None:
-        """Shut down what autoloader started (NOTE [ Who owns Ray ]); nothing for a Ray the user initialised."""
+        """Shut down what autoloader started (NOTE [ Who owns Ray ]); nothing for a Ray the user initialised or
+        started in its place."""
         if self.owned:
             ray = import_ray()
-            if ray.is_initialized():
+            if self.current(ray):
                 ray.shutdown()
             self.owned = False
         if self.session_dir is not None:
@@ -74,46 +91,115 @@ _LOCK = threading.Lock()
 _SESSION: Optional[Session] = None
 
 
-def open_session(address: Optional[str], *, num_cpus: Optional[int]) -> Session:
+def identity_of(ray: Any) -> Tuple[str, str]:
+    """The initialised Ray's session name and this driver's job id: another ``ray.init`` changes one of them."""
+    context = ray.get_runtime_context()
+    return str(context.get_session_name()), str(context.get_job_id())
+
+
+def _same_address(given: str, gcs: Optional[str]) -> bool:
+    """Whether ``given`` (``host:port``) names the cluster whose GCS is at ``gcs``; True when it cannot tell
+    (``auto``, ``ray://``)."""
+    host, _, port = given.rpartition(":")
+    if not gcs or not host or not port.isdigit() or "://" in given:
+        return True
+    gcs_host, _, gcs_port = gcs.rpartition(":")
+    try:
+        return port == gcs_port and socket.gethostbyname(host) == socket.gethostbyname(gcs_host)
+    except OSError:
+        return given == gcs
+
+
+def open_session(address: Optional[str], *, num_cpus: Optional[int],
+                 runtime_env: Optional[Dict[str, Any]] = None) -> Session:
     """This process's session: the user's Ray, a connection to ``address`` (else ``RAY_ADDRESS``), or a local Ray of
-    ``num_cpus`` CPUs (NOTE [ Who owns Ray ]). Raises ConnectionError (naming the fix) when the cluster does not
-    answer, ImportError without Ray."""
+    ``num_cpus`` CPUs (NOTE [ Who owns Ray ]), with ``runtime_env`` for the Ray autoloader starts or joins. Raises
+    ConnectionError (naming the fix) when the cluster does not answer, TimeoutError when ``ray.init`` does not return
+    within ``waits.INIT``, ValueError when this process's Ray is another than ``address`` names, ImportError without
+    Ray."""
     global _SESSION
     ray = import_ray()
     with _LOCK:
-        if _SESSION is not None and ray.is_initialized():
+        if _SESSION is not None and _SESSION.current(ray):
+            if not _SESSION.owned:  # the user's Ray
+                _check_users(ray, address, runtime_env)
+                return _SESSION
             if address is not None and address != _SESSION.address:
                 raise ValueError(f"this process already uses the Ray at {_SESSION.address or 'a local Ray'}, and one "
                                  f"process is one Ray driver: call autoloader.ray.shutdown() before address="
                                  f"{address!r}, or pass the same address")
+            if runtime_env is not None and runtime_env != _SESSION.runtime_env:
+                raise ValueError(f"this process's Ray was started with runtime_env={_SESSION.runtime_env!r}: call "
+                                 f"autoloader.ray.shutdown() before runtime_env={runtime_env!r}, or pass the same one")
             return _SESSION
-        if _SESSION is not None:  # the Ray it used was shut down by someone else: only its directory is left
+        if _SESSION is not None:  # the Ray it used was shut down, or replaced, by someone else: only its files are left
+            _SESSION.owned = False
             _SESSION.close()
+            _SESSION = None
         target = address or os.environ.get("RAY_ADDRESS") or None
         if ray.is_initialized():
-            _SESSION = Session(target, owned=False, local=False)
+            _SESSION = _users(ray, address, runtime_env)
             return _SESSION
         if target is None:
-            _SESSION = _start_local(ray, num_cpus)
+            _SESSION = _start_local(ray, num_cpus, runtime_env)
         else:
             check_reachable(target)
-            _connect(ray, target)
-            _SESSION = Session(target, owned=True, local=False)
+            _connect(ray, target, runtime_env)
+            _SESSION = Session(target, owned=True, local=False, identity=identity_of(ray), runtime_env=runtime_env)
         atexit.register(shutdown)
         return _SESSION
 
 
-def _start_local(ray: Any, num_cpus: Optional[int]) -> Session:
+def _users(ray: Any, address: Optional[str], runtime_env: Optional[Dict[str, Any]]) -> Session:
+    """The Ray the user initialised, checked against ``address`` and ``runtime_env``."""
+    gcs = _check_users(ray, address, runtime_env)
+    log.info("autoloader uses the Ray this process initialised (%s); it never shuts it down", gcs)
+    return Session(address or gcs, owned=False, local=False, identity=identity_of(ray))
+
+
+def _check_users(ray: Any, address: Optional[str], runtime_env: Optional[Dict[str, Any]]) -> str:
+    """The GCS address of the Ray the user initialised; a ValueError naming the fix when ``address`` names another
+    cluster or a ``runtime_env`` is given (the user's ``ray.init`` had its own)."""
+    gcs = ray.get_runtime_context().gcs_address
+    if address is not None and not _same_address(address, gcs):
+        raise ValueError(f"this process's Ray, which you initialised, is the cluster at {gcs}, not address="
+                         f"{address!r}: pass address=None to use it, or call ray.shutdown() before make_loader to "
+                         f"join {address!r}")
+    if runtime_env is not None:
+        raise ValueError("runtime_env= applies to the Ray autoloader starts or joins, but you initialised Ray "
+                         "yourself: pass runtime_env to your ray.init(), and leave it out of make_loader")
+    return gcs
+
+
+def _late(ray: Any) -> Any:
+    """Undo a ``ray.init`` that returned after its caller gave up waiting (``waits.bounded``)."""
+    return lambda _context: ray.shutdown()
+
+
+def _local_env(runtime_env: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """``runtime_env`` with the driver's import path added to the workers' ``PYTHONPATH``."""
+    env = dict(runtime_env or {})
+    env_vars = dict(env.get("env_vars") or {})
+    paths = [p for p in (env_vars.get("PYTHONPATH"), _driver_path()) if p]
+    env_vars["PYTHONPATH"] = os.pathsep.join(paths)
+    env["env_vars"] = env_vars
+    return env
+
+
+def _start_local(ray: Any, num_cpus: Optional[int], runtime_env: Optional[Dict[str, Any]] = None) -> Session:
     temp_dir = tempfile.mkdtemp(prefix="al-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)  # short: sockets
     try:
+        # on this thread, not bounded(): Ray's processes die with the thread that started them (measured: a local Ray
+        # started in a helper thread lost its GCS when that thread ended); a local start has no network to wait on
         context = ray.init(address="local", num_cpus=num_cpus, _temp_dir=temp_dir, include_dashboard=False,
-                           logging_level=logging.WARNING, runtime_env={"env_vars": {"PYTHONPATH": _driver_path()}})
+                           logging_level=logging.WARNING, runtime_env=_local_env(runtime_env))
     except BaseException:
         shutil.rmtree(temp_dir, ignore_errors=True)
         raise
     session_dir = getattr(context, "address_info", {}).get("session_dir")
     log.info("autoloader started a local Ray (%s CPUs) in %s", num_cpus, session_dir or temp_dir)
-    return Session(None, owned=True, local=True, temp_dir=temp_dir, session_dir=session_dir)
+    return Session(None, owned=True, local=True, temp_dir=temp_dir, session_dir=session_dir,
+                   identity=identity_of(ray), runtime_env=runtime_env)
 
 
 def _remove_session(session_dir: str) -> None:
@@ -130,9 +216,11 @@ def _driver_path() -> str:
     return os.pathsep.join(p for p in (os.path.abspath(entry or os.curdir) for entry in sys.path) if os.path.isdir(p))
 
 
-def _connect(ray: Any, address: str) -> None:
+def _connect(ray: Any, address: str, runtime_env: Optional[Dict[str, Any]] = None) -> None:
+    extra = {} if runtime_env is None else {"runtime_env": runtime_env}
     try:
-        ray.init(address=address, logging_level=logging.WARNING)
+        bounded(INIT, lambda: ray.init(address=address, logging_level=logging.WARNING, **extra),
+                detail=f"joining address={address!r}", late=_late(ray))
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise ConnectionError(f"autoloader could not join the Ray cluster at address={address!r} ({err}). Start it "
                               f"with `ray start --head --port=6379` on its head machine, pass that machine's "
@@ -141,17 +229,18 @@ def _connect(ray: Any, address: str) -> None:
 
 
 def check_reachable(address: str) -> None:
-    """A ``host:port`` address must accept a TCP connection within ``CONNECT_S``; other forms (``auto``,
+    """A ``host:port`` address must accept a TCP connection within ``waits.CONNECT``; other forms (``auto``,
     ``ray://...``) are left to Ray."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or "://" in address:
         return
     try:
-        socket.create_connection((host, int(port)), timeout=CONNECT_S).close()
+        socket.create_connection((host, int(port)), timeout=CONNECT.seconds).close()
     except OSError as err:
         raise ConnectionError(f"no Ray cluster answers at address={address!r} ({err}): start one with `ray start "
                               f"--head --port={port}` on {host}, check the address (or RAY_ADDRESS), or pass "
-                              f"address=None to start a local Ray") from None
+                              f"address=None to start a local Ray (autoloader.ray.waits.CONNECT: "
+                              f"{CONNECT.seconds:g} s)") from None
 
 
 def shutdown() -> None:

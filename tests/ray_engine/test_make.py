@@ -82,18 +82,18 @@ def test_the_tasks_fetch_batches_as_torchs_fetcher_does(dataset, batch_size):
     assert len(got) == len(plain)
 
 
-def test_a_failed_tasks_message_names_the_datasets_own_exception():
-    from autoloader.ray.pipeline import described, task_failure
+def test_runtime_env_must_be_a_dict_and_is_checked_before_ray_is_touched():
+    with pytest.raises(TypeError, match=r"runtime_env must be a dict of Ray's runtime environment"):
+        make_loader(Squares(), 2, cache=False, engine="ray", runtime_env="./code")
 
-    class UserCodeException(Exception):  # Ray's wrappers, as Ray's message carries the worker's traceback
-        __module__ = "ray.data.exceptions"
 
-    wrapped = UserCodeException("UDF failed\nTraceback (most recent call last):\n  File x\n"
-                                "ValueError: sample 20 is corrupt\n\nThe above exception was the direct cause")
-    assert described(wrapped) == "ValueError: sample 20 is corrupt"
-    chained = UserCodeException("UDF failed")
-    chained.__cause__ = KeyError("label")
-    assert described(chained) == "KeyError: 'label'"
-    error = task_failure(wrapped, 3)
-    assert isinstance(error, RuntimeError) and "loading batch 3 of the epoch: ValueError: sample 20" in str(error)
-    assert isinstance(task_failure(ConnectionError("gone"), 0), ConnectionError)
+def test_timeout_bounds_every_batch_else_the_limits_grow_with_a_blocks_load_time():
+    from autoloader.ray.make import limits
+    from autoloader.ray.waits import BATCH, PER_BATCH_FACTOR, STARTUP
+
+    given = limits(3.0, 0.5, 4)
+    assert (given["startup"].seconds, given["wait"].seconds) == (3.0, 3.0)
+    assert (given["startup"].name, given["wait"].name) == ("STARTUP", "BATCH")
+    grown = limits(None, 0.5, 4)
+    assert grown["startup"].seconds == STARTUP.seconds + PER_BATCH_FACTOR * 2.0
+    assert grown["wait"].seconds == BATCH.seconds + PER_BATCH_FACTOR * 2.0

@@ -1,27 +1,31 @@
-"""The reading side of a Ray run (autoloader/ray/pipeline.py): ``Feed`` hands batches out in order, each within its
-wait, turns a failed task, a broken order and a batch that never comes into errors naming the fix, and stops its
-reading thread (and the blocks' iterator) when closed early; the dataset's own exception is found inside Ray's
-wrappers. No Ray needed: ``Feed`` reads a stand-in for the Ray dataset (blocks of ``pos`` and pickled ``batch``, as
-``work.load_block`` makes them); the real one is in tests/integrations/test_ray_engine.py."""
-import pickle
+"""The reading side of a Ray run (autoloader/ray/pipeline.py): ``Feed`` puts the chunk once within ``waits.PUT``,
+hands batches out in order (a batch that raised as its ``Failure``), each within its limit (the run's first within
+``first``, the others within ``wait``), turns a failed run, a broken order, a run cut short and a batch that never
+comes into errors naming the fix, and stops its reading thread (and the blocks' iterator) when closed early. No Ray
+needed: ``Feed`` reads a stand-in for the Ray dataset (Arrow blocks as ``work.load_block`` makes them); the real one
+is in tests/integrations/test_ray_engine.py."""
 import threading
 import time
 
-import numpy as np
 import pytest
 import torch
 
-from autoloader.ray import pipeline
-from autoloader.ray.pipeline import Feed, described, original_error, task_failure
-from autoloader.ray.records import RayConfig
+pytest.importorskip("pyarrow", reason="pyarrow comes with Ray Data: pip install '.[ray]'")
+
+from autoloader.ray import pipeline  # noqa: E402
+from autoloader.ray.order import chunk_of  # noqa: E402
+from autoloader.ray.pipeline import Feed, blocks_of  # noqa: E402
+from autoloader.ray.records import RayConfig  # noqa: E402
+from autoloader.ray.transport import Failure, pack  # noqa: E402
+from autoloader.ray.waits import BATCH, PUT, STARTUP  # noqa: E402
 
 
 class Blocks:
     """A Ray dataset's ``iter_batches`` over ``blocks`` (lists of ``(pos, batch)``); ``fail``: raised after them;
     ``hold``: an event the iterator waits for before ending."""
 
-    def __init__(self, blocks, fail=None, hold=None):
-        self.blocks, self.fail, self.hold = blocks, fail, hold
+    def __init__(self, blocks, fail=None, hold=None, first_delay=0.0):
+        self.blocks, self.fail, self.hold, self.first_delay = blocks, fail, hold, first_delay
         self.asked, self.closed = None, threading.Event()
 
     def iter_batches(self, **kwargs):
@@ -30,11 +34,9 @@ class Blocks:
 
     def _iterate(self):
         try:
+            time.sleep(self.first_delay)
             for block in self.blocks:
-                pos = np.array([p for p, _ in block])
-                raw = np.empty(len(block), dtype=object)
-                raw[:] = [pickle.dumps(batch) for _, batch in block]
-                yield {"pos": pos, "batch": raw}
+                yield pack(block)
             if self.hold is not None:
                 self.hold.wait(30)
             if self.fail is not None:
@@ -43,12 +45,24 @@ class Blocks:
             self.closed.set()
 
 
-def _feed(monkeypatch, blocks, *, count=None, wait_s=5.0, config=RayConfig(1, prefetch=3)):
+class StandInRay:
+    def __init__(self, put_delay=0.0):
+        self.put_delay, self.puts = put_delay, []
+
+    def put(self, value):
+        time.sleep(self.put_delay)
+        self.puts.append(value)
+        return ("ref", len(self.puts))
+
+
+def _feed(monkeypatch, blocks, *, count=None, start=0, first=STARTUP, wait=BATCH, ray=None,
+          config=RayConfig(1, prefetch=3)):
     made = []
-    monkeypatch.setattr(pipeline, "dataset_for", lambda ray, payload, batches, config, *, batched: made.append(
-        (batches, config, batched)) or blocks)
-    feed = Feed(None, "payload", list(range(count if count is not None else sum(map(len, blocks.blocks)))), config,
-                batched=True, wait_s=wait_s)
+    monkeypatch.setattr(pipeline, "dataset_for", lambda ray, payload, ref, chunk, config: made.append(
+        (payload, ref, chunk, config)) or blocks)
+    total = count if count is not None else sum(map(len, blocks.blocks))
+    chunk = chunk_of([[k] for k in range(start, start + total)], start=start, batched=True)
+    feed = Feed(ray or StandInRay(), "payload", chunk, config, first=first, wait=wait)
     return feed, made
 
 
@@ -63,15 +77,18 @@ def _drain(feed):
         feed.close()
 
 
-def test_batches_come_in_order_unpickled_then_stop_iteration(monkeypatch):
-    blocks = Blocks([[(0, torch.tensor([0])), (1, {"y": 1})], [(2, "two")]])
-    feed, made = _feed(monkeypatch, blocks, config=RayConfig(2, batches_per_task=2, prefetch=3))
+def test_batches_come_in_order_with_failures_in_their_place_then_stop_iteration(monkeypatch):
+    failure = Failure.of(KeyError("sample 1"))
+    blocks = Blocks([[(5, torch.tensor([0])), (6, failure)], [(7, "two")]])
+    ray = StandInRay()
+    feed, made = _feed(monkeypatch, blocks, start=5, config=RayConfig(2, batches_per_task=2, prefetch=3), ray=ray)
+    assert feed.blocks_left == 2
     got = _drain(feed)
-    assert [pos for pos, _ in got] == [0, 1, 2] and got[1][1] == {"y": 1} and got[2][1] == "two"
-    assert torch.equal(got[0][1], torch.tensor([0])) and isinstance(got[0][0], int)
-    assert made == [([0, 1, 2], RayConfig(2, batches_per_task=2, prefetch=3), True)]
-    assert blocks.asked == {"batch_size": None, "batch_format": "numpy", "prefetch_batches": 3}
-    assert feed.count == 3
+    assert [pos for pos, _ in got] == [5, 6, 7] and got[2][1] == "two" and torch.equal(got[0][1], torch.tensor([0]))
+    assert isinstance(got[1][1], Failure) and isinstance(got[1][1].error, KeyError)
+    assert len(ray.puts) == 1 and made[0][:2] == ("payload", ("ref", 1)) and made[0][2] is ray.puts[0]
+    assert blocks.asked == {"batch_size": None, "batch_format": "pyarrow", "prefetch_batches": 3}
+    assert feed.received == 3 and feed.blocks_left == 0
 
 
 def test_a_batch_out_of_place_is_an_error_naming_preserve_order(monkeypatch):
@@ -82,28 +99,44 @@ def test_a_batch_out_of_place_is_an_error_naming_preserve_order(monkeypatch):
     feed.close()
 
 
-def test_a_failed_task_is_raised_at_the_batch_it_failed_naming_the_datasets_exception(monkeypatch):
+def test_a_run_cut_short_is_an_error_not_a_short_epoch(monkeypatch):
+    feed, _ = _feed(monkeypatch, Blocks([[(0, "a")]]), count=3)
+    assert feed.next() == (0, "a")
+    with pytest.raises(RuntimeError, match=r"ended the run after batch 0 where batch 2 was the last"):
+        feed.next()
+    feed.close()
+
+
+def test_a_failed_run_is_raised_at_the_batch_it_failed_named_as_what_it_was(monkeypatch):
     class RayTaskError(Exception):
         __module__ = "ray.exceptions"
 
+    class WorkerCrashedError(Exception):
+        __module__ = "ray.exceptions"
+
     wrapper = RayTaskError("task failed")
-    wrapper.cause = ValueError("sample 7 is corrupt")
+    wrapper.cause = WorkerCrashedError("The worker died unexpectedly while executing this task.")
     feed, _ = _feed(monkeypatch, Blocks([[(0, "a"), (1, "b")]], fail=wrapper), count=4)
     assert [feed.next(), feed.next()] == [(0, "a"), (1, "b")]
-    with pytest.raises(RuntimeError, match=r"loading batch 2 of the epoch: ValueError: sample 7 is corrupt") as info:
+    with pytest.raises(RuntimeError, match=r"batch \d+ of the epoch, or one loading beside it, could not be loaded: "
+                                           r"the Ray worker loading it died .*WorkerCrashedError.* gave up") as info:
         feed.next()
     assert info.value.__cause__ is wrapper
     feed.close()
 
 
-def test_a_batch_that_does_not_come_is_a_timeout_naming_the_fix_within_its_wait(monkeypatch):
+@pytest.mark.parametrize("which", ["first", "wait"])
+def test_a_batch_that_does_not_come_is_a_timeout_naming_its_limit_within_it(monkeypatch, which):
     hold = threading.Event()
-    blocks = Blocks([[(0, "a")]], hold=hold)
-    feed, _ = _feed(monkeypatch, blocks, count=5, wait_s=0.3)
-    assert feed.next() == (0, "a")
+    blocks = Blocks([] if which == "first" else [[(0, "a")]], hold=hold)
+    feed, _ = _feed(monkeypatch, blocks, count=5, first=STARTUP.with_seconds(0.3), wait=BATCH.with_seconds(0.3))
+    if which == "wait":
+        assert feed.next() == (0, "a")
     started = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"within 0 s \(batch 1 of 5\).*`ray status`.*pass timeout=<seconds> to "
-                                           r"make_loader"):
+    name = "STARTUP" if which == "first" else "BATCH"
+    with pytest.raises(TimeoutError, match=rf"within 0.3 s \(batch {0 if which == 'first' else 1} of the epoch, in a "
+                                           rf"run of batches 0 to 4\) \(autoloader.ray.waits.{name}\).*`ray status`.*"
+                                           rf"timeout=<seconds>"):
         feed.next()
     assert 0.25 < time.monotonic() - started < 3
     hold.set()
@@ -111,8 +144,17 @@ def test_a_batch_that_does_not_come_is_a_timeout_naming_the_fix_within_its_wait(
     assert blocks.closed.wait(5)
 
 
+def test_putting_the_chunk_waits_within_its_limit(monkeypatch):
+    monkeypatch.setattr(pipeline, "PUT", PUT.with_seconds(0.2))
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"ray.put of the dataset or an epoch's order .* within 0.2 s .*"
+                                           r"autoloader.ray.waits.PUT.*`ray memory`"):
+        _feed(monkeypatch, Blocks([[(0, "a")]]), ray=StandInRay(put_delay=2.0))
+    assert time.monotonic() - started < 1.5
+
+
 def test_closing_a_run_left_early_stops_the_thread_and_the_blocks_iterator(monkeypatch):
-    blocks = Blocks([[(k, k) for k in range(4)] for _ in range(50)])  # far more than the queue holds
+    blocks = Blocks([[(k, k)] for k in range(200)])  # far more than the queue holds
     feed, _ = _feed(monkeypatch, blocks)
     assert feed.next() == (0, 0)
     feed.close()
@@ -121,44 +163,5 @@ def test_closing_a_run_left_early_stops_the_thread_and_the_blocks_iterator(monke
     assert not feed._thread.is_alive()
 
 
-def test_the_datasets_own_exception_is_found_through_rays_wrappers_and_cycles():
-    class RayTaskError(Exception):
-        __module__ = "ray.exceptions"
-
-    class UserCodeException(Exception):
-        __module__ = "ray.data.exceptions"
-
-    own = KeyError("label")
-    outer, inner = RayTaskError("outer"), UserCodeException("inner")
-    outer.cause, inner.__cause__ = inner, own  # Ray's ``cause`` attribute, then Python's chain
-    assert original_error(outer) is own
-    first, second = RayTaskError("a"), RayTaskError("b")
-    first.cause, second.cause = second, first  # a cycle of Ray's own: the last one seen
-    assert original_error(first) is second
-    assert original_error(own) is own
-
-
-def test_a_message_with_only_rays_lines_is_described_by_rays_exception():
-    class RayTaskError(Exception):
-        __module__ = "ray.exceptions"
-
-    error = RayTaskError("RaySystemError: worker died\nray.exceptions.RayTaskError: again")
-    assert described(error) == "RayTaskError: RaySystemError: worker died\nray.exceptions.RayTaskError: again"
-
-
-@pytest.mark.parametrize("name", ["RaySystemError", "GetTimeoutError"])
-def test_ray_going_away_is_a_connection_error_naming_ray_status(name):
-    error = type(name, (Exception,), {"__module__": "ray.exceptions"})("node lost")
-    failure = task_failure(error, 12)
-    assert isinstance(failure, ConnectionError)
-    assert f"lost Ray while loading batch 12 ({name}: node lost)" in str(failure)
-    assert "`ray status`" in str(failure) and "iterate again" in str(failure)
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (page-locked memory)")
-def test_a_pinned_batch_has_every_tensor_page_locked_and_the_rest_unchanged():
-    batch = {"x": torch.zeros(3), "pair": (torch.ones(2), "name"), "n": 4}
-    out = pipeline.pinned(batch)
-    assert out["x"].is_pinned() and out["pair"][0].is_pinned() and out["pair"][1] == "name" and out["n"] == 4
-    assert not batch["x"].is_pinned() and torch.equal(out["pair"][0], batch["pair"][0])
+def test_blocks_cover_every_position_once_in_order():
+    assert blocks_of(7, 3) == [(0, 3), (3, 6), (6, 7)] and blocks_of(0, 3) == [] and blocks_of(2, 5) == [(0, 2)]

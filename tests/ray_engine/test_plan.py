@@ -1,5 +1,5 @@
-"""The Ray engine's decisions (autoloader/ray/plan.py) on tables: the guard, the first pool, the block, the search
-and the choice. No Ray needed."""
+"""The Ray engine's decisions (autoloader/ray/plan.py) on tables: the guard, the first pool, the block, the runs of an
+epoch, the search and the choice. No Ray needed."""
 import pytest
 
 from autoloader.ray import plan
@@ -7,23 +7,23 @@ from autoloader.ray.records import RayConfig, RayTrial
 
 
 @pytest.mark.parametrize("cluster, drivers, cpus, max_tasks, cap", [
-    (2, 1, 1.0, None, 1),      # this VM: one CPU kept for Ray Data's own stages (the measured hang: both taken)
-    (2, 1, 0.5, None, 2),
-    (8, 1, 1.0, None, 7),
-    (8, 2, 1.0, None, 3),      # two torchrun ranks share the cluster: 3.5 CPUs each
+    (2, 1, 1.0, None, 2),      # this VM: both CPUs (a run has one stage; nothing of it waits for a CPU the pool holds)
+    (2, 1, 0.5, None, 4),
+    (8, 1, 1.0, None, 8),
+    (8, 3, 1.0, None, 2),      # three torchrun ranks share the cluster: 2.67 CPUs each
     (8, 1, 1.0, 4, 4),         # max_workers caps the tasks
-    (1, 1, 1.0, None, 1),      # half of a 1-CPU cluster: one task asking less
+    (1, 2, 1.0, None, 1),      # half a CPU each: one task asking less
     (0, 1, 1.0, None, 0),      # no CPU: nothing fits (the caller names the fix)
-    (64, 4, 0.5, None, 31),
+    (64, 4, 0.5, None, 32),
 ])
-def test_the_guard_always_leaves_cpu_for_ray_datas_own_stages(cluster, drivers, cpus, max_tasks, cap):
+def test_the_guard_holds_each_driver_to_its_share_of_the_cluster(cluster, drivers, cpus, max_tasks, cap):
     assert plan.pool_cap(cluster, cpus=cpus, drivers=drivers, max_tasks=max_tasks) == cap
-    if cap and cluster >= 2:
-        assert cap * cpus <= (cluster - plan.RESERVE_CPUS) / drivers + 1e-9
+    if cap and cpus <= cluster / drivers:
+        assert cap * cpus <= cluster / drivers + 1e-9
 
 
 @pytest.mark.parametrize("cluster, share, drivers, cpus", [
-    (8, 0.9, 1, 1.0), (8, 0.2, 1, 0.5), (8, None, 1, 1.0), (2, 0.9, 4, 0.2), (1, 0.9, 1, 0.5)])
+    (8, 0.9, 1, 1.0), (8, 0.2, 1, 0.5), (8, None, 1, 1.0), (2, 0.9, 4, 0.5), (1, 0.9, 4, 0.2), (1, 0.9, 1, 1.0)])
 def test_cpus_per_task_halve_for_waiting_batches_and_fit_the_room(cluster, share, drivers, cpus):
     assert plan.task_cpus(cluster, cpu_share=share, drivers=drivers) == cpus
 
@@ -95,3 +95,15 @@ def test_config_for_derives_block_and_prefetch():
     config = plan.config_for(4, cpus=0.5, serial_s=0.002, epoch_batches=10000)
     assert config == RayConfig(4, cpus=0.5, batches_per_task=100, prefetch=4)
     assert config.cluster_cpus == 2.0 and config.label() == "ray tasks=4 cpus=0.5 block=100 prefetch=4"
+
+
+@pytest.mark.parametrize("tasks, prefetch, sizes", [
+    (1, 1, [8, 32, 128, 512, 512]),      # at least FIRST_RUN_BLOCKS, then x4 up to MAX_RUN_BLOCKS
+    (4, 4, [16, 64, 256, 512, 512]),     # two waves of the pool and its read-ahead first
+    (300, 300, [1200, 1200, 1200, 1200, 1200]),  # a first run larger than the cap stays as it is
+])
+def test_an_epochs_runs_start_small_and_grow_to_a_cap(tasks, prefetch, sizes):
+    config = RayConfig(tasks, prefetch=prefetch)
+    assert [plan.run_blocks(k, config) for k in range(5)] == sizes
+    assert plan.run_blocks(10 ** 6, config) == sizes[-1]
+    assert plan.next_run_at(config) == tasks + prefetch

@@ -1,19 +1,23 @@
 """This process's connection to Ray (autoloader/ray/session.py) without Ray: an address that does not answer is a
-ConnectionError naming the fix within ``CONNECT_S``, a failed join names ``ray start``, a local start that fails
-leaves no directory, closing removes only what autoloader made (and never touches a Ray it does not own), and the
-workers' import path is the driver's. ``ray.init`` is a stand-in passed as the ``ray`` argument; starting and
-shutting down a real Ray is in tests/integrations (test_ray.py, test_ray_engine.py)."""
+ConnectionError naming the fix within ``waits.CONNECT``, a join that does not return is a TimeoutError within
+``waits.INIT`` (and is undone when it returns), a failed join names ``ray start``, a local start that fails leaves no
+directory, a Ray the user initialised elsewhere than ``address=`` or with ``runtime_env=`` is refused naming the fix,
+a session the user replaced is taken for theirs and never shut down, closing removes only what autoloader made, and
+the workers' import path is the driver's (with ``runtime_env``'s own). ``ray`` is a stand-in passed as the ``ray``
+argument; starting and shutting down a real Ray is in tests/integrations (test_ray.py, test_ray_engine.py)."""
 import os
 import socket
 import sys
+import threading
 import time
 from types import SimpleNamespace
 
 import pytest
 
 from autoloader.ray import session as session_module
-from autoloader.ray.session import CONNECT_S, Session, _connect, _driver_path, _remove_session, _start_local, \
-    check_reachable
+from autoloader.ray import waits
+from autoloader.ray.session import Session, _connect, _driver_path, _local_env, _remove_session, _same_address, \
+    _start_local, check_reachable, open_session
 
 
 def _closed_port():
@@ -38,23 +42,38 @@ def test_an_address_that_does_not_answer_is_a_connection_error_naming_the_fix():
     started = time.monotonic()
     with pytest.raises(ConnectionError) as info:
         check_reachable(f"127.0.0.1:{port}")
-    assert time.monotonic() - started < CONNECT_S + 1
+    assert time.monotonic() - started < waits.CONNECT.seconds + 1
     message = str(info.value)
     assert f"no Ray cluster answers at address='127.0.0.1:{port}'" in message
     assert f"`ray start --head --port={port}` on 127.0.0.1" in message and "address=None" in message
 
 
 class StandInRay:
-    """``ray.init`` recorded; ``error``: raised by it; ``context``: what it returns."""
+    """``ray.init`` recorded; ``error``: raised by it; ``context``: what it returns; ``block``: an event it waits
+    for first. ``gcs``: the address of the Ray it initialises; each init is a new session."""
 
-    def __init__(self, error=None, context=None):
-        self.error, self.context, self.calls = error, context, []
+    def __init__(self, error=None, context=None, block=None, gcs="10.0.0.1:6379"):
+        self.error, self.context, self.block, self.gcs, self.calls = error, context, block, gcs, []
+        self.initialised, self.sessions, self.shutdowns = False, 0, 0
 
     def init(self, **kwargs):
         self.calls.append(kwargs)
+        if self.block is not None:
+            self.block.wait(10)
         if self.error is not None:
             raise self.error
+        self.initialised, self.sessions = True, self.sessions + 1
         return self.context
+
+    def is_initialized(self):
+        return self.initialised
+
+    def shutdown(self):
+        self.initialised, self.shutdowns = False, self.shutdowns + 1
+
+    def get_runtime_context(self):
+        return SimpleNamespace(get_session_name=lambda: f"session_{self.sessions}", get_job_id=lambda: "01000000",
+                               gcs_address=self.gcs)
 
 
 @pytest.mark.parametrize("error", [ConnectionError("refused"), RuntimeError("version mismatch"), ValueError("auth")])
@@ -84,6 +103,7 @@ def test_a_local_start_runs_in_a_directory_of_its_own_with_the_drivers_import_pa
         call = ray.calls[0]
         assert call["address"] == "local" and call["num_cpus"] == 2 and call["_temp_dir"] == session.temp_dir
         assert call["runtime_env"] == {"env_vars": {"PYTHONPATH": _driver_path()}}
+        assert session.identity == ("session_1", "01000000")
     finally:
         os.rmdir(session.temp_dir)
 
@@ -138,3 +158,84 @@ def test_shutdown_closes_the_processs_session_once(monkeypatch, tmp_path):
     session_module.shutdown()
     assert session_module._SESSION is None and not temp.exists()
     session_module.shutdown()  # nothing open: nothing to do
+
+
+def test_a_join_that_does_not_return_is_a_timeout_within_init_and_is_undone_when_it_returns(monkeypatch):
+    monkeypatch.setattr(session_module, "INIT", waits.INIT.with_seconds(0.3))
+    release = threading.Event()
+    ray = StandInRay(block=release)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"ray.init joining the cluster did not finish within 0.3 s \(joining "
+                                           r"address='h:6379'\) \(autoloader.ray.waits.INIT\)"):
+        _connect(ray, "h:6379")
+    assert time.monotonic() - started < 2
+    release.set()
+    deadline = time.monotonic() + 5
+    while ray.shutdowns == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ray.shutdowns == 1 and not ray.initialised, "a join that came back too late is shut down"
+
+
+def test_runtime_env_goes_to_the_join_and_keeps_its_own_pythonpath_in_a_local_start():
+    ray = StandInRay()
+    _connect(ray, "h:6379", {"working_dir": "/code"})
+    assert ray.calls[0]["runtime_env"] == {"working_dir": "/code"}
+    env = _local_env({"py_modules": ["/m"], "env_vars": {"PYTHONPATH": "/mine", "X": "1"}})
+    assert env["py_modules"] == ["/m"] and env["env_vars"]["X"] == "1"
+    assert env["env_vars"]["PYTHONPATH"].split(os.pathsep)[0] == "/mine"
+    assert env["env_vars"]["PYTHONPATH"].endswith(_driver_path())
+
+
+@pytest.fixture
+def no_session(monkeypatch):
+    monkeypatch.setattr(session_module, "_SESSION", None)
+    monkeypatch.setattr(session_module.atexit, "register", lambda f: None)
+
+
+def _users_ray(monkeypatch, gcs="127.0.0.1:6379"):
+    ray = StandInRay(gcs=gcs)
+    ray.initialised, ray.sessions = True, 1  # the user's own ray.init
+    monkeypatch.setattr(session_module, "import_ray", lambda: ray)
+    return ray
+
+
+def test_a_ray_the_user_initialised_is_used_never_owned_and_checked_against_address(monkeypatch, no_session):
+    ray = _users_ray(monkeypatch)
+    session = open_session("localhost:6379", num_cpus=None)
+    assert (session.owned, session.local) == (False, False)
+    session.close()
+    assert ray.shutdowns == 0 and ray.initialised
+    for fresh in (False, True):  # the session of the user's Ray kept from the call above, then a first call
+        if fresh:
+            monkeypatch.setattr(session_module, "_SESSION", None)
+        with pytest.raises(ValueError, match=r"this process's Ray, which you initialised, is the cluster at "
+                                             r"127.0.0.1:6379, not address='127.0.0.1:7000': pass address=None to use "
+                                             r"it, or call ray.shutdown\(\)"):
+            open_session("127.0.0.1:7000", num_cpus=None)
+        with pytest.raises(ValueError, match=r"runtime_env= applies to the Ray autoloader starts or joins, but you "
+                                             r"initialised Ray yourself: pass runtime_env to your ray.init\(\)"):
+            open_session(None, num_cpus=None, runtime_env={"working_dir": "."})
+
+
+def test_a_session_the_user_replaced_is_theirs_and_never_shut_down_by_autoloader(monkeypatch, no_session, tmp_path):
+    ray = _users_ray(monkeypatch)
+    temp = tmp_path / "ours"
+    temp.mkdir()
+    ours = Session(None, owned=True, local=True, temp_dir=str(temp), identity=("session_0", "01000000"))
+    monkeypatch.setattr(session_module, "_SESSION", ours)  # autoloader's Ray (session_0) was replaced by session_1
+    assert not ours.current(ray)
+    ours_again = Session(None, owned=True, local=True, identity=("session_0", "01000000"))
+    ours_again.close()
+    assert ray.shutdowns == 0, "closing a session whose Ray was replaced stops nothing"
+    session = open_session(None, num_cpus=None)
+    assert session is not ours and not session.owned and not temp.exists()
+    session_module.shutdown()
+    assert ray.shutdowns == 0 and ray.initialised
+
+
+@pytest.mark.parametrize("given, gcs, same", [
+    ("127.0.0.1:6379", "127.0.0.1:6379", True), ("localhost:6379", "127.0.0.1:6379", True),
+    ("127.0.0.1:6380", "127.0.0.1:6379", False), ("auto", "127.0.0.1:6379", True),
+    ("ray://h:10001", "10.0.0.1:6379", True), ("127.0.0.1:6379", None, True)])
+def test_an_address_is_compared_by_host_and_port_where_it_can_be(given, gcs, same):
+    assert _same_address(given, gcs) is same

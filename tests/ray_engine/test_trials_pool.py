@@ -1,7 +1,8 @@
 """Tuning the Ray pool (autoloader/ray/trials.py) without Ray: the trials' private random order (reproducible, the
 user's RNG untouched, epochs repeated as needed), the driver's measure of one batch (at most ``SERIAL_S`` of it, the
 CPU share, the step's seconds), a cluster with no CPU for a pool refused naming the fix, and a budget spent before any
-trial giving the smallest pool. Trials through a real Ray are in tests/integrations/test_ray_engine.py."""
+trial giving the model's first candidate (not one task). Trials through a real Ray are in
+tests/integrations/test_ray_engine.py."""
 import time
 
 import pytest
@@ -11,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 from autoloader.consumer import Consumer
 from autoloader.ray import plan, trials
 from autoloader.ray.trials import Bench, Costs, measure_costs, private_batches, tune_pool
+from autoloader.ray.waits import BATCH, STARTUP
 from autoloader.ray.work import fetch
 
 
@@ -67,22 +69,26 @@ def test_a_batch_that_computes_has_a_cpu_share_near_one():
 
 def _bench(batch_size=4):
     return Bench(ray=None, payload=None, template=DataLoader(Counted(40), batch_size=batch_size),
-                 consumer=Consumer(0.01, torch.device("cpu")), wait_s=5.0)
+                 consumer=Consumer(0.01, torch.device("cpu")), startup=STARTUP, wait=BATCH)
 
 
 def test_a_cluster_with_no_cpu_for_a_pool_is_refused_naming_the_fix():
-    with pytest.raises(ValueError, match=r"has 0 CPUs, none left for a pool .* add CPU nodes \(ray start "
-                                         r"--address=\.\.\. --num-cpus=N\) or use engine='dataloader'"):
+    with pytest.raises(ValueError, match=r"has 0 CPUs, not enough for one loading task per driver \(1\); add CPU "
+                                         r"nodes \(ray start --address=\.\.\. --num-cpus=N\) or use "
+                                         r"engine='dataloader'"):
         tune_pool(_bench(), costs=Costs(0.01, 1.0, 0.01), cluster={"cpus": 0.0}, drivers=1, budget=5.0,
                   max_tasks=None)
 
 
-def test_no_budget_for_a_trial_is_the_smallest_pool_named_fixed():
+def test_no_budget_for_a_trial_is_the_first_candidate_named_fixed():
     cluster = {"nodes": 1, "cpus": 8.0, "gpus": 0.0, "node_cpus": [8.0], "resources": []}
     tuning = tune_pool(_bench(), costs=Costs(0.02, 0.9, 0.01), cluster=cluster, drivers=1, budget=0.0,
                        max_tasks=None)
     assert tuning.source == "fixed" and tuning.trials == () and tuning.samples_per_s is None
-    assert tuning.config == plan.config_for(1, cpus=plan.task_cpus(8.0, cpu_share=0.9, drivers=1), serial_s=0.02,
+    first = plan.first_pool(serial_s=0.02, step_s=0.01, cap=8)
+    assert first == 3, "not one task: the model's candidate (1.2 x 0.02 / 0.01)"
+    assert tuning.config == plan.config_for(first, cpus=plan.task_cpus(8.0, cpu_share=0.9, drivers=1), serial_s=0.02,
                                             epoch_batches=10)
-    assert "no trial measured a rate" in tuning.reason and tuning.cluster == cluster
+    assert "no trial measured a rate: the first candidate" in tuning.reason and tuning.cluster == cluster
+    assert tuning.startup_s is None
     assert tuning.consumer_samples_per_s == pytest.approx(4 / 0.01) and tuning.serial_s_per_batch == 0.02
