@@ -3,7 +3,6 @@ sharded by autoloader's DistributedSampler. Writes ``OUT/rank{N}.json``. Run by 
 import os
 import sys
 
-import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
