@@ -44,7 +44,40 @@ BUDGET_S = 30.0
 
 
 def make_ray_loader(arguments: Mapping[str, Any]) -> PrefetchLoader:
-    """``make_loader``'s arguments (its ``locals()``) with ``engine="ray"``: see its docstring."""
+    """``make_loader``'s arguments (its ``locals()``) with ``engine="ray"``: the Ray engine's reference.
+
+    Where: ``address=None`` joins ``$RAY_ADDRESS``, else starts a local Ray with this machine's usable CPUs (shut down
+    with its files by ``autoloader.ray.shutdown()``, else at exit); ``address="HOST:PORT"`` joins that cluster as one
+    more driver. A Ray you initialised is used as it is and never shut down; it is a ValueError when ``address``
+    names another cluster, or with ``runtime_env`` (pass it to your ``ray.init``). ``runtime_env={...}`` goes to the
+    ``ray.init`` autoloader makes: ``{"working_dir": "."}`` or ``{"py_modules": ["mypkg"]}`` ships your code to every
+    worker, which must import the dataset's module (else ``MissingModule`` names it). Under torchrun every rank is a
+    driver of its own on its ``DistributedSampler`` shard, sharing the cluster's CPUs; not Ray Data's
+    ``streaming_split``, whose coordinator hands blocks to whichever rank asks next (which rank sees which sample,
+    and in what order, is timing's, not the sampler's: no exact batches, no exact resume; and ``equal=True`` drops
+    rows to even the shares).
+
+    What it guarantees: every batch is the one a plain DataLoader of the same arguments yields, in its order, over
+    reshuffled epochs, samplers and batch samplers, and ``state_dict()`` resumes exactly, however many tasks run at
+    once (NOTE [ Exact batches through Ray ]); not random augmentation inside ``__getitem__`` (Ray's workers' RNGs
+    are not seeded). A batch whose ``__getitem__`` or ``collate_fn`` raised is raised at its ``next()`` (the dataset's
+    own exception, with a note naming the batch and the worker's traceback) and the epoch goes on. A worker or node
+    that dies is retried ``failures.TASK_RETRIES`` times, then the epoch ends with an error naming what died.
+
+    How: the pool (tasks, CPUs per task, block, read-ahead) is tuned in ``make_loader`` by short trials against
+    ``step`` after a warm-up that starts its workers (kept as ``RayTuning.startup_s``, outside the rates and the
+    budget), and cached under the cluster's shape (NOTE [ Sizing the Ray pool ]); Ray Data holds each run to the
+    pool's CPUs.
+    An epoch's order goes to Ray as int64 arrays a run at a time (the first run's before the first batch, the next
+    ones drawn while the loop trains: the first batch of a 10^7-sample epoch in about a second here); batches come
+    back as Arrow tables whose tensors and arrays are copied once, into memory of their own (tests/benchmarks/results/
+    ray.md). A cluster with no CPU is asked for one and waited for; every wait has a limit (``waits``);
+    ``timeout=<seconds>`` bounds each batch (a run's first included) and that wait.
+
+    Not with an ``IterableDataset``, ``tuning="online"``, ``threads``, ``native_threads``, ``memory_budget`` or the
+    worker keywords (``num_workers``, ``prefetch_factor``, ``pin_memory``, ``persistent_workers``,
+    ``worker_init_fn``, ``multiprocessing_context``): ``max_workers`` caps the tasks.
+    """
     started = time.perf_counter()
     check_ray_arguments(arguments)
     kwargs = dict(arguments["dataloader_kwargs"])
