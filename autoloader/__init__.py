@@ -34,10 +34,13 @@ the files and the imports). How each hard part works is a NOTE block beside its 
 
     autoloader/
       __init__.py        the public API: make_loader, tune, probe_machine, PrefetchLoader, ThreadedDataset, the records
-      ray/               engine="ray" (imports Ray only when used): make.py (make_loader's Ray path), session.py (the
-                         Ray this process uses or started), cluster.py (the cluster's shape, the cache of decisions),
-                         plan.py (the pool's decisions), trials.py (the trials), records.py (RayConfig, RayTuning),
-                         source.py (RaySource), pipeline.py (one run through Ray Data), work.py (what the tasks run)
+      ray/               engine="ray" (imports Ray only when used): make.py (make_loader's Ray path, the engine's
+                         reference), session.py (the Ray this process uses or started), cluster.py (the cluster's
+                         shape, the cache of decisions), plan.py (the pool's decisions), trials.py (the trials),
+                         records.py (RayConfig, RayTuning), source.py (RaySource), order.py (an epoch's order in
+                         runs), pipeline.py (one run through Ray Data), work.py (what the tasks run), transport.py
+                         (a block of batches, worker to driver), failures.py (what a failed run was), waits.py (each
+                         wait on Ray and its limit)
       cli/               the autotune command: main (arguments; the entry point), commands, _spec, demo, plot, doctor
                          (doctor_gpu: its GPU checks; findings: what a check returns), _holders
       factory.py         make_loader in four steps: look up the cache, tune (trials or online), store, build

@@ -116,19 +116,16 @@ def make_loader(
             Native thread pools ]).
         engine (str): ``"dataloader"`` (default: DataLoader worker processes on this machine) or ``"ray"``: Ray Data's
             tasks run ``dataset[i]`` and the collation, on this machine or a cluster's CPU nodes (``address``), and
-            autoloader keeps the rest: the order (its sampler, or a ``DistributedSampler`` under torchrun), the
-            batches a plain DataLoader yields, ``state_dict()`` and exact resume, the side-stream copies. It connects
-            to (or starts) Ray and tunes the pool with trials against ``step`` in ``make_loader`` (errors are raised
-            there; cached under the cluster's shape); one CPU is always left to Ray Data's own stages. Not with an
-            ``IterableDataset``, ``tuning="online"``, ``threads``, ``native_threads``, ``memory_budget`` or the
-            worker keywords (``num_workers``, ``prefetch_factor``, ``pin_memory``, ``persistent_workers``,
-            ``worker_init_fn``, ``multiprocessing_context``; ``max_workers`` caps the tasks); random augmentation
-            inside ``__getitem__`` is not resumed exactly. autoloader shuts down only the Ray it started
-            (``autoloader.ray.shutdown()``, else at exit). NOTE [ Exact batches through Ray ], NOTE [ Sizing the Ray
-            pool ] and NOTE [ Who owns Ray ] in ``autoloader/ray/``.
+            autoloader keeps the rest: the order, the batches a plain DataLoader yields, ``state_dict()`` and exact
+            resume, the side-stream copies. It connects to (or starts) Ray and tunes the pool with trials against
+            ``step`` in ``make_loader`` (cached under the cluster's shape). A batch whose ``__getitem__`` raised is
+            raised at its ``next()`` and the epoch goes on. The engine's reference (clusters, torchrun, errors, limits,
+            what it refuses): ``help(autoloader.ray.make.make_ray_loader)``.
         address (str): With ``engine="ray"``, the cluster to join (``"HEAD:6379"``). Default None: ``$RAY_ADDRESS``,
             else a local Ray that autoloader starts and shuts down.
         **dataloader_kwargs: Every other DataLoader argument, passed unchanged; a knob you set is never overridden.
+            With ``engine="ray"``, ``timeout=<seconds>`` bounds each batch from Ray and ``runtime_env={...}`` (not a
+            DataLoader argument) goes to the ``ray.init`` autoloader makes (``{"working_dir": "."}`` ships your code).
 
     Returns:
         PrefetchLoader: Iterate it as a DataLoader, batches on ``device``; ``loader.tuning`` (the ``TuneResult`` in
@@ -150,6 +147,8 @@ def make_loader(
         ImportError: ``engine="ray"`` without Ray Data installed (the ``ray`` extra: ``pip install ".[ray]"`` in a
             checkout).
         ConnectionError: ``engine="ray"`` and no Ray cluster answers at ``address``.
+        TimeoutError: ``engine="ray"``: a wait on Ray ran past its limit (named in the message,
+            ``autoloader/ray/waits.py``; ``timeout=`` sets the batches').
         RuntimeError: Later, from iterating: made before ``torch.distributed`` was initialised and iterated by several
             processes, or a ``.loader`` sharded again by Accelerate's ``prepare``.
 
