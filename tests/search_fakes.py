@@ -30,11 +30,13 @@ def growth_for(n, slope, *, batches=40, batch=32, prefetch=2):
 def copying(n, rate=1000.0, *, uss=10 * MIB, per_sample=4096, span=181 * MIB, shared=260 * MIB, batches=None,
             batch=64, other=0):
     """A trial whose worker copied ``per_sample`` bytes per sample it made (the census), out of ``span``; its window
-    holds 3 waves of batches, as measure/window.py's."""
+    holds 3 waves of batches, as measure/window.py's. ``uss``: one worker's size at its first batch; at the window's
+    end (``worker_uss_bytes``, as measured) it holds what it copied and grew since."""
     batches = batches or max(24, 3 * n)
     made = (batches + config(n).burst_batches()) * batch / n
     copied = int(per_sample * made)
-    trial = fake(n, rate, uss=uss, growth=copied + other, batch_bytes=4096, batches=batches, batch=batch)
+    trial = fake(n, rate, uss=uss + copied + other, growth=copied + other, batch_bytes=4096, batches=batches,
+                 batch=batch)
     return dataclasses.replace(trial, worker_copied_bytes=copied, worker_copy_span_bytes=span,
                                worker_shared_bytes=shared)
 

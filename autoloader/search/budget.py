@@ -192,14 +192,17 @@ def per_worker_estimate(measured_bytes: Optional[int], *, main_private_bytes: Op
 
 
 def memory_check(config: LoaderConfig, trials: Sequence[TrialResult], *, budget_bytes: Optional[int],
-                 main_private_bytes: Optional[int], batch_bytes: Optional[int]) -> Optional[MemoryCheck]:
+                 main_private_bytes: Optional[int], batch_bytes: Optional[int],
+                 explicit: bool = False) -> Optional[MemoryCheck]:
     """What ``config``'s workers are checked against at their first batch: the budget and the most a worker grew
-    during an earlier window of ``trials``; the census only where its workers, each copying all of this process's
-    private memory (the most a fork can copy) on top of their own size, would not fit. None without workers or a
-    budget."""
+    during an earlier window of ``trials``; the census where the budget is the user's (``explicit``: what tells reads
+    from writes, whose growth the forecast extends so differently, NOTE [ Copy-on-read forecast ]), else only where its
+    workers, each copying all of this process's private memory (the most a fork can copy) on top of their own size,
+    would not fit. None without workers or a budget."""
     if config.num_workers == 0 or budget_bytes is None:
         return None
     worst = None if main_private_bytes is None else footprint(
         config, per_worker_bytes=main_private_bytes + (per_worker_bytes(trials) or 0),
         batch_bytes=batch_bytes).total_bytes
-    return MemoryCheck(budget_bytes, worker_growth_bytes(trials), census=worst is None or worst > budget_bytes)
+    return MemoryCheck(budget_bytes, worker_growth_bytes(trials),
+                       census=explicit or worst is None or worst > budget_bytes)

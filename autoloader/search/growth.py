@@ -42,13 +42,20 @@ from .._text import mib
 from ..results import TrialResult
 from .footprint import GROWTH_NOISE_BYTES, footprint, growth_noise_bytes, window_growth_bytes
 
-__all__ = ["COPY_NOISE_BYTES", "COPY_NOISE_PER_SAMPLE", "DENSE", "GROWTH_NOISE_BYTES", "copied_per_sample",
+__all__ = ["BROKEN_RUNS", "COPY_NOISE_BYTES", "COPY_NOISE_PER_SAMPLE", "DENSE", "GROWTH_NOISE_BYTES", "RUNS_BEYOND_CHANCE",
+           "copied_in_window", "lone_growth_rate", "lone_reach",
+           "copied_per_sample",
            "copy_forecast", "copy_rate", "epoch_growth_bytes", "forecast_bytes", "forecast_guard", "growth_noise_bytes",
            "growth_per_sample", "lasting_bytes", "samples_made", "scattered_bytes", "window_growth_bytes"]
 
 DENSE = 0.25
-"""Copies filling more of their span than this were written, not read: a trial's reads at random copy a few percent
-of the span they fall in (1 % measured on a list of 300,000 objects)."""
+"""Copies filling more than this of their span are written, not read, unless they lie in runs about as often as
+chance would put them (``scattered_bytes``): a trial's reads of single objects at random copy a few percent of the
+span they fall in (1 % measured on a list of 300,000 objects), reads of many objects a sample can copy half of it."""
+RUNS_BEYOND_CHANCE = 0.25
+"""Copies lying in runs this share of them beyond what chance gives at their density were (in those runs) written."""
+BROKEN_RUNS = 0.2
+"""Dense copies with fewer runs than this share of chance's were written, their runs broken by pages never present."""
 COPY_NOISE_BYTES = 2**20
 COPY_NOISE_PER_SAMPLE = 1024
 """Pages a worker copies in any trial, whatever it reads, mostly its allocator reusing the free space of inherited
@@ -68,13 +75,27 @@ def samples_made(trial: TrialResult) -> Optional[float]:
 
 
 def scattered_bytes(trial: TrialResult) -> Optional[int]:
-    """What one worker copied in pages apart (the census less its runs, NOTE [ Copy-on-read forecast ]): reads of
-    inherited objects; 0 when they fill more than ``DENSE`` of their span (what it wrote, its runs broken by pages
-    that were never present); None when not measured."""
+    """What one worker copied by reading inherited objects (NOTE [ Copy-on-read forecast ]): all the census's copies
+    when they lie beside each other (its runs) about as often as chance puts pages copied at random at the density
+    they fill their span (``d``: a page has a copied neighbour with probability ``1 - (1 - d)^2``); its copies apart
+    only, when clearly more lie in runs (``RUNS_BEYOND_CHANCE``): those runs are what it wrote (new objects in inherited
+    free space: they grow linearly, not up to a span). Copies filling more than ``DENSE`` of their span with fewer
+    runs than ``BROKEN_RUNS`` of chance's are written too, their runs broken by pages never present: 0. Reads of many objects a
+    sample fill their span densely, their runs as chance has it (46 objects a sample from a list of 261,552: half the
+    span copied, a third in runs, in a trial of 666 samples; their runs taken for writes and extended linearly, 2
+    workers that peak at 260 MiB were forecast at 925). None when not measured."""
     if trial.worker_copied_bytes is None:
         return None
-    scattered = max(0, trial.worker_copied_bytes - (trial.worker_copied_run_bytes or 0))
-    return 0 if scattered > DENSE * (trial.worker_copy_span_bytes or 0) else scattered
+    copied, runs = trial.worker_copied_bytes, min(trial.worker_copied_run_bytes or 0, trial.worker_copied_bytes)
+    if copied <= 0:
+        return 0
+    span = trial.worker_copy_span_bytes or 0
+    density = min(1.0, copied / span) if span else 1.0
+    chance = 1.0 - (1.0 - density) ** 2
+    scattered = copied - runs
+    if scattered > DENSE * span and runs < BROKEN_RUNS * chance * copied:
+        return 0
+    return scattered if runs > (chance + RUNS_BEYOND_CHANCE) * copied else copied
 
 
 def copied_per_sample(trial: TrialResult) -> Optional[float]:
@@ -120,23 +141,46 @@ def epoch_growth_bytes(trial: TrialResult, *, epoch_samples: int) -> Optional[in
     copied = copied_per_sample(trial)
     if copied is None or not made or trial.worker_uss_growth_bytes is None:
         slope = growth_per_sample(trial)
-        return None if slope is None else int(slope * epoch_samples / n)
+        if slope is None:
+            return None
+        linear = int(slope * epoch_samples / n)
+        lone = lone_reach(trial)
+        return linear if lone is None else min(linear, lone)
     reach = min(trial.worker_copy_span_bytes or 0, trial.worker_shared_bytes or 0)
     copies = copy_forecast(per_sample=copied, reach_bytes=reach, workers=n, epoch_samples=epoch_samples)
     other = max(0, trial.worker_uss_growth_bytes - int(copied * made) - growth_noise_bytes(trial))
     return int(copies + other / made * epoch_samples / n)
 
 
+def lone_reach(trial: TrialResult) -> Optional[int]:
+    """What a lone worker (no census: it holds alone every page this process writes meanwhile, measure/cow.py) could
+    still copy: the pages it maps beside its own (its RSS less its USS); None with two workers or more, or unmeasured.
+    Its growth is forecast up to this, not linearly past it (a lone worker reading a list of 261,552 objects grew
+    43 MiB in 1,221 samples: 1 GiB linearly by the end of its epoch, where all it shared was 227 MiB)."""
+    if trial.config.num_workers != 1 or trial.worker_rss_bytes is None or trial.worker_uss_bytes is None:
+        return None
+    return max(0, trial.worker_rss_bytes - trial.worker_uss_bytes)
+
+
+def copied_in_window(trial: TrialResult) -> int:
+    """What one worker of ``trial`` copied by reading during its window (``copied_per_sample`` x ``samples_made``):
+    part of its measured USS already, and of the copies an epoch's forecast counts from the worker's start; 0 when
+    none was measured."""
+    per_sample, made = copied_per_sample(trial), samples_made(trial)
+    return int(per_sample * made) if per_sample and made else 0
+
+
 def forecast_bytes(trial: TrialResult, *, epoch_samples: Optional[int]) -> Optional[int]:
     """The footprint of ``trial``'s configuration at the end of an epoch of ``epoch_samples`` (this rank's share),
-    its workers grown by ``epoch_growth_bytes``; None when it cannot be told."""
+    its workers grown by ``epoch_growth_bytes`` from their size without what they copied in the window
+    (``copied_in_window``: counted once); None when it cannot be told."""
     if epoch_samples is None or trial.worker_uss_bytes is None:
         return None
     growth = epoch_growth_bytes(trial, epoch_samples=epoch_samples)
     if growth is None:
         return None
-    return footprint(trial.config, per_worker_bytes=trial.worker_uss_bytes + growth,
-                     batch_bytes=trial.batch_bytes).total_bytes
+    size = max(0, trial.worker_uss_bytes - copied_in_window(trial))
+    return footprint(trial.config, per_worker_bytes=size + growth, batch_bytes=trial.batch_bytes).total_bytes
 
 
 def lasting_bytes(trial: TrialResult) -> Optional[int]:
@@ -147,7 +191,8 @@ def lasting_bytes(trial: TrialResult) -> Optional[int]:
         return None
     copied = copied_per_sample(trial)
     reach = min(trial.worker_copy_span_bytes or 0, trial.worker_shared_bytes or 0) if copied else 0
-    return footprint(trial.config, per_worker_bytes=trial.worker_uss_bytes + reach,
+    size = max(0, trial.worker_uss_bytes - copied_in_window(trial))
+    return footprint(trial.config, per_worker_bytes=size + max(reach, copied_in_window(trial)),
                      batch_bytes=trial.batch_bytes).total_bytes
 
 
@@ -159,19 +204,32 @@ def copy_rate(trials: Sequence[TrialResult]) -> Optional[Tuple[float, int]]:
     return max(copying, default=None)
 
 
+def lone_growth_rate(trials: Sequence[TrialResult]) -> Optional[Tuple[float, int]]:
+    """(bytes per sample, the most it can reach) of a lone worker that grew past the noise (``growth_per_sample``,
+    ``lone_reach``) while no census told copies apart: until one does, ``forecast_guard`` sizes pools as if that
+    growth were copies (it saturates at what the worker shares), so that a pool grown from one worker's size holds the
+    budget (5 workers grown from a lone worker's 152 MiB passed 757 MiB in their window, copying a list of objects);
+    None when no lone worker grew."""
+    rates = [(slope, reach) for t in trials for slope, reach in ((growth_per_sample(t), lone_reach(t)),)
+             if slope and reach]
+    return max(rates, default=None)
+
+
 def forecast_guard(config: LoaderConfig, *, trials: Sequence[TrialResult], per_worker_bytes: Optional[int],
                    batch_bytes: Optional[int], budget_bytes: Optional[int],
                    epoch_samples: Optional[int]) -> Optional[str]:
-    """Why ``config``'s workers, copying as an earlier candidate's did (``copy_rate``), would be over ``budget_bytes``
-    by the end of an epoch (``copy_forecast``): the choice would refuse it, so it is not started (its count is then a
-    ceiling the search looks below); None when it fits or nothing says otherwise."""
-    rate = copy_rate(trials)
+    """Why ``config``'s workers, copying as an earlier candidate's did (``copy_rate``; before a census, growing as a
+    lone worker did, ``lone_growth_rate``), would be over ``budget_bytes`` by the end of an epoch (``copy_forecast``):
+    the choice would refuse it, so it is not started (its count is then a ceiling the search looks below); None when
+    it fits or nothing says otherwise."""
+    rate = copy_rate(trials) or lone_growth_rate(trials)
     n = config.num_workers
     if n == 0 or rate is None or per_worker_bytes is None or budget_bytes is None or not epoch_samples:
         return None
     per_sample, reach = rate
-    grown = per_worker_bytes + int(copy_forecast(per_sample=per_sample, reach_bytes=reach, workers=n,
-                                                 epoch_samples=epoch_samples))
+    already = max((copied_in_window(t) for t in trials), default=0)  # in the measured size already
+    grown = per_worker_bytes + max(0, int(copy_forecast(per_sample=per_sample, reach_bytes=reach, workers=n,
+                                                        epoch_samples=epoch_samples)) - already)
     total = footprint(config, per_worker_bytes=grown, batch_bytes=batch_bytes).total_bytes or 0
     if total <= budget_bytes:
         return None

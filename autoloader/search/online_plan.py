@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Protocol, Sequence, Tuple
 from .._text import mib
 from ..config import LoaderConfig
 from ..results import TrialResult, TuneResult
-from . import budget, online_policy, policy
+from . import budget, online_policy, policy, switching
 from .candidates import Steps
 from .capacity import busy_cpus
 from .native_search import compare_native
@@ -149,12 +149,18 @@ def _prior(search: Search, serial: TrialResult, *, consumer_s: Optional[float]) 
 
 
 def online_cap(search: Search) -> int:
-    """The most workers the online search measures: the search's climb cap, and no more than an epoch can measure
-    (``online_policy.measurable_cap``)."""
+    """The most workers the online search measures: the search's climb cap, no more than an epoch can measure
+    (``online_policy.measurable_cap``), and, spawned, no more than start in a quarter of an epoch served serially
+    (``switching.spawn_cap``, from the serial probe)."""
     settings = search.settings
     epoch_batches = -(-settings.epoch_samples // settings.batch_size) if settings.epoch_samples else None
-    measurable = online_policy.measurable_cap(epoch_batches=epoch_batches, prefetch_factor=settings.prefetch)
-    return search.climb_cap() if measurable is None else min(search.climb_cap(), measurable)
+    caps = [search.climb_cap(), online_policy.measurable_cap(epoch_batches=epoch_batches,
+                                                             prefetch_factor=settings.prefetch)]
+    serial = search.found.serial
+    if settings.spawned and serial is not None and serial.fetch_s_per_batch is not None and epoch_batches:
+        per_batch = serial.fetch_s_per_batch + (serial.consumer_s_per_batch or 0.0)
+        caps.append(switching.spawn_cap(epoch_serial_s=epoch_batches * per_batch, usable_cpus=settings.usable))
+    return min(c for c in caps if c is not None)
 
 
 def _jumps(search: Search, serial: Optional[TrialResult]) -> Steps[None]:

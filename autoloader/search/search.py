@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..config import LoaderConfig, make_config
 from ..coordination import Coordinator
@@ -27,7 +27,8 @@ from .._text import mib
 from ..results import TrialResult, TuneResult
 from . import budget, native_policy, online_policy, policy, thread_bounds, threads_policy, verdict
 from .bounds import worker_bounds
-from .budget import MemoryCheck, budget_guard, footprint, trial_footprint
+from .budget import MemoryCheck, budget_guard, footprint, measured_batch_bytes, trial_footprint
+from .budget import per_worker_bytes as worker_size
 from .growth import forecast_guard
 from .candidates import Candidate, Progress, Steps, admit, start_costs, trial_limit
 from .settings import Findings, Settings
@@ -48,7 +49,7 @@ class Search:
     def __init__(self, request: Request, profile: MachineProfile, *, budget: float,
                  coordinator: Optional[Coordinator] = None, progress: Optional[Progress] = None,
                  tolerance: float = policy.DEFAULT_TOLERANCE, start: Optional[LoaderConfig] = None,
-                 descend: bool = False) -> None:
+                 descend: bool = False, known: Sequence[TrialResult] = ()) -> None:
         """The search for ``request`` on the machine ``profile`` describes, within ``budget`` seconds (``math.inf``
         online); ``start``: search near this configuration (the one in force) instead of from the serial one;
         ``descend``: from ``start``, try only fewer workers (``policy.next_count_down``). ``coordinator``: how the
@@ -57,6 +58,11 @@ class Search:
         self.settings = Settings.of(request, profile, bounds=bounds, budget=budget, trial_limit=trial_limit(budget),
                                     tolerance=tolerance, start=start, descend=descend)
         self.found = Findings()
+        self.known = tuple(t for t in known if t.config.num_workers)
+        """What the search that made the configuration in force measured of its workers (a re-tune's ``start``):
+        their size and copying guard this search's candidates until its own measure them."""
+        self.found.per_worker_bytes = worker_size(self.known)
+        self.found.batch_bytes = measured_batch_bytes(known)
         self.coordinator = coordinator or Coordinator()
         self.progress = progress
         self.started = time.monotonic()
@@ -95,7 +101,8 @@ class Search:
         budget_bytes, batch_bytes = self.settings.memory_budget, self.found.batch_bytes
         return budget_guard(config, per_worker_bytes=per_worker_bytes, batch_bytes=batch_bytes,
                             budget_bytes=budget_bytes, shm_free_bytes=self.settings.shm_free) or \
-            forecast_guard(config, trials=self.found.trials, per_worker_bytes=per_worker_bytes, batch_bytes=batch_bytes,
+            forecast_guard(config, trials=[*self.known, *self.found.trials], per_worker_bytes=per_worker_bytes,
+                           batch_bytes=batch_bytes,
                            budget_bytes=budget_bytes, epoch_samples=self.settings.epoch_samples)
 
     def per_worker_estimate(self) -> Optional[int]:
@@ -158,7 +165,8 @@ class Search:
     def memory_check(self, config: LoaderConfig) -> Optional[MemoryCheck]:
         """What ``config``'s workers are checked against at their first batch (``budget.memory_check``)."""
         return budget.memory_check(config, self.found.trials, budget_bytes=self.settings.memory_budget,
-                                   main_private_bytes=self.main_private, batch_bytes=self.found.batch_bytes)
+                                   main_private_bytes=self.main_private, batch_bytes=self.found.batch_bytes,
+                                   explicit=self.settings.memory.source == "user" or self.settings.memory.user_fraction)
 
     def run(self, config: LoaderConfig, *, first: bool = False, again: bool = False, force: bool = False,
             probe: bool = False, gain: float = 0.0, unsized: bool = False) -> Steps[Optional[TrialResult]]:
@@ -195,7 +203,7 @@ class Search:
         self.found.by_config[config] = trial
         if trial.batch_bytes is not None and self.found.batch_bytes is None:
             self.found.batch_bytes = trial.batch_bytes
-        self.found.per_worker_bytes = budget.per_worker_bytes(self.found.trials)
+        self.found.per_worker_bytes = budget.per_worker_bytes(self.found.trials) or self.found.per_worker_bytes
         elapsed = self.elapsed()
         online = not math.isfinite(self.settings.budget)
         log.info("%s %-34s %-24s %5.1f s%s", "candidate" if online else "trial", config.label(),

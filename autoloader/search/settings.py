@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Mapping, Optional, Union
 import torch
 
 from ..config import DEFAULT_PREFETCH, LoaderConfig, default_pin
+from ..probe import start_method
 from ..probe.machine import MachineProfile
 from ..results import TrialResult
 from .memory_budget import MemoryBudget, resolve_budget
@@ -53,6 +54,9 @@ class Settings:
     """Search near this configuration (the one in force) instead of from the serial one."""
     descend: bool = False
     """From ``start``, try only fewer workers (``policy.next_count_down``)."""
+    spawned: bool = False
+    """Workers start as fresh interpreters (``spawn``, ``forkserver``: macOS's and Windows' default), each importing
+    torch and unpickling the dataset, not by ``fork``: a start costs a second of CPU, not 20 ms."""
 
     @property
     def memory_budget(self) -> Optional[int]:
@@ -73,7 +77,8 @@ class Settings:
         return cls(request.batch_size, request.device, fixed, bounds.cap, bounds.usable_cpus, bounds.reason,
                    bounds.by_open_files, budget, memory, profile.shm.free_bytes, epoch_samples(request),
                    profile.disk.seq_read_mb_s if profile.disk else None, tolerance, trial_limit, pin, prefetch,
-                   request.threads is True, request.fixed_threads, request.native_threads, start, descend)
+                   request.threads is True, request.fixed_threads, request.native_threads, start, descend,
+                   start_method(request.setting("multiprocessing_context")) != "fork")
 
 
 @dataclass

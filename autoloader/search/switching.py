@@ -9,7 +9,8 @@ from typing import Optional
 
 from .capacity import DEFAULT_TOLERANCE, FORK_S
 
-__all__ = ["MAX_WINDOW_BOUND_S", "MIN_WINDOW_BOUND_S", "WINDOW_SHARE", "fork_s", "repays", "window_bound_s"]
+__all__ = ["MAX_WINDOW_BOUND_S", "MIN_WINDOW_BOUND_S", "SPAWN_S", "SPAWN_START_SHARE", "WINDOW_SHARE", "fork_s",
+           "repays", "spawn_cap", "window_bound_s"]
 
 WINDOW_SHARE = 0.03
 """A candidate's window lasts at most this share of the epoch ..."""
@@ -17,6 +18,11 @@ MIN_WINDOW_BOUND_S = 0.25
 """... but at least this long (a few batches of any rate) ..."""
 MAX_WINDOW_BOUND_S = 4.0
 """... and at most this long."""
+SPAWN_S = 1.0
+"""The CPU seconds starting one spawned (or forkserver) worker costs: a fresh interpreter importing torch and
+unpickling the dataset (0.8-1.5 s on the 2-core VM, where 30 spawned at once took 32 s of a 3 s epoch's loop)."""
+SPAWN_START_SHARE = 0.25
+"""Spawned workers an online candidate starts cost at most this share of an epoch served serially (``spawn_cap``)."""
 
 
 def repays(*, remaining_s: Optional[float], gain: float, workers: int, window_s: float,
@@ -31,13 +37,16 @@ def repays(*, remaining_s: Optional[float], gain: float, workers: int, window_s:
     return worth >= workers * fork_s + tolerance * window_s
 
 
-def fork_s(*, workers: int, start_s: float) -> float:
+def fork_s(*, workers: int, start_s: float, spawned: bool = False, usable_cpus: int = 1) -> float:
     """What ``repays`` counts per worker a switch forks, as a start of ``workers`` took ``start_s`` seconds of the
     loop's thread (``iter()`` forking them): never below ``FORK_S``, the constant the online benchmarks' switches
     were measured with (on the 2-core VM 16 workers started in 130-200 ms, 8-13 ms each); a host that forks slower
     raises it (on the H200, 16 and 32 workers took 0.064-0.074 s each from ``iter()`` to their first batch, the
-    forks' share of it not measured). ``FORK_S`` when nothing was forked. Pure."""
-    return max(FORK_S, start_s / workers) if workers > 0 else FORK_S
+    forks' share of it not measured). ``FORK_S`` when nothing was forked. Spawned workers (``spawned``) return from
+    ``iter()`` at once and start on every CPU meanwhile, each a fresh interpreter: never below ``SPAWN_S`` over the
+    ``usable_cpus``. Pure."""
+    floor = max(FORK_S, SPAWN_S / max(1, usable_cpus)) if spawned else FORK_S
+    return max(floor, start_s / workers) if workers > 0 else floor
 
 
 def window_bound_s(epoch_s: Optional[float]) -> float:
@@ -46,3 +55,12 @@ def window_bound_s(epoch_s: Optional[float]) -> float:
     if epoch_s is None or not math.isfinite(epoch_s):
         return MAX_WINDOW_BOUND_S
     return min(MAX_WINDOW_BOUND_S, max(MIN_WINDOW_BOUND_S, WINDOW_SHARE * epoch_s))
+
+
+def spawn_cap(*, epoch_serial_s: Optional[float], usable_cpus: int) -> Optional[int]:
+    """The most spawned workers an online candidate starts: their start (``SPAWN_S`` each, on the usable CPUs) at most
+    ``SPAWN_START_SHARE`` of an epoch served serially (``epoch_serial_s``), at least one; None when the epoch's length
+    is unknown. Pure."""
+    if epoch_serial_s is None or not math.isfinite(epoch_serial_s):
+        return None
+    return max(1, int(SPAWN_START_SHARE * epoch_serial_s * max(1, usable_cpus) / SPAWN_S))

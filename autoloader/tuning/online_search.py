@@ -88,7 +88,7 @@ class OnlineSearch:
     def start(self, start: Optional[LoaderConfig], *, why: str, down: bool = False) -> None:
         """Search from ``start`` (None: from scratch); ``down``: only fewer workers than ``start`` are tried."""
         search = Search(self.request, self.profile, budget=math.inf, coordinator=self.coordinator, start=start,
-                        descend=down)
+                        descend=down, known=self.decision.trials if start is not None else ())
         steps = search.steps() if search.settings.tune_threads else \
             online_steps(search, serial=_serial_of(self.decision) if start is not None else None)
         self.current = SearchInProgress(search, steps, why=why, down=down)
@@ -117,7 +117,8 @@ class OnlineSearch:
         (``online_policy.starts_early``, and within the memory budget; the probe is then told the estimate), else None
         (the probe goes on)."""
         current = self.current
-        if current is None or current.candidate is None or not current.candidate.probe:
+        if current is None or current.candidate is None or not current.candidate.probe or \
+                current.search.settings.spawned:  # spawned: a start costs seconds, never on a guess (online_cap)
             return None
         workers = online_policy.prior_workers(fetch_s=estimate.fetch_s, fetch_cpu_s=estimate.fetch_cpu_s,
                                               fetch_delay_s=estimate.fetch_delay_s, consumer_s=None,
@@ -162,7 +163,10 @@ class OnlineSearch:
 
     @property
     def fork_s(self) -> float:
-        return switching.fork_s(workers=self._forked[0], start_s=self._forked[1])
+        settings = self.current.search.settings if self.current is not None else None
+        return switching.fork_s(workers=self._forked[0], start_s=self._forked[1],
+                                spawned=settings is not None and settings.spawned,
+                                usable_cpus=settings.usable if settings is not None else 1)
 
     def record_cost(self, *, switch_s: float, serving_s: float, forked: int = 0, start_s: float = 0.0) -> None:
         if forked and forked >= self._forked[0]:  # the largest pool: the least fixed cost in its start per worker

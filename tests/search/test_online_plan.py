@@ -60,17 +60,19 @@ class Host:
                            main_cpu_util=0.1 + self.step_cpus * step * rate)
 
 
-def online_search(host: Host, *, start=None, serial=None, down=False, samples=100000):
-    """The online search's generator on ``host``'s emulated CPUs, no memory budget, over epochs of ``samples``."""
-    request = Request.checked(LatencyBound(n=samples), host.batch, device="cpu", dataloader_kwargs={})
+def online_search(host: Host, *, start=None, serial=None, down=False, samples=100000, context=None):
+    """The online search's generator on ``host``'s emulated CPUs, no memory budget, over epochs of ``samples``,
+    its workers started by ``context`` (None: this process's default, fork here)."""
+    request = Request.checked(LatencyBound(n=samples), host.batch, device="cpu",
+                              dataloader_kwargs={"multiprocessing_context": context} if context else {})
     profile = probe_machine(disk=False, gpus=False)
     profile = dataclasses.replace(profile, cpu=dataclasses.replace(profile.cpu, usable=host.cpus),
                                   memory=dataclasses.replace(profile.memory, budget_bytes=None))
     return online_steps(Search(request, profile, budget=math.inf, start=start, descend=down), serial=serial)
 
 
-def drive(host: Host, *, early: bool = False, start=None, serial=None, down=False, samples=100000):
-    steps = online_search(host, start=start, serial=serial, down=down, samples=samples)
+def drive(host: Host, *, early: bool = False, start=None, serial=None, down=False, samples=100000, context=None):
+    steps = online_search(host, start=start, serial=serial, down=down, samples=samples, context=context)
     asked, candidate = [], next(steps)
     try:
         while True:
@@ -122,6 +124,18 @@ def test_a_hidden_concurrency_ceiling_is_found_by_measurement(ceiling, step_s):
     assert asked[1] > ceiling, asked
     assert ceiling <= result.config.num_workers <= math.ceil(1.1 * ceiling), asked
     assert len(asked) <= 4, "the prior, the knee, the decision"
+
+
+@pytest.mark.parametrize("samples, most", [(960, 1), (96_000, 64)])
+def test_spawned_workers_start_only_as_many_as_a_quarter_of_a_serial_epoch_pays_for(samples, most):
+    """Found under spawn (macOS's default) on Linux: 960 samples of 3 ms waiting, batch 8 (a 3 s epoch served
+    serially): a prior of 30 spawned workers, each a fresh interpreter importing torch, took 32 s of the loop. Spawned,
+    an online candidate starts no more workers than a quarter of a serial epoch pays for (a second of CPU each)."""
+    host = Host(fetch_s=0.024, cpu=0.01, step_s=0.0001, cpus=2, batch=8)
+    asked, _ = drive(host, samples=samples, context="spawn")
+    assert max(asked) <= most, asked
+    forked, _ = drive(host, samples=samples)
+    assert max(forked) > most or most == 64, forked
 
 
 def test_no_candidate_holds_most_of_a_short_epoch_in_flight():

@@ -67,3 +67,20 @@ def test_a_windows_bound_at_its_edges(epoch_s, bound, why):
 ])
 def test_a_forks_cost_is_measured_never_below_the_constant(workers, start_s, expected, why):
     assert switching.fork_s(workers=workers, start_s=start_s) == pytest.approx(expected), why
+
+
+@pytest.mark.parametrize("epoch_serial_s, cpus, cap, why", [
+    (2.9, 2, 1, "960 samples of 3 ms (a 3 s epoch) on 2 CPUs: one spawned worker (30 took 32 s of the loop)"),
+    (60.0, 2, 30, "a minute's epoch: 30 start in 15 s of CPU on 2 CPUs"),
+    (60.0, 16, 240, "on 16 CPUs, eight times as many"),
+    (None, 2, None, "an epoch of unknown length: no cap"),
+])
+def test_spawned_workers_start_in_a_quarter_of_a_serial_epoch(epoch_serial_s, cpus, cap, why):
+    assert switching.spawn_cap(epoch_serial_s=epoch_serial_s, usable_cpus=cpus) == cap, why
+
+
+def test_a_spawned_worker_is_priced_as_a_fresh_interpreter():
+    assert switching.fork_s(workers=0, start_s=0.0, spawned=True, usable_cpus=2) == pytest.approx(0.5)
+    assert switching.fork_s(workers=8, start_s=0.08, spawned=True, usable_cpus=2) == pytest.approx(0.5), \
+        "iter() returns at once: its 10 ms each are not the start"
+    assert switching.fork_s(workers=8, start_s=0.08) == pytest.approx(0.02)
