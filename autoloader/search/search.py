@@ -48,15 +48,16 @@ class Search:
 
     def __init__(self, request: Request, profile: MachineProfile, *, budget: float,
                  coordinator: Optional[Coordinator] = None, progress: Optional[Progress] = None,
-                 tolerance: float = policy.DEFAULT_TOLERANCE, start: Optional[LoaderConfig] = None,
-                 descend: bool = False, known: Sequence[TrialResult] = ()) -> None:
+                 start: Optional[LoaderConfig] = None, descend: bool = False,
+                 known: Sequence[TrialResult] = ()) -> None:
         """The search for ``request`` on the machine ``profile`` describes, within ``budget`` seconds (``math.inf``
         online); ``start``: search near this configuration (the one in force) instead of from the serial one;
-        ``descend``: from ``start``, try only fewer workers (``policy.next_count_down``). ``coordinator``: how the
-        ranks of the node agree on each outcome (``Coordinator.outcome``)."""
+        ``descend``: from ``start``, try only fewer workers (``policy.next_count_down``); ``known``: what the search
+        that chose ``start`` measured. ``coordinator``: how the ranks of the node agree on each outcome
+        (``Coordinator.outcome``)."""
         bounds = worker_bounds(profile, max_workers=request.max_workers, dataset=request.dataset)
         self.settings = Settings.of(request, profile, bounds=bounds, budget=budget, trial_limit=trial_limit(budget),
-                                    tolerance=tolerance, start=start, descend=descend)
+                                    tolerance=policy.DEFAULT_TOLERANCE, start=start, descend=descend)
         self.found = Findings()
         self.known = tuple(t for t in known if t.config.num_workers)
         """What the search that made the configuration in force measured of its workers (a re-tune's ``start``):
