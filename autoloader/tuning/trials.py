@@ -18,7 +18,6 @@ from ..probe import MachineProfile, probe_machine, with_saved_disk
 from ..cache.fingerprint import dataset_length
 from ..request import Request
 from ..results import TrialResult, TuneResult
-from ..search import policy
 from ..search.candidates import DEFAULT_BUDGET_S, Candidate, Outcome, Progress, Steps
 from ..search.search import Search
 
@@ -121,15 +120,14 @@ def tune(
     return tune_with(request)
 
 
-def tune_with(request: Request, profile: Optional[MachineProfile] = None, *, progress: Optional[Progress] = None,
-              tolerance: float = policy.DEFAULT_TOLERANCE) -> TuneResult:
+def tune_with(request: Request, profile: Optional[MachineProfile] = None, *,
+              progress: Optional[Progress] = None) -> TuneResult:
     """``tune`` for a checked ``request`` (``make_loader`` and the CLI): on the machine ``profile`` (probed when
     None, with the saved disk figures), ranks agreeing through the request's group, ``progress`` after each trial."""
     profile = profile if profile is not None else with_saved_disk(probe_machine(disk=False, gpus=False))
     group = request.group
     search = Search(request, profile, budget=DEFAULT_BUDGET_S if request.budget is None else float(request.budget),
-                    coordinator=group.coordinator() if group is not None else None, progress=progress,
-                    tolerance=tolerance)
+                    coordinator=group.coordinator() if group is not None else None, progress=progress)
     consumer = Consumer(request.step, request.device)
 
     def measure(candidate: Candidate) -> TrialResult:
