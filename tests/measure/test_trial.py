@@ -128,8 +128,7 @@ def test_a_step_on_the_cpu_is_measured_as_cpu_the_step_takes():
     burning = run_trial(request, LoaderConfig(0), consumer=Consumer(_burn, torch.device("cpu")), limit_s=10.0,
                         measure_consumer=True)
     assert burning.ok and burning.consumer_cpu_s_per_batch is not None
-    assert 0.008 <= burning.consumer_cpu_s_per_batch <= 0.05, burning
-    assert burning.consumer_cpu_s_per_batch >= 0.5 * burning.consumer_s_per_batch, burning
+    assert 0.008 <= burning.consumer_cpu_s_per_batch <= 0.05, burning  # 10 ms of CPU, whatever the wall time
     sleeping = run_trial(request, LoaderConfig(0), consumer=Consumer(0.01, torch.device("cpu")), limit_s=10.0)
     assert sleeping.ok and sleeping.consumer_cpu_s_per_batch < 0.3 * sleeping.consumer_s_per_batch, sleeping
     assert sleeping.other_cpus is None or sleeping.other_cpus >= 0.0
