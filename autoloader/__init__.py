@@ -28,9 +28,12 @@ at import; macOS is untested). Logs go to ``logging.getLogger("autoloader")``.
 
 The package, one job per module, in dependency order: a module imports only modules listed below it (a package whose
 modules share one line counts as one entry), so data flows one way, up this list; ``make_loader`` imports nothing
-from ``cli/``. No import cycle, no chain deeper than 10 modules (a package that only re-exports is no level), no
-function over 60 lines or 8 parameters (``tests/test_imports.py``; ``tests/test_readme.py`` checks this map against
-the files and the imports). How each hard part works is a NOTE block beside its code (the README lists them).
+from ``cli/``. No import cycle; every import, a lazy one too, goes to its own layer or a lower one (``LAYERS`` in
+``tests/test_imports.py``: the facts; the records; the ranks; the loader; the workers' supervision and the argument
+checks; the request; measuring; searching; the cache; tuning, the Ray engine and the reports; ``make_loader``; the
+command); no function over 60 lines or 8 parameters (``tests/test_imports.py``; ``tests/test_readme.py`` checks this
+map against the files and the imports). How each hard part works is a NOTE block beside its code (the README lists
+them).
 
     autoloader/
       __init__.py        the public API: make_loader, tune, probe_machine, PrefetchLoader, ThreadedDataset, the records
@@ -57,12 +60,12 @@ the files and the imports). How each hard part works is a NOTE block beside its 
       cache/             the per-dataset, per-machine store: store.py, entry.py (one file read back and checked),
                          fingerprint.py (keys), slot.py (one request's entry)
       search/            deciding what to try and what to keep
-        switching.py     whether an online switch repays itself before the epoch ends; how long a window may last
         retune.py        when an online loader searches again after an epoch, and which way (down only, or either)
         search.py        the model-guided search as a generator: yields candidates, takes measurements, returns a result
         verdict.py       the result it returns: what limits the choice, the disk's ceiling, persistent workers, why
         bounds.py        the one worker cap: max_workers, else the CPUs and `ulimit -n`; never past the shards
         online_plan.py   the online search's order: probe, prior, jumps, choice (search.py's parts after it)
+        switching.py     whether an online switch repays itself before the epoch ends; how long a window may last
         policy.py        the process decisions as pure functions: worker counts to try, the trial to choose
         online_policy.py the online search's decisions: where an epoch starts (the prior), where the search jumps
         capacity.py      what both policies read of a candidate's capacity: the tolerance, the headroom, the workers

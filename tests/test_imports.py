@@ -1,11 +1,14 @@
-"""The package's structure: every module imports on its own, no two modules import each other (issue 12), and the
-layout stays shallow and readable (issue 20).
+"""The package's structure: every module imports on its own, no two modules import each other (issue 12), and every
+module imports only from its own layer or below (issue 62: layers, not sizes; they replaced a cap on the import chain's
+depth, which split modules along no seam).
 
 A module that imports only after another one has (a cycle hidden by import order, or a lazy import inside a function
 that papers over one) breaks the first user who imports it directly. So each module is imported in a process where no
 other autoloader module was imported yet, and the imports between modules, those for type checking included, must
-form no cycle. The longest chain of imports inside the package stays within ``MAX_DEPTH`` modules, and no function
-grows past ``MAX_LINES`` lines or ``MAX_PARAMS`` parameters, apart from the public signatures in ``PUBLIC``.
+form no cycle. ``LAYERS`` orders the package's parts (a subpackage, or a top-level module) from the facts up to the
+command line: an import, wherever it is written (at the top, for type checking, inside a function), goes to the
+importer's own layer or a lower one, so data flows one way. No function grows past ``MAX_LINES`` lines or
+``MAX_PARAMS`` parameters, apart from the public signatures in ``PUBLIC``.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Set
+from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 PACKAGE = Path(__file__).resolve().parents[1] / "autoloader"
 
@@ -75,7 +78,28 @@ def _resolve(module: str, is_package: bool, level: int, target: Optional[str]) -
     return ".".join(base + ([target] if target else []))
 
 
-MAX_DEPTH = 10
+LAYERS: Tuple[Tuple[str, ...], ...] = (
+    ("errors", "_fs", "_text", "config", "consumer", "_shards", "nodes", "sharding"),  # import nothing of ours
+    ("probe", "coordination"),  # facts about the machine; the ranks' exchanges
+    ("results",),  # the records: TrialResult, TuneResult, Decision
+    ("distributed",),  # the ranks: one decision per node, states gathered
+    ("loader",),  # what runs during training
+    ("supervise", "_validate"),  # worker processes started, guarded and reaped; argument checks
+    ("request",),  # make_loader's arguments, checked once
+    ("measure",),  # measuring one candidate
+    ("search",),  # deciding what to try and what to keep
+    ("cache",),  # the decisions kept per dataset and machine (whether one still fits is search's rule)
+    ("tuning", "ray", "report"),  # the two tuning modes; the Ray engine; the reports
+    ("factory",),  # make_loader
+    ("cli", "__init__"),  # the autotune command; the public API
+)
+"""The package's parts, bottom up: a module imports from its own part, its own layer, or a layer below. A part is a
+subpackage (``loader``) or a top-level module (``config``); ``__init__`` is the package's own ``__init__.py``.
+Derived from the imports at 00d8bbd (each part as low as what it imports allows), then fixed: a new import that goes
+up fails."""
+KNOWN_UPWARD: Dict[Tuple[str, str], str] = {}
+"""Imports that go up a layer, (importer, imported) with the issue that removes each. Empty: a new one is a design
+change, to be made in ``LAYERS`` (with its reason) or not at all."""
 MAX_LINES = 60
 MAX_PARAMS = 8
 PUBLIC = {"autoloader.factory.make_loader", "autoloader.tuning.trials.tune", "autoloader.request.Request.checked"}
@@ -162,53 +186,87 @@ def test_no_import_cycle_even_for_type_checking():
     assert cycle is None, f"import cycle (type-checking imports included): {' -> '.join(cycle)}"
 
 
-def _longest_chain(graph: Dict[str, Set[str]]) -> List[str]:
-    """The longest path of imports (the graph has no cycle)."""
-    best: Dict[str, List[str]] = {}
-
-    def longest(node: str) -> List[str]:
-        if node not in best:
-            tails = [longest(nxt) for nxt in graph[node]]
-            best[node] = [node] + max(tails, key=len, default=[])
-        return best[node]
-
-    return max((longest(node) for node in graph), key=len)
+def _part(module: str) -> str:
+    """The part of ``LAYERS`` a module belongs to: ``autoloader.loader.prefetch`` -> ``loader``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
 
 
-def _reexports() -> Set[str]:
-    """The packages whose ``__init__`` only names what its modules define (a docstring, imports, ``__all__``)."""
-    found = set()
-    for name, path in _modules().items():
-        if path.name == "__init__.py":
-            body = ast.parse(path.read_text()).body
-            if all(isinstance(node, (ast.Import, ast.ImportFrom)) or isinstance(node, ast.Expr) and
-                   isinstance(node.value, ast.Constant) or isinstance(node, ast.Assign) and
-                   [getattr(t, "id", None) for t in node.targets] == ["__all__"] for node in body):
-                found.add(name)
-    return found
+def _layer_of() -> Dict[str, int]:
+    return {part: level for level, parts in enumerate(LAYERS) for part in parts}
 
 
-def _through(graph: Dict[str, Set[str]], transparent: Set[str]) -> Dict[str, Set[str]]:
-    """The graph with each ``transparent`` package replaced by what it imports: importing a name through a package
-    that only re-exports it is importing the module that defines it, not one module more."""
-    def targets(node: str, seen: Set[str]) -> Set[str]:
-        if node not in transparent or node in seen:
-            return {node}
-        return set().union(*(targets(n, seen | {node}) for n in graph[node])) if graph[node] else set()
-
-    return {node: set().union(*(targets(n, set()) for n in deps)) if deps else set()
-            for node, deps in graph.items() if node not in transparent}
-
-
-def test_longest_import_chain_is_short():
-    chain = _longest_chain(_through(_graph(type_checking=True), _reexports()))
-    assert len(chain) <= MAX_DEPTH, f"{len(chain)} modules deep: {' -> '.join(chain)}"
+def _imports_anywhere(name: str, path: Path, known: Set[str]) -> Set[str]:
+    """The autoloader modules ``name`` imports anywhere: at its top, for type checking, inside a function."""
+    found: Set[str] = set()
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "autoloader")
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(name, is_package, node.level, node.module)
+            if target is not None:
+                found.update(f"{target}.{a.name}" if f"{target}.{a.name}" in known else target for a in node.names)
+    return {m for m in found if m in known and m != name}
 
 
-def test_the_chain_measure_counts_modules():
-    assert _longest_chain({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == ["a", "b", "c"]
-    assert _longest_chain(_through({"a": {"p"}, "p": {"b"}, "b": {"c"}, "c": set()}, {"p"})) == ["a", "b", "c"]
-    assert "autoloader.results" in _reexports() and "autoloader" not in _reexports()
+def _all_imports() -> Dict[str, Set[str]]:
+    modules = _all_modules()
+    return {name: _imports_anywhere(name, path, set(modules)) for name, path in modules.items()}
+
+
+def _all_modules() -> Dict[str, Path]:
+    """Every module, ``__main__``s included (``_modules`` leaves them out: they run, they are not imported)."""
+    names = dict(_modules())
+    for path in PACKAGE.rglob("__main__.py"):
+        names[".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)] = path
+    return names
+
+
+def _upward(graph: Dict[str, Set[str]]) -> Iterator[str]:
+    """Each import in ``graph`` that goes to a higher layer than its importer's, as ``importer (part, layer) imports
+    imported (part, layer)``, and each module whose part ``LAYERS`` does not place."""
+    layer = _layer_of()
+    for module, imported in sorted(graph.items()):
+        if _part(module) not in layer:
+            yield f"{module}: its part {_part(module)!r} is in no layer of LAYERS"
+            continue
+        for other in sorted(imported):
+            mine, theirs = layer[_part(module)], layer.get(_part(other), -1)
+            if theirs > mine and (module, other) not in KNOWN_UPWARD:
+                yield f"{module} ({_part(module)}, layer {mine}) imports {other} ({_part(other)}, layer {theirs})"
+
+
+def test_every_module_imports_only_from_its_layer_or_below():
+    upward = list(_upward(_all_imports()))
+    assert upward == [], "imports that go up a layer (LAYERS):\n" + "\n".join(upward)
+
+
+def test_every_part_of_the_layers_exists_once():
+    parts = [part for level in LAYERS for part in level]
+    assert len(parts) == len(set(parts)), "a part is in two layers"
+    assert set(parts) == {_part(module) for module in _all_modules()}
+
+
+def test_the_known_upward_imports_are_still_there():
+    """An entry of ``KNOWN_UPWARD`` whose import is gone was fixed: remove it."""
+    graph = _all_imports()
+    assert [pair for pair in KNOWN_UPWARD if pair[1] not in graph.get(pair[0], set())] == []
+
+
+def test_the_layer_check_finds_an_upward_import(tmp_path):
+    """A lazy import inside a function counts as much as one at the top: the loader reaching for the tuning is
+    refused, the tuning reaching for the loader is not."""
+    fake = tmp_path / "prefetch.py"
+    fake.write_text("import torch\n\n\ndef serve():\n    from ..tuning.online import OnlineLoader\n")
+    known = {"autoloader.loader.prefetch", "autoloader.tuning.online", "autoloader.loader.epochs"}
+    graph = {"autoloader.loader.prefetch": _imports_anywhere("autoloader.loader.prefetch", fake, known),
+             "autoloader.tuning.online": {"autoloader.loader.epochs"}, "autoloader.loader.epochs": set()}
+    assert graph["autoloader.loader.prefetch"] == {"autoloader.tuning.online"}
+    assert list(_upward(graph)) == ["autoloader.loader.prefetch (loader, layer 4) imports autoloader.tuning.online "
+                                    "(tuning, layer 10)"]
+    graph["autoloader.newpart.thing"] = set()
+    assert "autoloader.newpart.thing: its part 'newpart' is in no layer of LAYERS" in list(_upward(graph))
 
 
 def _functions(tree: ast.AST, prefix: str):
