@@ -1,4 +1,4 @@
-"""Datasets and samplers for tests/tuning/test_slices.py; module-level so DataLoader workers can import them."""
+"""Datasets and samplers for tests/loader/test_slices.py; module-level so DataLoader workers can import them."""
 from __future__ import annotations
 
 import os

@@ -73,7 +73,7 @@ SCENARIOS = {  # name: (what rank 0 calls, what rank 1 calls)
 
 
 def _rank(rank: int, port: int) -> None:
-    """One rank (run as ``python test_agreement.py RANK PORT``): prints each scenario's outcome, as JSON."""
+    """One rank (run as ``python test_coordination.py RANK PORT``): prints each scenario's outcome, as JSON."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=60))
     try:

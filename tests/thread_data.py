@@ -1,4 +1,5 @@
-"""Datasets for tests/test_threads.py; module-level so spawned workers (and subprocesses) can import them."""
+"""Datasets for tests/loader/test_threads.py and tests/search/test_thread_search.py; module-level so spawned workers
+(and subprocesses) can import them."""
 from __future__ import annotations
 
 import os

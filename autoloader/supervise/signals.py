@@ -31,7 +31,7 @@
 # - in a function marked ``@cleanup`` (``Run.stop``) before it entered its ``shield()``, and while entering it, a
 #   handler's exception is kept the same way: a Ctrl-C that lands as a run starts its cleanup must not skip it (it
 #   left a trial's workers running).
-# - inside ``shielded()`` (a trial's cleanup) nothing is raised. A Ctrl-C kept there is raised when the guard exits;
+# - inside ``shield()`` (a trial's cleanup) nothing is raised. A Ctrl-C kept there is raised when the guard exits;
 #   a worker's death or the limit passing is dropped, since the trial's outcome is already decided.
 # - only the first process owns the guard: a forked worker inherits the wrappers and calls the original handlers,
 #   and so does a wrapper left installed after its guard exited (two guards may exit out of order).

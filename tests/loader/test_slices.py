@@ -1,4 +1,4 @@
-"""Epoch slices (autoloader/tuning/slices.py): a sequence of candidate DataLoaders yields exactly a plain DataLoader's
+"""Epoch slices (autoloader/loader/slices.py): a sequence of candidate DataLoaders yields exactly a plain DataLoader's
 epochs.
 
 Every test compares against a plain ``DataLoader`` built with the same arguments and seeds, over 3 epochs, and checks
@@ -91,7 +91,7 @@ def plain_epochs(dataset, kwargs: Dict[str, Any], on_epoch: Callable[[int], None
 
 
 def run_slices(slicer: EpochSlicer, build: Any, plan: Sequence[Step]) -> Tuple[List[Any], EpochSource]:
-    """One epoch served by the plan's candidates (``build.candidate``), the last one to the epoch's end."""
+    """One epoch served by the plan's candidates (``Recipe.candidate``), the last one to the epoch's end."""
     source, out = slicer.epoch(), []
     for limit, workers, stop in plan:
         part = source.take(limit)
@@ -359,7 +359,7 @@ def test_skip_fast_forwards_a_fresh_epoch_by_index_only():
 
 def hidden_switch_epoch(build: Recipe, slicer: EpochSlicer, *, first_workers: int, extra: int,
                         fail_in_tail: bool = False) -> Tuple[List[Any], EpochSource]:
-    """An epoch as online tuning's hidden switch serves it (NOTE [ Hidden switch ] in tuning/online.py): the first
+    """An epoch as online tuning's hidden switch serves it (NOTE [ Hidden switch ] in tuning/handover.py): the first
     candidate hands out 3 batches, is capped (its in-flight batches and ``extra`` more), the second one is started
     before the first serves its tail; ``fail_in_tail``: the first stops after one tail batch (its workers died), so
     the second is stopped unused and both give batches back, the later slice first."""
