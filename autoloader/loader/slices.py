@@ -1,10 +1,11 @@
 """Serve one epoch's batch order through a sequence of DataLoaders: the building block of online tuning.
 
 ``EpochSlicer`` holds the plain DataLoader whose epochs it serves. Each epoch, ``slicer.epoch()`` draws that epoch's
-randomness exactly as ``iter(plain)`` would and returns an ``EpochSource``; ``source.take(k)`` hands out the next
-``k`` batches as a ``BatchSlice`` (loader/batch_slice.py); a candidate DataLoader iterates it (``part.expect(config.in_flight())``, then
-``DataLoader(..., **part.sampling(), generator=part.private_generator(), in_order=True)``: ``Request.data_loader``
-builds it so), and ``part.delivered(n)`` closes it, re-issuing what the loop did not receive::
+randomness exactly as ``iter(plain)`` would and returns an ``EpochSource``; ``source.take(k)`` hands out the next ``k``
+batches as a ``BatchSlice`` (loader/batch_slice.py); a candidate DataLoader iterates it
+(``part.expect(config.in_flight())``, then ``DataLoader(..., **part.sampling(), generator=part.private_generator(),
+in_order=True)``: ``Request.data_loader`` builds it so), and ``part.delivered(n)`` closes it, re-issuing what the loop
+did not receive::
 
     plain = DataLoader(dataset, batch_size=64, shuffle=True, collate_fn=collate)
     slicer = EpochSlicer(plain)
@@ -59,7 +60,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import Any, Deque, Iterable, List, Optional, Sequence
+from typing import Any, Deque, Iterable, List, Optional
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -93,7 +94,8 @@ class EpochSource:
         self._exhausted = False
         self._open: List[BatchSlice] = []
         """Open slices, oldest first: one, or a capped one and the slice after it (a hidden switch)."""
-        self._records: List[SliceRecord] = []
+        self._closed = 0
+        """Slices closed this epoch (the next slice's number is this plus the open ones)."""
         self.position = 0
         """Batches the loop has received this epoch (from closed slices)."""
         self.drawn = 0
@@ -131,10 +133,6 @@ class EpochSource:
         while self._fresh() is not None:
             pass
 
-    @property
-    def slices(self) -> Sequence[SliceRecord]:
-        return tuple(self._records)
-
     def take(self, limit: Optional[int] = None, *, reuse: Optional[BatchSlice] = None) -> BatchSlice:
         """The next slice: at most ``limit`` batches (None: the rest of the epoch).
 
@@ -149,7 +147,7 @@ class EpochSource:
         if reuse is not None and not reuse.reusable:
             raise RuntimeError("reuse= needs a closed slice: call its delivered(n) first")
         part = reuse if reuse is not None else BatchSlice()
-        part._bind(self, len(self._records) + len(self._open), limit)
+        part._bind(self, self._closed + len(self._open), limit)
         self._open.append(part)
         return part
 
@@ -162,10 +160,10 @@ class EpochSource:
 
     def skip(self, k: int, *, drawn: Optional[int] = None) -> None:
         """Fast-forward a fresh epoch past its first ``k`` batches, as if delivered, without loading a sample: only
-        the index sampler is iterated (NOTE [ Exact resume ] in loader/resume/state.py). ``drawn``: then ask the sampler for
-        more, until it was asked that many times in all (or ran out), and keep them for the next slices: the pulls the
-        saver's DataLoader had made ahead of what it yielded, so their draws happen now."""
-        if self._open or self.position or self._records:
+        the index sampler is iterated (NOTE [ Exact resume ] in loader/resume/state.py). ``drawn``: then ask the
+        sampler for more, until it was asked that many times in all (or ran out), and keep them for the next slices:
+        the pulls the saver's DataLoader had made ahead of what it yielded, so their draws happen now."""
+        if self._open or self.position or self._closed:
             raise RuntimeError("skip() fast-forwards a fresh epoch only: call it before the first take()")
         for name, value in (("k", k), ("drawn", k if drawn is None else drawn)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -219,7 +217,7 @@ class EpochSource:
         self._reissue.extendleft(reversed(undelivered))
         self._open.remove(part)
         self.position += record.delivered
-        self._records.append(record)
+        self._closed += 1
         log.debug("slice %d: delivered %d of %d pulled, %d re-issued (epoch position %d)",
                   record.number, record.delivered, record.pulled, record.reissued, self.position)
         return record

@@ -12,7 +12,7 @@ by all threads (e.g. one ``h5py.File`` opened in ``__init__``) is not; open one 
 
 What the user sees through ``loader.dataset``: the wrapper, not their object.
 - ``isinstance(loader.dataset, TheirClass)`` is False; ``unwrap(loader.dataset)`` gives their dataset (and returns any
-  other dataset unchanged), ``threads_of(loader.dataset)`` the threads (1 when not wrapped).
+  other dataset unchanged); the threads are in its ``repr`` and in ``loader.tuning.threads``.
 - Every attribute that is not a dunder is read from, set on and deleted from their dataset (``loader.dataset.transform
   = t`` changes theirs); the wrapper has no public attribute of its own, so ``loader.dataset.dataset`` is their
   ``.dataset`` (a Subset's, say). ``len()``, ``[index]``, ``iter()`` and ``repr()`` behave as theirs (``repr`` adds

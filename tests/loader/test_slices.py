@@ -21,7 +21,7 @@ from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, Sequ
 
 from autoloader.config import LoaderConfig, in_flight
 from autoloader.request import Request
-from autoloader.loader.batch_slice import BatchSlice
+from autoloader.loader.batch_slice import BatchSlice, SliceRecord
 from autoloader.loader.slices import EpochSlicer, EpochSource
 from slice_data import CountingSampler, DieInWorker, EagerChunks, Indices, Stream
 
@@ -90,9 +90,11 @@ def plain_epochs(dataset, kwargs: Dict[str, Any], on_epoch: Callable[[int], None
     return epochs, states
 
 
-def run_slices(slicer: EpochSlicer, build: Any, plan: Sequence[Step]) -> Tuple[List[Any], EpochSource]:
-    """One epoch served by the plan's candidates (``Recipe.candidate``), the last one to the epoch's end."""
-    source, out = slicer.epoch(), []
+def run_slices(slicer: EpochSlicer, build: Any,
+               plan: Sequence[Step]) -> Tuple[List[Any], EpochSource, List[SliceRecord]]:
+    """One epoch served by the plan's candidates (``Recipe.candidate``), the last one to the epoch's end, and what
+    each slice served."""
+    source, out, records = slicer.epoch(), [], []
     for limit, workers, stop in plan:
         part = source.take(limit)
         loader = build.candidate(part, workers, 2 if workers else None)
@@ -104,9 +106,9 @@ def run_slices(slicer: EpochSlicer, build: Any, plan: Sequence[Step]) -> Tuple[L
         except StopIteration:
             pass
         del it, loader  # shuts its workers down
-        part.delivered(got)
+        records.append(part.delivered(got))
     assert source.done
-    return out, source
+    return out, source, records
 
 
 def sliced_epochs(dataset, kwargs: Dict[str, Any], plan: Sequence[Step],
@@ -118,11 +120,11 @@ def sliced_epochs(dataset, kwargs: Dict[str, Any], plan: Sequence[Step],
     epochs, states, reissued = [], [], []
     for e in range(EPOCHS):
         on_epoch(e)
-        out, source = run_slices(slicer, build, plan)
-        assert source.position == len(out) and [r.number for r in source.slices] == list(range(len(plan)))
+        out, source, records = run_slices(slicer, build, plan)
+        assert source.position == len(out) and [r.number for r in records] == list(range(len(plan)))
         epochs.append(out)
         states.append(rng_state(kwargs.get("generator")))
-        reissued.append([r.reissued for r in source.slices])
+        reissued.append([r.reissued for r in records])
     return epochs, states, reissued
 
 
@@ -237,9 +239,9 @@ def test_worker_death_reissues_undelivered_batches():
     assert record.reissued >= 1 and record.start == 0
     rest = source.take(None)
     out += [as_list(b) for b in build.candidate(rest, num_workers=0)]
-    rest.delivered(len(out) - record.delivered)
+    last = rest.delivered(len(out) - record.delivered)
     assert out == expected and source.done
-    assert [r.delivered for r in source.slices] == [record.delivered, len(expected) - record.delivered]
+    assert (record.number, last.number, last.delivered) == (0, 1, len(expected) - record.delivered)
 
 
 def test_persistent_workers_reuse_one_slice_across_slices_and_epochs():
@@ -259,7 +261,7 @@ def persistent_epochs(build: Recipe, g: torch.Generator):
     slicer = EpochSlicer(build.plain)
     try:
         for _ in range(EPOCHS):
-            source, out = slicer.epoch(), []
+            source, out, records = slicer.epoch(), [], []
             for limit, use_fast, stop in ((5, True, 2), (3, False, None), (None, True, None)):
                 if use_fast:
                     fast = source.take(limit, reuse=fast)
@@ -275,8 +277,8 @@ def persistent_epochs(build: Recipe, g: torch.Generator):
                     got += 1
                     if got == stop:
                         break
-                part.delivered(got)
-            assert source.done and source.slices[0].reissued == 3
+                records.append(part.delivered(got))
+            assert source.done and records[0].reissued == 3
             epochs.append(out)
             states.append(rng_state(g))
     finally:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from torch.utils.data._utils import signal_handling
 
-from autoloader.supervise.torch_watch import install_first, unwatch
+from autoloader.supervise.torch_watch import unwatch
 from helpers import wait_no_children
 
 ROOT = Path(__file__).resolve().parents[2]
