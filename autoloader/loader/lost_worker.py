@@ -1,23 +1,23 @@
 """A worker's death that reached the loop as the connection it broke: reported as torch reports a death.
 
 # NOTE [ A connection a dead worker broke ]
-# The main process receives a batch of tensors from a worker through a pipe, and each tensor's shared memory through
-# a second connection to that worker (``multiprocessing.resource_sharer``, or ``reduction.recvfds`` on a socket). A
-# worker killed while it hands a batch over breaks that connection, and the main process's ``next()`` raises
-# ``ConnectionResetError`` or a bare ``EOFError``. torch's iterator then asks whether a worker died
-# (``_try_get_data``: ``is_alive()``), but the kernel may not have made the killed worker a zombie yet: the
-# connection error goes to the loop unexplained, and the worker's SIGCHLD, a moment later, runs torch's handler
-# wherever the loop is then, typically inside the ``except`` that has just handled the error, which raises "DataLoader
-# worker (pid X) is killed by signal" a second time, out of code that already dealt with the failure
-# (``scripts/gpu_check.py``'s killed-while-pinning check: 3 of 48 runs; a plain DataLoader has the same race).
-# ``reported`` closes the race where autoloader hands the loop a batch (``stream_copy.load``): a connection error
-# raised inside ``multiprocessing`` (not a worker's own exception, which torch re-raises as "Caught ... in DataLoader
-# worker", nor the dataset's own in this process, raised under DataLoader's fetcher with ``num_workers=0``: a
-# network dataset's, or one reading a ``multiprocessing.Manager``, raised at once) waits up to ``DEATH_WAIT_S`` for a
-# watched worker to be seen dead, and then the loop gets torch's own report, "DataLoader worker (pid X) is killed by
-# signal: Killed.", chained to the connection error. torch's check forgets the dead worker's iterator as it raises, so
-# the late SIGCHLD finds nothing to report. No death seen in that time: the connection error goes on unchanged. It uses torch's private ``_error_if_any_worker_fails`` (there is no
-# public way), and changes nothing where it is gone.
+# The main process receives a batch of tensors from a worker through a pipe, and each tensor's shared memory through a
+# second connection to that worker (``multiprocessing.resource_sharer``, or ``reduction.recvfds`` on a socket). A worker
+# killed while it hands a batch over breaks that connection, and the main process's ``next()`` raises
+# ``ConnectionResetError`` or a bare ``EOFError``. torch's iterator then asks whether a worker died (``_try_get_data``:
+# ``is_alive()``), but the kernel may not have made the killed worker a zombie yet: the connection error goes to the
+# loop unexplained, and the worker's SIGCHLD, a moment later, runs torch's handler wherever the loop is then, typically
+# inside the ``except`` that has just handled the error, which raises "DataLoader worker (pid X) is killed by signal" a
+# second time, out of code that already dealt with the failure (``scripts/gpu_check.py``'s killed-while-pinning check; a
+# plain DataLoader has the same race). ``reported`` closes the race where autoloader hands the loop a batch
+# (``stream_copy.load``): a connection error raised inside ``multiprocessing`` (not a worker's own exception, which
+# torch re-raises as "Caught ... in DataLoader worker", nor the dataset's own in this process, raised under DataLoader's
+# fetcher with ``num_workers=0``: a network dataset's, or one reading a ``multiprocessing.Manager``, raised at once)
+# waits up to ``DEATH_WAIT_S`` for a watched worker to be seen dead, and then the loop gets torch's own report,
+# "DataLoader worker (pid X) is killed by signal: Killed.", chained to the connection error. torch's check forgets the
+# dead worker's iterator as it raises, so the late SIGCHLD finds nothing to report. No death seen in that time: the
+# connection error goes on unchanged. It uses torch's private ``_error_if_any_worker_fails`` (there is no public way),
+# and changes nothing where it is gone.
 """
 from __future__ import annotations
 

@@ -34,17 +34,16 @@ user's own), and what each worker found (``worker_pools``). The share each worke
 # the limit (``users_init``, ``rewrap``; NOTE [ What frameworks read ] in mirror.py).
 # At fork (``limited_at_fork``, around every ``iter()`` of ours that starts workers: ``epochs.epoch_iter``'s, not when
 # it reuses persistent ones, and a resumed epoch's). A worker that sets OpenBLAS's size itself pays for it: OpenBLAS's
-# fork handler shut its pool down, and setting the size starts it again, whose threads spin; 16 workers doing so on 2
-# cores slowed the parent's forks from 150 to 320-390 ms for a 16-worker start (the latency-bound benchmark's, on the
-# loop's thread). So the parent's BLAS and OpenMP pools over the limit are held at it while ``iter()`` forks (the
-# loop's thread is in ``iter()``, not in its step; another thread's BLAS call runs with fewer threads for that moment)
-# and restored after: the workers inherit the size, find nothing over the limit and set nothing, and report the size
-# the parent had as what they found (``at_fork``). Under spawn or forkserver nothing is inherited: the workers limit
-# as above.
+# fork handler shut its pool down, and setting the size starts it again, whose threads spin: many workers doing so
+# on few cores slow the parent's next forks, on the loop's thread. So the parent's BLAS and OpenMP pools over the
+# limit are held at it while ``iter()`` forks (the loop's thread is in ``iter()``, not in its step; another thread's
+# BLAS call runs with fewer threads for that moment) and restored after: the workers inherit the size, find nothing
+# over the limit and set nothing, and report the size the parent had as what they found (``at_fork``). Under spawn or
+# forkserver nothing is inherited: the workers limit as above.
 # Facts: the workers of a measured loader (trials, online candidates) append what they found and kept, one JSON line,
 # to a file of the parent's; only the first worker does (the workers of one loader are alike, and reading the
-# pools costs each 5-7 ms of CPU beside the forks): ``worker_pools`` reads it. The served loader's workers report
-# nothing.
+# pools costs each milliseconds of CPU beside the forks): ``worker_pools`` reads it. The served loader's workers
+# report nothing.
 """
 from __future__ import annotations
 

@@ -2,21 +2,21 @@
 between batches (inside a guard, NOTE [ Asynchronous exceptions ] in signals.py has the rules).
 
 torch's SIGCHLD handler raises "DataLoader worker (pid X) is killed by signal" at whatever bytecode the main thread
-runs. Raised inside ``Condition.__enter__`` under ``Queue.put`` (the indices an iterator's start sends its workers),
-it left that queue's lock held, and the iterator's shutdown then waited for the lock forever: a loader whose dataset
-crashes its workers hung in 4 of 80 runs, after printing its ``RuntimeError`` (0 of 150 since). ``watch_deaths`` wraps
-torch's handler once per process (``deferring``): where its exception would land in code that may hold a lock outside
-the ``try``/``with`` that releases it (``unsafe.unsafe_to_raise``), it is kept (``Deferred``) and raised at the first
-line run where neither that frame nor any caller is unsafe (a ``redelivery.LineTrap``, as a guard does). Under a
-tracer of someone else's (a debugger, coverage) no trap can be set and the death is dropped instead: torch's iterator
-finds its dead workers itself within ``MP_STATUS_CHECK_INTERVAL`` (5 s) and raises "exited unexpectedly". Nothing else
-is kept for later: torch reports a death once (its check forgets the iterator's workers as it raises). Nor is a death
-that lands inside a finalizer (``unsafe.in_finalizer``: a ``__del__`` in the chain), where Python would drop the
-exception anyway: an iterator whose loop already raised the dead worker's broken connection shuts down in its
-``__del__``, its other worker's exit runs torch's check there, and torch's raise is "Exception ignored"; kept, it came
-out of the user's code after their ``except`` (``scripts/gpu_check.py``'s killed-while-pinning check, 4 of 12 runs).
-It is dropped unraised, which also keeps the lock free. Ctrl-C outside a guard stays the user's and torch's: no
-handler of ours is installed for it.
+runs. Raised inside ``Condition.__enter__`` under ``Queue.put`` (the indices an iterator's start sends its workers), it
+left that queue's lock held, and the iterator's shutdown then waited for the lock forever: a loader whose dataset
+crashes its workers could hang after printing its ``RuntimeError`` (tests/benchmarks/results/stress.md).
+``watch_deaths`` wraps torch's handler once per process (``deferring``): where its exception would land in code that may
+hold a lock outside the ``try``/``with`` that releases it (``unsafe.unsafe_to_raise``), it is kept (``Deferred``) and
+raised at the first line run where neither that frame nor any caller is unsafe (a ``redelivery.LineTrap``, as a guard
+does). Under a tracer of someone else's (a debugger, coverage) no trap can be set and the death is dropped instead:
+torch's iterator finds its dead workers itself within ``MP_STATUS_CHECK_INTERVAL`` (5 s) and raises "exited
+unexpectedly". Nothing else is kept for later: torch reports a death once (its check forgets the iterator's workers as
+it raises). Nor is a death that lands inside a finalizer (``unsafe.in_finalizer``: a ``__del__`` in the chain), where
+Python would drop the exception anyway: an iterator whose loop already raised the dead worker's broken connection shuts
+down in its ``__del__``, its other worker's exit runs torch's check there, and torch's raise is "Exception ignored";
+kept, it came out of the user's code after their ``except`` (``scripts/gpu_check.py``'s killed-while-pinning check). It
+is dropped unraised, which also keeps the lock free. Ctrl-C outside a guard stays the user's and torch's: no handler of
+ours is installed for it.
 """
 from __future__ import annotations
 

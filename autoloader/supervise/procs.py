@@ -7,29 +7,29 @@
 #    through its frames (``traceback.clear_frames``), then ``gc.collect()`` when one survived. The iterator's
 #    ``__del__`` runs the DataLoader's own shutdown: it sets the workers' done event, sends each a stop, joins them
 #    and closes its queues. This is the public way.
-# 2. When the trial failed (a worker died, the limit passed, the dataset or the step raised, Ctrl-C), the shutdown
-#    must run now, and it would wait up to 5 s for each stuck worker in turn (Ctrl-C while 36 of 64 workers were still
-#    starting took 6.5 s). So ``drop_failed`` drops our references as in 1. and, when something else still holds the
+# 2. When the trial failed (a worker died, the limit passed, the dataset or the step raised, Ctrl-C), the shutdown must
+#    run now, and it would wait up to 5 s for each stuck worker in turn (a Ctrl-C while many workers are still starting
+#    would take seconds). So ``drop_failed`` drops our references as in 1. and, when something else still holds the
 #    iterator (a frame of the traceback being handled), calls its ``_shutdown_workers`` itself (torch has no public
 #    close); a helper thread beside it ``terminate()``s the workers still running ``KILL_AFTER_S`` later: SIGTERM (a
-#    DataLoader worker then exits at once, torch's worker signal handler), then SIGKILL for one that ignores it.
-#    Never before the shutdown began: a worker checks the done event under the event's lock, which is shared with
-#    this process, and one killed while holding it leaves ``Event.set()`` in the shutdown blocked forever (the stress
-#    run of 2026-12-04 hung so, 1 Ctrl-C in 240, when the workers were terminated first). Workers no shutdown reaches
+#    DataLoader worker then exits at once, torch's worker signal handler), then SIGKILL for one that ignores it. Never
+#    before the shutdown began: a worker checks the done event under the event's lock, which is shared with this
+#    process, and one killed while holding it leaves ``Event.set()`` in the shutdown blocked forever (the stress test
+#    hung so when the workers were terminated first: tests/benchmarks/results/stress.md). Workers no shutdown reaches
 #    (Ctrl-C while ``iter()`` was forking them: the half-built iterator's ``__del__`` fails) are terminated as soon as
-#    it returned: nothing will use their event again (waiting for them instead took 5 s in 35 of 80 stress Ctrl-Cs).
+#    it returned: nothing will use their event again (waiting for them instead costs torch's 5 s join).
 # 3. ``reap()`` then checks, with psutil, the processes that appeared during the trial. Any still running after a
 #    grace period (a worker stuck in uninterruptible user code) gets SIGTERM, then SIGKILL.
 # 4. An online candidate stopped in order is shut down in a helper thread (``retire``): the next one starts
 #    meanwhile. torch's SIGCHLD handler raises "DataLoader worker (pid X) is killed" in the main thread, wherever it
 #    is, for any worker of an iterator whose shutdown has not ended; a retired worker dying then (a dataset that
 #    kills itself, the OOM killer) raised in the next stage's setup or in the user's own loop, outside any guard,
-#    and a raise inside a lock hangs (1 stress run of 40 hung, 1 of 90 raised). The candidate's outcome is decided,
+#    and a raise inside a lock hangs (both seen in the stress test, stress.md). The candidate's outcome is decided,
 #    so its workers are first taken out of what that handler watches, as the iterator's own shutdown does at its
 #    end (``torch_watch.unwatch``); the helper thread still joins and reaps them. A candidate without workers (an
 #    online probe) has nothing to shut down: its references are dropped at once, with no thread and no collection
-#    (starting that thread beside 16 workers just forked, and its ``gc.collect()`` holding the GIL, cost the loop
-#    85 ms at a latency-bound epoch's first switch).
+#    (starting that thread beside workers just forked, and its ``gc.collect()`` holding the GIL, delays the loop's
+#    next batches at an epoch's first switch).
 # 5. At interpreter exit (an epoch's iterator the loop left, finalized as the modules are torn down) nothing is
 #    stopped: ``exiting()``. multiprocessing's exit handler, which runs before, terminated and joined every daemonic
 #    process (DataLoader workers are), torch's iterators shut down nothing then either, and no thread can start: one
@@ -213,7 +213,7 @@ def retire(references: List[Any], workers: List[psutil.Process]) -> threading.Th
         torch_watch.unwatch(references[0])
 
     def run() -> None:
-        drop(references, collect=True)  # as before: the stress runs that skipped it failed 3 in 120 (stress.md)
+        drop(references, collect=True)  # as before: the stress runs that skipped it failed (stress.md)
         reap(workers)
 
     thread = threading.Thread(target=run, name="autoloader-retire", daemon=True)
@@ -222,9 +222,10 @@ def retire(references: List[Any], workers: List[psutil.Process]) -> threading.Th
 
 
 MEMORY_SAMPLE = 8
-"""Workers whose memory one reading reads, spread over the pool (the first always among them): each read costs 2-20 ms
-of the loop's thread (``/proc/PID/smaps_rollup``), and 64 workers' read at a candidate's first batch and again at its
-window's end had cost an emulated 64-core epoch about 0.3 s; the others are taken to be as large as those read."""
+"""Workers whose memory one reading reads, spread over the pool (the first always among them): each read costs
+milliseconds of the loop's thread (``/proc/PID/smaps_rollup``), twice per candidate (its first batch, its window's
+end), so a large pool's reading every worker would cost an epoch a visible share; the others are taken to be as large
+as those read."""
 
 
 @dataclass(frozen=True)

@@ -14,17 +14,16 @@
 #   multiprocessing), or where Python swallows exceptions ("Exception ignored in ...": a ``__del__``, a callback that
 #   ``os.fork()`` runs, such as logging's lock release, where a Ctrl-C while workers were forked was lost), a
 #   handler's exception is kept, not raised, and a 10 ms timer (SIGALRM) retries until the thread is somewhere safe.
-#   A loop that forks workers spends nearly all its time in such code, so the retries seldom land (a Ctrl-C while 64
-#   workers started waited 0.4-1 s): while one is kept, a line tracer (``redelivery.LineTrap``) on the interrupted
-#   frames and every frame they call raises it at the first line that runs where neither its frame nor any caller is
-#   unsafe (``unsafe.unsafe_anywhere``), such as the DataLoader's loop between two forks. It is installed only when no
-#   other tracer is (a debugger, coverage), since raising from a tracer unsets it; then the timer alone retries.
-#   A handler's own code is unsafe too: the retry timer firing while the SIGINT handler still runs (a 10 ms timer on
-#   a loaded machine) raised the Ctrl-C inside that handler, hence in the fork callback it interrupted, where it was
-#   dropped (1 Ctrl-C of 80 lost in a stress run; tuning went on for 8 s). As a last net, while a guard is active
-#   ``sys.unraisablehook`` takes back a Ctrl-C (or what the guard raised) that Python is about to drop wherever
-#   ``unsafe_to_raise`` did not foresee it (a weak reference's callback, a generator closed by the collector) and keeps
-#   it again.
+#   A loop that forks workers spends nearly all its time in such code, so the retries seldom land until the workers have
+#   started: while one is kept, a line tracer (``redelivery.LineTrap``) on the interrupted frames and every frame they
+#   call raises it at the first line that runs where neither its frame nor any caller is unsafe
+#   (``unsafe.unsafe_anywhere``), such as the DataLoader's loop between two forks. It is installed only when no other
+#   tracer is (a debugger, coverage), since raising from a tracer unsets it; then the timer alone retries.
+#   A handler's own code is unsafe too: the retry timer firing while the SIGINT handler still runs (a 10 ms timer on a
+#   loaded machine) raised the Ctrl-C inside that handler, hence in the fork callback it interrupted, where it was
+#   dropped and tuning went on (stress.md). As a last net, while a guard is active ``sys.unraisablehook`` takes back a
+#   Ctrl-C (or what the guard raised) that Python is about to drop wherever ``unsafe_to_raise`` did not foresee it (a
+#   weak reference's callback, a generator closed by the collector) and keeps it again.
 #   Blocking reads are safe places and raise at once: multiprocessing.connection and selectors (the pipe under
 #   ``Queue.get``, inside its try/finally), and a ``Condition.wait`` called by ``queue.Queue.get`` once its try block
 #   is entered (the pin-memory results), which releases what it holds on the way out.
@@ -42,20 +41,20 @@
 # there. We make it install first (``torch_watch.install_first``, a private torch function) so that our wrapper
 # sits above it. Outside any guard (an epoch served with no tuning under way) only SIGCHLD is covered, by
 # ``supervise/deaths.py``: torch's handler wrapped once, a death landing in unsafe code kept and raised by a
-# ``LineTrap`` at the first safe line (a loader whose dataset crashed its workers hung in 4 of 80 runs before, 0 of
-# 150 since).
+# ``LineTrap`` at the first safe line (without it, a loader whose dataset crashes its workers could hang:
+# tests/benchmarks/results/stress.md).
 # Guards nest and may exit out of order. The guard entered last (of those still active in this process) delivers:
 # the others' wrappers, and an exited guard's wherever it is still installed, call what they wrapped unchanged, and
 # the timer is its own until it exits, then the one before's again. A guard entered inside another takes over what
 # that one kept (unless it is shielded): the outer one's retries stop while the inner one owns the timer. Online
 # tuning relies on this (NOTE [ Online epoch scheduler ] in tuning/phases.py): a guard spans the epoch and holds a
 # worker's death between two stages, where the next stage's workers already run (a hidden switch starts them early)
-# and no run's guard is active; the next stage's guard takes it and raises it as that candidate's failure. Before, one
-# such death in 40 online stress runs reached torch's handler unwrapped: raised in the scheduler, once hung.
+# and no run's guard is active; the next stage's guard takes it and raises it as that candidate's failure (without
+# it, such a death reaches torch's handler unwrapped: raised in the scheduler, or hung).
 # Tuning by trials runs under one guard as well, each trial's nested in it: between two trials (the search, the next
 # DataLoader's set-up, a finaliser the collector runs) a Ctrl-C is kept where it is unsafe and taken back where Python
-# drops it, as within a trial. (A Ctrl-C was lost once in 40 stress runs, cause not proven: no guard was active
-# between trials, and one landing in a finaliser there is printed as "Exception ignored" and dropped.)
+# drops it, as within a trial (without a guard there, a Ctrl-C landing in a finaliser between trials is printed as
+# "Exception ignored" and dropped).
 # Which loader a death belongs to is not known to a guard (torch's handler watches every worker of the process), so
 # with two loaders tuning at once (``zip(train, val)``) the guard entered last may report the other one's.
 # When SIGALRM is not ours to use (not the main thread, or the user's own handler is installed) nothing is wrapped:
