@@ -11,7 +11,7 @@ from .._text import UNKNOWN, grid, mib, rate, when
 from ..config import RECORDED, LoaderConfig, check_knobs
 from ..probe._pools import NativePool, limit_held
 from .trial_result import TrialResult, trial_row
-from .tune_words import bottleneck_words, disk_words, limit_words
+from .tune_words import bottleneck_words, disk_words, limit_words, load_words
 
 Bottleneck = Literal["consumer", "consumer-cpu", "cpu", "io", "ipc", "memory", "oversubscription"]
 Source = Literal["tuned", "online", "cache", "fallback", "pending"]
@@ -260,7 +260,7 @@ def format_tune_result(result: TuneResult) -> str:
     if result.reason and result.source not in ("fallback", "pending") and not (result.source == "online"
                                                                                  and not result.trials):
         lines.append(f"  why: {result.reason}")
-    for words in (_budget_words(result), native_words(result)):
+    for words in (_budget_words(result), native_words(result), load_words([t.other_cpus for t in result.trials])):
         if words is not None:
             lines.append(f"  {words}")
     if not result.trials:

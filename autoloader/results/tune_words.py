@@ -3,7 +3,7 @@ bottleneck, the disk's ceiling against the rate reached, and the native thread p
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 from .._text import rate
 from ..probe._pools import NativePool
@@ -19,6 +19,9 @@ BOTTLENECK_WORDS = {
     "oversubscription": "oversubscription: the workers' native thread pools (BLAS, OpenMP) together ran more threads "
                         "than there are CPUs, so workers lost to loading in the main process",
 }
+OTHER_LOAD_FLOOR = 0.5
+"""Other processes keeping at least this many CPUs busy while candidates were measured are named in a tuning's text
+(``load_words``); less is daemons, and what a window cannot tell apart from them (a previous pool's workers exiting)."""
 DISK_LIMITED = 0.8
 """A rate within this share of the disk's ceiling (or above it) is limited by the storage, not the configuration."""
 
@@ -56,3 +59,14 @@ def disk_words(ceiling: Optional[float], per_sample: Optional[float], reached: O
     if reached >= DISK_LIMITED * ceiling:
         return text + ": the storage, not the configuration, is the limit"
     return text + f" ({100 * reached / ceiling:.0f}% of it reached)"
+
+
+def load_words(other_cpus: Sequence[Optional[float]]) -> Optional[str]:
+    """The machine's other load while the candidates were measured (each one's ``TrialResult.other_cpus``), when it
+    reached ``OTHER_LOAD_FLOOR`` of a CPU on average: the figures are a busy machine's, and a later run may decide
+    otherwise. None otherwise, or when not measured."""
+    known = [c for c in other_cpus if c is not None]
+    if not known or sum(known) / len(known) < OTHER_LOAD_FLOOR:
+        return None
+    return (f"the machine's other processes kept {sum(known) / len(known):.1f} CPUs busy on average while the "
+            f"candidates were measured: figures of a busy machine (refresh=True tunes again)")

@@ -11,8 +11,8 @@ from typing import Optional
 
 from ..results import TrialResult
 
-__all__ = ["DEFAULT_TOLERANCE", "FORK_S", "HEADROOM", "OTHER_CPU_FLOOR", "STEP_CPU_FLOOR", "busy_cpus", "cpu_saturated",
-           "fill_count", "step_cpus"]
+__all__ = ["DEFAULT_TOLERANCE", "FORK_S", "HEADROOM", "STEP_CPU_FLOOR", "busy_cpus", "cpu_saturated", "fill_count",
+           "step_cpus"]
 
 DEFAULT_TOLERANCE = 0.05
 """Rates within this share of each other are alike: the fewest workers among them are chosen."""
@@ -27,9 +27,6 @@ gigabytes."""
 STEP_CPU_FLOOR = 0.25
 """A step keeping less of a CPU busy than this is not counted against the workers' CPUs: a GPU step's host work, a
 sleep, the loop's own bookkeeping."""
-OTHER_CPU_FLOOR = 0.5
-"""Other processes keeping less than this of the CPUs busy are not counted against the workers' CPUs: daemons, and
-what the window cannot tell apart from them (a previous pool's workers exiting)."""
 
 
 def step_cpus(trial: Optional[TrialResult], *, usable_cpus: int) -> float:
@@ -45,11 +42,10 @@ def step_cpus(trial: Optional[TrialResult], *, usable_cpus: int) -> float:
 
 def busy_cpus(trial: Optional[TrialResult], *, usable_cpus: int) -> float:
     """The CPUs the workers cannot have, as ``trial`` measured them: those the training step keeps busy while it runs
-    (``step_cpus``) and those other processes kept busy (``TrialResult.other_cpus``: the machine's other load, counted
-    from ``OTHER_CPU_FLOOR``), at most the usable CPUs."""
-    other = trial.other_cpus if trial is not None and trial.other_cpus is not None else 0.0
-    return min(float(usable_cpus), step_cpus(trial, usable_cpus=usable_cpus) +
-               (other if other >= OTHER_CPU_FLOOR else 0.0))
+    (``step_cpus``), at most the usable CPUs. The machine's other load (``TrialResult.other_cpus``) is not among them:
+    its processes share the CPUs with the workers at equal weight, so more workers take a larger share of them, not
+    none (counted as taken, waiting-bound samples chose no workers on a machine kept busy by another job)."""
+    return min(float(usable_cpus), step_cpus(trial, usable_cpus=usable_cpus))
 
 
 def cpu_saturated(trial: TrialResult, *, usable_cpus: int, level: float = 0.85) -> bool:

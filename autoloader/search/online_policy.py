@@ -11,9 +11,8 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 #    CPUs, the serial batches a late start serves against the forks an early one wastes if the step wants fewer;
 #    when it is the cap, a guess, those batches must pay the forks twice), the prior's workers start, inside that
 #    first batch, while the main process finishes it and serves a short tail. The prior (``prior_workers``) is the
-#    count that fills the CPUs the step leaves (the usable CPUs less those the step keeps busy while it runs, and those
-#    other processes keep busy, ``capacity.busy_cpus``: a step on the CPU runs torch's intra-op pool on the same cores
-#    as the workers) at the
+#    count that fills the CPUs the step leaves (the usable CPUs less those the step keeps busy while it runs,
+#    ``capacity.busy_cpus``: a step on the CPU runs torch's intra-op pool on the same cores as the workers) at the
 #    CPU share the samples showed (the cores rule for CPU-bound loading beside a step that leaves the CPUs free,
 #    several times it for loading that waits), and, once the step is known, no more than meet it (Little's law: a
 #    worker makes a batch per ``fetch_s``, the loop eats one per ``consumer_s``). Serial serving goes on only while
@@ -30,8 +29,7 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 #    over; a step on the CPU). A candidate the loop waited for whose rate is below its workers times one worker's
 #    rate, beyond the tolerance, is past that knee: the search goes down to the knee (``knee``: the best rate measured
 #    over one worker's, with twice the tolerance of headroom), and between it and the best while a jump down falls
-#    short. One beside a step on the CPU (or other load) that keeps every CPU busy goes down to the count that fills
-#    what they leave. Otherwise, with CPUs to spare, it is scaled up to what meets the step or fills the CPUs, in one move; one
+#    short. One beside a step on the CPU that keeps every CPU busy goes down to the count that fills what it leaves. Otherwise, with CPUs to spare, it is scaled up to what meets the step or fills the CPUs, in one move; one
 #    that keeps up is cut to the fewest Little's law says still keep up. A window the loop never waited in
 #    (``TrialResult.drained`` False) measured the loop's pace while the prefetched batches lasted, not the workers':
 #    when the workers are only a little slower than the loop their queue drains over hundreds of batches, far past
@@ -61,10 +59,11 @@ from ..results import TrialResult
 from .capacity import DEFAULT_TOLERANCE, FORK_S, HEADROOM, cpu_saturated, fill_count
 from .threads_policy import rate
 
-__all__ = ["BISECT_RATIO", "EARLY_BATCHES", "HANDOVER_S", "IN_FLIGHT_SHARE", "Jump", "KEEPS_UP_STALL", "MAX_JUMPS",
+__all__ = ["BISECT_RATIO", "EARLY_BATCHES", "EARLY_MIN_FETCH_S", "HANDOVER_S", "IN_FLIGHT_SHARE", "Jump", "KEEPS_UP_STALL", "MAX_JUMPS",
            "SERIAL_CHECK", "SERIAL_MARGIN", "cpu_share", "fills_cpus", "jump", "keeps_up", "knee", "measurable_cap",
            "prior_gain", "prior_workers",
-           "serial_competitive", "serial_estimate", "serial_in_doubt", "starts_early", "sustained", "untimed_cap"]
+           "serial_competitive", "serial_estimate", "serial_in_doubt", "starts_early", "steal_s", "sustained",
+           "untimed_cap"]
 
 HANDOVER_S = 0.5e-3
 """What the main process pays to receive one batch from a worker (unpickling, mapping its shared memory), before any
@@ -89,11 +88,24 @@ BISECT_RATIO = 1.25
 
 
 def serial_competitive(*, fetch_s: float, consumer_s: float, handover_s: float = HANDOVER_S,
-                       margin: float = SERIAL_MARGIN) -> bool:
+                       margin: float = SERIAL_MARGIN, taken_s: float = 0.0, cpu_floor_s: float = 0.0) -> bool:
     """Whether serving without workers is within ``margin`` of the best workers could do: they hide the loading
-    (``fetch_s`` per batch) but the loop still runs its step (``consumer_s``) and receives each batch (``handover_s``).
-    Pure."""
-    return fetch_s + consumer_s <= (1.0 + margin) * (consumer_s + handover_s)
+    (``fetch_s`` per batch) but the loop still runs its step (``consumer_s``) and receives each batch
+    (``handover_s``), slowed by the loading CPU they take from a step on the CPU (``taken_s``, ``steal_s``), and no
+    pool makes a batch in less than its loading CPU over the CPUs (``cpu_floor_s``). Pure."""
+    return fetch_s + consumer_s <= (1.0 + margin) * max(consumer_s + max(handover_s, taken_s), cpu_floor_s)
+
+
+def steal_s(*, fetch_cpu_s: float, consumer_s: float, busy_cpus: float, usable_cpus: int) -> float:
+    """What a batch's workers cost a step on the CPU: the loading CPU seconds that do not fit in the CPUs the step
+    (``busy_cpus``) leaves while it runs, weighed by the share of the CPUs the step holds (an intra-op pool
+    waiting on the core a worker took loses about all of that time: beside a CNN keeping 1.9 of 2 CPUs busy for 50 ms,
+    10 ms of decoding finds 5 ms free and costs the step about 5 ms; 2 workers made that epoch 10x slower). 0 beside a
+    step that keeps no CPU busy (a GPU's). Pure."""
+    if busy_cpus <= 0 or usable_cpus <= 0:
+        return 0.0
+    free = max(0.0, usable_cpus - busy_cpus)
+    return max(0.0, fetch_cpu_s - free * consumer_s) * min(1.0, busy_cpus / usable_cpus)
 
 
 def cpu_share(*, fetch_s: float, fetch_cpu_s: float, fetch_delay_s: Optional[float] = None) -> float:
@@ -107,15 +119,19 @@ def prior_workers(*, fetch_s: float, fetch_cpu_s: float, consumer_s: Optional[fl
                   cap: int, fetch_delay_s: Optional[float] = None, busy_cpus: float = 0.0) -> int:
     """The workers an epoch starts with, from the first batch's cost (``fetch_s`` wall, ``fetch_cpu_s`` CPU and
     ``fetch_delay_s`` run-queue seconds per batch in the main process) and the step's (``consumer_s``; None while no
-    step was timed; ``busy_cpus``: the CPUs it and other processes keep busy, ``capacity.busy_cpus``): 0 when serial
-    serving is competitive (``serial_competitive``); else the count that fills the CPUs they leave at the loading's
+    step was timed; ``busy_cpus``: the CPUs it keeps busy, ``capacity.busy_cpus``): 0 when serial
+    serving is competitive (``serial_competitive``, counting the loading CPU workers would take from the step,
+    ``steal_s``); else the count that fills the CPUs they leave at the loading's
     ``cpu_share`` (``capacity.fill_count``: the cores rule when loading is CPU-bound beside a step that leaves the
     CPUs free, fewer beside a step on the CPU, more when loading waits, at most ``max(8, 2 x CPUs)`` before the step is
     timed) and, once the step is known, no more than meet it with ``HEADROOM`` (Little's law: 68 ms batches beside a
     5 ms step need 15). Never above ``cap``. Pure."""
     if cap < 1 or fetch_s <= 0:
         return 0
-    if consumer_s is not None and serial_competitive(fetch_s=fetch_s, consumer_s=consumer_s):
+    if consumer_s is not None and serial_competitive(
+            fetch_s=fetch_s, consumer_s=consumer_s,
+            taken_s=steal_s(fetch_cpu_s=fetch_cpu_s, consumer_s=consumer_s, busy_cpus=busy_cpus,
+                            usable_cpus=usable_cpus), cpu_floor_s=fetch_cpu_s / max(1, usable_cpus)):
         return 0
     share = cpu_share(fetch_s=fetch_s, fetch_cpu_s=fetch_cpu_s, fetch_delay_s=fetch_delay_s)
     meets = math.ceil(HEADROOM * fetch_s / consumer_s - 1e-9) if consumer_s else untimed_cap(usable_cpus)
@@ -156,6 +172,12 @@ def fills_cpus(*, fetch_s: float, fetch_cpu_s: float, usable_cpus: int, fetch_de
     return fill_count(usable_cpus=usable_cpus, share=share) <= untimed_cap(usable_cpus)
 
 
+EARLY_MIN_FETCH_S = 0.05
+"""A batch that loads faster than this never starts the prior's workers before the step is timed: its serial batches
+save little, and workers started early run beside the step the probe times (a step on the CPU, slowed by them, then
+reads slow, and the CPUs it keeps busy unknown)."""
+
+
 def starts_early(*, fetch_s: float, workers: int, fills: bool, fork_s: float = FORK_S) -> bool:
     """Whether the prior's ``workers`` start before the first batch is served, on an estimate of its cost
     (``fetch_s``, from its first samples; NOTE [ Online convergence ], 1.). When the prior fills the CPUs
@@ -163,8 +185,8 @@ def starts_early(*, fetch_s: float, workers: int, fills: bool, fork_s: float = F
     ``EARLY_BATCHES`` serial batches (its workers fork either way); if it wants fewer, starting early lost forking
     ``workers`` less those batches; the choice of least regret is early when ``2 x EARLY_BATCHES x fetch_s >= workers
     x fork_s``. Otherwise the prior is the cap, a guess the step may move either way: early only when those batches
-    pay for forking the workers twice (now, and again for another count). Pure."""
-    if workers < 1:
+    pay for forking the workers twice (now, and again for another count). Never below ``EARLY_MIN_FETCH_S``. Pure."""
+    if workers < 1 or fetch_s < EARLY_MIN_FETCH_S:
         return False
     if fills:
         return 2 * EARLY_BATCHES * fetch_s >= workers * fork_s
@@ -274,15 +296,15 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
          batch_size: int, usable_cpus: int, cap: int, tolerance: float = DEFAULT_TOLERANCE,
          busy_cpus: float = 0.0) -> Optional[Jump]:
     """Where the search goes after the worker counts ``trials`` measured (oldest first; ``serial``: the first
-    batches' costs in the main process, its probe; None when none was timed; ``busy_cpus``: the CPUs the step and
-    other processes keep busy, ``capacity.busy_cpus``), or None to decide now (NOTE [ Online convergence ], 3.):
+    batches' costs in the main process, its probe; None when none was timed; ``busy_cpus``: the CPUs the step keeps
+    busy, ``capacity.busy_cpus``), or None to decide now (NOTE [ Online convergence ], 3.):
     - the last measured below the best beyond ``tolerance``: after a jump up, None (a roll-back: the selection keeps
       the best); after a jump down, the (geometric) middle between it and the best, while they are more than a
       quarter apart;
     - the loop waited for it: past the knee of the measured curve (``knee``: its rate under one worker's rate times
       its workers beyond ``tolerance``), down to the knee, unless fewer workers measured within ``tolerance`` of the
-      best already; beside a step on the CPU (or other load) that it keeps waiting for CPUs (saturated), down to the
-      count that fills the CPUs they leave; otherwise, with CPUs to spare, up to the
+      best already; beside a step on the CPU that it keeps waiting for CPUs (saturated), down to the count that fills
+      the CPUs it leaves; otherwise, with CPUs to spare, up to the
       count that meets the step with ``HEADROOM`` or fills the CPUs at the measured use per worker, when that is more
       than ``tolerance`` above it (and a jump up that gained less than half the ``tolerance`` over fewer workers stops
       the climb, as does a count above it that made as much; one above that made less sends it halfway there);
@@ -309,8 +331,8 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
         if busy_cpus and cpu_saturated(last, usable_cpus=usable_cpus) and last.worker_cpu_util:
             beside = fill_count(usable_cpus=max(0.0, usable_cpus - busy_cpus), share=last.worker_cpu_util)
             if beside < (1.0 - tolerance) * n and beside not in measured:
-                return Jump(beside, f"the step and other work keep {busy_cpus:.1f} of {usable_cpus} CPUs busy and {n} "
-                                    f"workers take the rest and more: {beside} fill what they leave")
+                return Jump(beside, f"the step keeps {busy_cpus:.1f} of {usable_cpus} CPUs busy and {n} workers take "
+                                    f"the rest and more: {beside} fill what it leaves")
         if cpu_saturated(last, usable_cpus=usable_cpus) or not consumer_s:
             return None
         if fewer and rate(last) <= (1.0 + tolerance / 2) * max(rate(t) for t in fewer):

@@ -111,7 +111,7 @@ def first_count(serial: Optional[TrialResult], *, consumer_samples_per_s: Option
                 usable_cpus: int, cap: int, tolerance: float = DEFAULT_TOLERANCE) -> int:
     """The first worker count to measure after the serial candidate: none (0) when serial loading already keeps up
     with the consumer within ``tolerance``, else ``predict_from_serial`` (beside the CPUs the step keeps busy, as the
-    serial candidate measured them, and other processes': ``capacity.busy_cpus``); without a serial rate (it failed),
+    serial candidate measured them: ``capacity.busy_cpus``); without a serial rate (it failed),
     the usable CPUs, at
     most ``cap``."""
     if serial is None:
@@ -129,7 +129,7 @@ def predict_from_serial(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float
 
     A worker makes one batch per ``fetch_s`` seconds and keeps a CPU busy ``fetch_cpu_s / fetch_s`` of the time.
     Loading meets the consumer at ``fetch_s / consumer_s`` workers (with headroom) and fills the CPUs the step leaves
-    and other processes (``busy_cpus`` of the usable ones busy) at ``capacity.fill_count`` of them; the first trial is the
+    (``busy_cpus`` of the usable ones busy) at ``capacity.fill_count`` of them; the first trial is the
     smaller of the two, and at most ``FIRST_STEP_WORKERS`` (or twice the CPUs) so a large jump is only taken once
     per-worker costs are measured.
     """
@@ -144,7 +144,7 @@ def predict_from_serial(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float
 def workers_needed(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float, usable_cpus: int,
                    busy_cpus: float = 0.0) -> float:
     """Single-threaded workers (batches in flight) that meet the consumer with ``HEADROOM`` or fill the CPUs the step
-    and other processes leave (``busy_cpus`` of the usable ones busy), whichever is fewer, from the serial trial
+    leaves (``busy_cpus`` of the usable ones busy), whichever is fewer, from the serial trial
     (``predict_from_serial``; threads-first sizes its first candidate by it too); 1 when nothing was measured."""
     if fetch_s <= 0:
         return 1.0

@@ -7,6 +7,7 @@ import pytest
 
 from autoloader.probe._pools import NativePool
 from autoloader.results import BOTTLENECKS
+from autoloader.results import tune_words
 from autoloader.results.tune_words import BOTTLENECK_WORDS, DISK_LIMITED, bottleneck_words, disk_words, limit_words
 
 
@@ -43,3 +44,12 @@ def test_limit_words_claim_a_limit_only_when_seen_held():
     assert "not seen applied" in not_seen and "threadpoolctl" in not_seen and '"2?"' in not_seen
     kept_more = limit_words(2, pools, False)
     assert "not applied: a pool above kept more threads" in kept_more and "limited to" not in kept_more
+
+
+@pytest.mark.parametrize("other, named", [([0.1, 0.2], False), ([1.9, 2.3], True), ([None], False), ([], False),
+                                          ([0.6, None], True)])
+def test_the_machines_other_load_is_named_when_it_was_heavy(other, named):
+    words = tune_words.load_words(other)
+    assert (words is not None) == named
+    if named:
+        assert "CPUs busy" in words and "refresh=True" in words

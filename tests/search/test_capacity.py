@@ -31,10 +31,10 @@ def test_cpu_saturated(trial_, usable, level, expected, why):
     (0.2, 0.38, None, 2, 1.9, 1.9, "a CNN trained on the CPU: 1.9 of 2 CPUs"),
     (0.2, 0.6, None, 2, 2.0, 2.0, "at most the usable CPUs"),
     (0.02, 0.002, None, 2, 0.0, 0.0, "a GPU step's host work: a tenth of a CPU, not counted"),
-    (0.02, 0.002, 0.8, 2, 0.0, 0.8, "another job keeping 0.8 of a CPU busy"),
-    (0.2, 0.2, 1.5, 2, 1.0, 2.0, "the step and other load together: at most the CPUs"),
+    (0.02, 0.002, 0.8, 2, 0.0, 0.0, "another job keeping 0.8 of a CPU busy: shared at equal weight, not taken"),
+    (0.2, 0.2, 1.5, 2, 1.0, 1.0, "the step's CPU only"),
     (None, None, 0.1, 2, 0.0, 0.0, "nothing timed, a daemon's tenth: nothing counted"),
-    (None, None, 0.4, 2, 0.0, 0.0, "less than half a CPU of other load: not counted"),
+
 ])
 def test_the_cpus_the_step_and_other_processes_keep_busy(step_s, step_cpu_s, other, usable, step, busy, why):
     trial_ = TrialResult(config=LoaderConfig(0), samples_per_s=100.0, consumer_s_per_batch=step_s,

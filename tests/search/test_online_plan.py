@@ -162,7 +162,7 @@ def test_a_step_on_the_cpu_is_counted_against_the_workers_cpus(step_cpus, conten
     host = Host(fetch_s=0.06, cpu=1.0, step_s=0.2, cpus=2, batch=32, step_cpus=step_cpus, contention=contention,
                 warm_up=True)
     asked, result = drive(host)
-    assert asked[:2] == [0, 1], asked
+    assert asked[:2] == [0, 0 if step_cpus > 1.5 else 1], "beside a step holding the CPUs, no worker is worth trying"
     assert asked.count(0) >= 2, "serial serving measured, not only probed"
     assert result.config.num_workers == expected, [(t.config.num_workers, t.samples_per_s) for t in result.trials]
 

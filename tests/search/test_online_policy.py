@@ -31,6 +31,22 @@ def test_the_prior(fetch_s, cpu_s, delay_s, step_s, cpus, cap, expected, why):
                             usable_cpus=cpus, cap=cap) == expected, why
 
 
+@pytest.mark.parametrize("fetch_s, cpu_s, step_s, busy, cpus, expected, why", [
+    (0.01, 0.01, 0.05, 1.9, 2, 0, "a torch step keeping 1.9 of 2 CPUs busy: 10 ms of decoding, 5 ms taken from it"),
+    (0.01, 0.01, 0.05, 0.0, 2, 1, "the same beside a GPU step (the CPUs free): a worker hides the decoding"),
+    (0.06, 0.06, 0.2, 1.9, 2, 0, "60 ms of decoding beside 200 ms of a CPU step: 40 ms taken from it (the issue's "
+                                 "ResNet: 1 worker 1.33x slower, 4 workers 1.03x)"),
+    (0.06, 0.06, 0.2, 1.0, 2, 1, "a single-threaded CPU step leaves a CPU: one worker decodes on it"),
+    (0.2, 0.005, 0.05, 1.9, 2, 4, "waiting data beside a CPU step: the 0.1 CPU it leaves holds 4 (Little's law: 5)"),
+    (0.01, 0.01, 0.05, 0.0, 1, 1, "one CPU beside a GPU step: free while the step runs, a worker decodes on it"),
+    (0.05, 0.05, 0.001, 0.0, 1, 0, "one CPU, no step: no pool makes a batch in less than its loading's CPU"),
+])
+def test_the_prior_counts_the_cpus_the_step_keeps_busy(fetch_s, cpu_s, step_s, busy, cpus, expected, why):
+    """Issue 59: a CNN trained on the CPU ran 1.33x slower beside one worker than with none."""
+    assert op.prior_workers(fetch_s=fetch_s, fetch_cpu_s=cpu_s, consumer_s=step_s, usable_cpus=cpus, cap=64,
+                            busy_cpus=busy) == expected, why
+
+
 @pytest.mark.parametrize("fetch_s, step_s, competitive", [
     (0.0002, 0.002, True), (0.0005, 0.002, True), (0.002, 0.002, False), (0.037, 0.005, False), (0.01, 0.5, True)])
 def test_serial_is_competitive_while_workers_could_not_gain_the_margin(fetch_s, step_s, competitive):
@@ -42,6 +58,7 @@ def test_serial_is_competitive_while_workers_could_not_gain_the_margin(fetch_s, 
     (0.33, 64, True, True),  # the emulated 64-core host: a late start serves 3 batches serially (1 s), forks 1.3 s
     (0.2, 64, True, False),  # 0.6 s of serial batches saved against 1.3 s of forks wasted if the step wants fewer
     (0.05, 3, True, True), (0.005, 16, True, False), (0.001, 2, True, False), (0.33, 0, True, False),
+    (0.04, 1, True, False),  # 40 ms a batch: under EARLY_MIN_FETCH_S, the step is timed first
     (0.021, 8, True, False),  # the emulated 8-core host, a 10 ms step: 8 workers started early were replaced by 3
     # the cap, not the CPUs' fill: 68 ms of waiting a batch, 8 workers started early, then 16 once the step was timed
     (0.066, 8, False, False), (0.33, 8, False, True),
