@@ -21,10 +21,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The format of a cache entry (3: ``TuneResult`` holds a ``LoaderConfig``; 4: with ``native_threads``, and trials
-with the native pools their workers found). An entry in an older one is tuned again and replaced, with one log line
-(``store.TuneCache.get``): its configuration was measured without the workers' native pools limited."""
+with the native pools their workers found; 5: trials with the step's CPU and the machine's other load, without the
+workers' CPU per batch). An entry in an older one is tuned again and replaced, with one log line
+(``store.TuneCache.get``): it was decided without the step's CPU counted (4), or the workers' native pools limited
+(3)."""
 KEY_FORMAT = 2
 """The format of the cache key's payload: unchanged by a new entry schema, so an old entry is found (and replaced)
 rather than left behind under a key nothing asks for. Bump it when the key's inputs change."""

@@ -169,7 +169,6 @@ class Run:
         batch, failure = self.serving.next()
         if failure is not None or batch is END:
             if batch is END and failure is None:
-                self.record.ended = True
                 self.window.exhausted = self.mode == "trial"
             return batch, failure
         t_got = time.perf_counter()

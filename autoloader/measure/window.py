@@ -297,7 +297,6 @@ class Window:
                 else max(0, end.workers.read_bytes - start.workers.read_bytes))
         fields.update(
             worker_cpu_util=cpu / (probed * n),
-            worker_cpu_s_per_batch=cpu * per_batch,
             read_bytes_per_batch=None if read is None else read * per_batch,
             worker_rss_bytes=end.workers.max_rss,
             worker_uss_bytes=end.workers.mean_uss,

@@ -23,6 +23,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 from . import failures
 from .order import Chunk
 from .records import RayConfig
+from .session import reading
 from .transport import unpack
 from .waits import PUT, Limit, bounded
 from .work import load_block
@@ -101,6 +102,7 @@ class Feed:
         self._next = self.start
         self._thread = threading.Thread(target=self._run, name="autoloader-ray-feed", daemon=True)
         self._thread.start()
+        reading(self._thread)
 
     @property
     def blocks_left(self) -> int:

@@ -31,10 +31,12 @@ import socket
 import sys
 import tempfile
 import threading
+import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from .waits import CONNECT, INIT, bounded
+from .waits import CLOSE, CONNECT, INIT, bounded
 
 log = logging.getLogger("autoloader.ray")
 
@@ -89,6 +91,25 @@ class Session:
 
 _LOCK = threading.Lock()
 _SESSION: Optional[Session] = None
+_READERS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+
+
+def reading(thread: threading.Thread) -> None:
+    """Count ``thread`` (a run's reading thread, pipeline.py) among those ``shutdown`` lets end before Ray goes: a
+    thread still blocked in Ray when Ray shuts down ended the whole process in 2 runs of the tests."""
+    _READERS.add(thread)
+
+
+def _readers_ended() -> None:
+    """Wait for the reading threads still running (each ends once Ray hands it its current block), within
+    ``waits.CLOSE``; a warning naming the limit when some did not."""
+    deadline = time.monotonic() + CLOSE.seconds
+    for thread in list(_READERS):
+        if thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
+    left = [t for t in list(_READERS) if t.is_alive()]
+    if left:
+        log.warning("%s", CLOSE.error(f"{len(left)} reading thread(s) still in Ray"))
 
 
 def identity_of(ray: Any) -> Tuple[str, str]:
@@ -251,4 +272,6 @@ def shutdown() -> None:
     with _LOCK:
         session, _SESSION = _SESSION, None
     if session is not None:
+        if session.owned:
+            _readers_ended()
         session.close()

@@ -57,6 +57,9 @@ STARTUP = Limit("STARTUP", 300.0, "the first batch of a run of Ray tasks (worker
 BATCH = Limit("BATCH", 120.0, "the next batch from Ray",
               "the cluster may have no CPU free for the pool (`ray status` shows what holds them), or a task is stuck "
               "in the dataset's __getitem__; pass timeout=<seconds> to make_loader to wait longer")
+CLOSE = Limit("CLOSE", 30.0, "the loaders' reading threads ending before autoloader shuts Ray down",
+              "a thread still blocked in Ray when Ray shuts down can end the whole process: let the running epochs "
+              "end (or close their iterators) before autoloader.ray.shutdown()")
 PER_BATCH_FACTOR = 20.0
 """A batch's wait also grows by this many times the block's own load time (measured in the driver), so that a slow
 dataset is not cut off."""

@@ -47,7 +47,6 @@ class TrialResult:
             (a step on the CPU runs torch's intra-op pool: up to the usable CPUs per second of step); the CPUs the
             step takes from the workers (``capacity.step_cpus`` in ``autoloader/search/capacity.py``).
         worker_cpu_util (float): How busy each worker kept a CPU, 0 to 1 (CPU time over wall time, per worker).
-        worker_cpu_s_per_batch (float): The workers' CPU seconds per batch.
         main_cpu_util (float): How busy the main process kept a CPU during the window.
         other_cpus (float): The CPUs other processes kept busy during the window, on average: the machine's other load
             on the CPUs this process may use (its busy time less this process's and its workers'); None where the
@@ -98,7 +97,6 @@ class TrialResult:
     consumer_s_per_batch: Optional[float] = None
     consumer_cpu_s_per_batch: Optional[float] = None
     worker_cpu_util: Optional[float] = None
-    worker_cpu_s_per_batch: Optional[float] = None
     main_cpu_util: Optional[float] = None
     other_cpus: Optional[float] = None
     read_bytes_per_batch: Optional[float] = None

@@ -1,6 +1,6 @@
 """Whether switching an online epoch to another candidate repays itself before the epoch ends (``repays``), and how
 long a candidate's window may last (``window_bound_s``): the epoch scheduler's two rules of time (NOTE [ Online
-convergence ], 2. and 4., in online_policy.py). Pure functions, tested on tables (tests/search/test_online_policy.py).
+convergence ], 2. and 4., in online_policy.py). Pure functions, tested on tables (tests/search/test_switching.py).
 """
 from __future__ import annotations
 

@@ -34,11 +34,10 @@ timing ], 5. in run.py): a worker stuck past it is reaped later, and its CPU tim
 
 @dataclass
 class Record:
-    """What a served DataLoader did: batches handed out, whether it ran out, whether the last error came from the
-    user's code (the dataset, collate, the step), and what the loop waited for while it started and stopped."""
+    """What a served DataLoader did: batches handed out, whether the last error came from the user's code (the
+    dataset, collate, the step), and what the loop waited for while it started and stopped."""
 
     delivered: int = 0
-    ended: bool = False
     user: bool = False
     startup_s: Optional[float] = None
     """From the run's start to its first batch."""

@@ -94,6 +94,10 @@ SWEEP_S = float(os.environ.get("AUTOLOADER_BENCH_DRAWN_SWEEP_S", "150"))
 WORKLOAD_S = float(os.environ.get("AUTOLOADER_BENCH_DRAWN_WORKLOAD_S", "420"))
 REPEAT = int(os.environ.get("AUTOLOADER_BENCH_DRAWN_REPEAT", "2" if QUICK else "3"))
 REPEAT_FAMILIES = ("ceiling", "cpu-step")
+NOISY = 0.25
+"""A row whose oracle's two timings (before and after the tuned runs) differ by more than this share is marked † and
+left out of the summary's "steady rows": on a shared machine another program's load came or went meanwhile (a torch
+step on every core slows several times over when another process takes one)."""
 REPRO_WORKERS, REPRO_RATE = 1, 0.05
 """Reproducible: every decided num_workers within this many of their median, or every epoch 2 within this share of
 the fastest's."""
@@ -346,18 +350,29 @@ def run_sweep(dataset: DrawnDataset, step: Step, peaks: Peaks) -> Sweep:
 
 
 def time_what_fits(dataset: DrawnDataset, step: Step, sweep: Sweep, peaks: Peaks, budget: int) -> None:
-    """The largest count whose peak fit ``budget`` timed again uncut when its epoch 2 was stopped or skipped (a
-    count the unconstrained best outran), down the counts while the new peak passes the budget (3 at most)."""
+    """The largest count of ``COUNTS`` that fits ``budget`` timed whole when the sweep has no whole epoch 2 of it (a
+    count the unconstrained best outran, or one the sweep skipped): a count fits by its measured peak, or, where none
+    was measured, by the most a worker of the sweep's pools of 2 or more took (all pools without them); down the
+    counts while a new peak passes the budget (3 timings at most)."""
+    cap = sweep_cap(dataset.spec)
     for _ in range(3):
-        fits = [w for w, p in sweep.points.items() if w > 0 and p.peak is not None and p.peak <= budget]
-        if not fits:
+        sizes = {w: p.peak / w for w, p in sweep.points.items() if w > 0 and p.peak}
+        per_worker = max((v for w, v in sizes.items() if w >= 2), default=max(sizes.values(), default=None))
+
+        def fits(workers: int) -> bool:
+            known = sweep.points.get(workers)
+            if known is not None and known.peak is not None:
+                return known.peak <= budget
+            return per_worker is not None and workers * per_worker <= budget
+
+        top = next((w for w in reversed(COUNTS) if 0 < w <= cap and fits(w)), None)
+        known = sweep.points.get(top) if top is not None else None
+        if top is None or (known is not None and known.e2 is not None and known.e2.complete):
             return
-        top = sweep.points[max(fits)]
-        if top.e2 is not None and top.e2.complete:
-            return
-        sweep.points[top.workers] = again = plain_point(dataset, step, top.workers, peaks)
-        sweep.notes.append(f"{top.workers} workers timed again whole: the largest count that fit the budget "
-                           f"({(top.peak or 0) / MIB:,.0f} MiB, then {(again.peak or 0) / MIB:,.0f} MiB)")
+        sweep.points[top] = again = plain_point(dataset, step, top, peaks)
+        before = "not timed" if known is None else f"{(known.peak or 0) / MIB:,.0f} MiB, epoch 2 stopped or skipped"
+        sweep.notes.append(f"{top} workers timed whole as the largest count that fits the budget ({before}; now "
+                           f"{(again.peak or 0) / MIB:,.0f} MiB)")
         if again.peak is not None and again.peak <= budget:
             return
 
@@ -483,9 +498,10 @@ def budget_for(spec: Spec, sweep: Sweep) -> Optional[int]:
     return math.ceil((low + spec.budget_share * max(0, high - low)) / MIB) * MIB
 
 
-def retimed(dataset: DrawnDataset, step: Step, sweep: Sweep, peaks: Peaks) -> Tuple[float, float, str]:
-    """Oracle e1 and e2: the sweep's best of each epoch, timed again, the mean of both timings; and how they spread."""
-    out, spread = [], []
+def retimed(dataset: DrawnDataset, step: Step, sweep: Sweep, peaks: Peaks) -> Tuple[float, float, str, float]:
+    """Oracle e1 and e2: the sweep's best of each epoch, timed again, the mean of both timings; the timings as text,
+    and their spread (the larger over the smaller, less 1, the wider of the two epochs)."""
+    out, spread, noise = [], [], 0.0
     bests = [sweep.best(1), sweep.best(2)]
     assert None not in bests, f"no whole epoch 1 or 2 in the sweep: {sweep.notes}"
     agains: Dict[int, Point] = {}
@@ -501,7 +517,8 @@ def retimed(dataset: DrawnDataset, step: Step, sweep: Sweep, peaks: Peaks) -> Tu
         assert first is not None and second is not None and second.complete and second.exact
         out.append(statistics.mean([first.wall_s, second.wall_s]))
         spread.append(f"e{epoch} {best.workers}w {first.wall_s:.2f}/{second.wall_s:.2f}")
-    return out[0], out[1], ", ".join(spread)
+        noise = max(noise, max(first.wall_s, second.wall_s) / min(first.wall_s, second.wall_s) - 1)
+    return out[0], out[1], ", ".join(spread), noise
 
 
 def reproducible(runs: Sequence[Tuned]) -> str:
@@ -542,7 +559,8 @@ def run_workload(spec: Spec, row: Dict[str, Any], log: List[str]) -> List[Timed]
                 again = [tuned_run(dataset, step, "online", peaks, log) for _ in range(REPEAT - 1)]
                 row["repeats"] = [row["runs"]["online"]] + again
                 runs += again
-            row["oracle_e1"], row["oracle_e2"], row["oracle_spread"] = retimed(dataset, step, sweep, peaks)
+            row["oracle_e1"], row["oracle_e2"], row["oracle_spread"], row["noise"] = retimed(dataset, step, sweep,
+                                                                                            peaks)
             whole += [t for r in runs for t in (r.e1, r.e2)]
             whole += [t for p in sweep.points.values() for t in (p.e1, p.e2) if t is not None and t.complete]
     finally:
@@ -630,9 +648,16 @@ METRICS: Tuple[Tuple[str, str, bool], ...] = (
 """Each reported ratio: its key, what it is (its direction), and whether higher is better."""
 
 
-def distribution(key: str, higher: bool) -> Optional[Tuple[float, str, float, float, int]]:
-    """(worst, its workload, the worst decile (the ceil(n/10)-th worst), median, n) of ``key`` over the rows."""
-    values = [(r[key], r["spec"].id) for r in ROWS if r.get(key) is not None]
+def steady(row: Dict[str, Any]) -> bool:
+    """Whether the row's oracle timed alike twice (within ``NOISY``): the machine's other load moved little."""
+    return row.get("noise", math.inf) <= NOISY
+
+
+def distribution(key: str, higher: bool, rows: Optional[List[Dict[str, Any]]] = None
+                 ) -> Optional[Tuple[float, str, float, float, int]]:
+    """(worst, its workload, the worst decile (the ceil(n/10)-th worst), median, n) of ``key`` over ``rows``
+    (default all)."""
+    values = [(r[key], r["spec"].id) for r in (ROWS if rows is None else rows) if r.get(key) is not None]
     if not values:
         return None
     ordered = sorted(values, key=lambda v: v[0], reverse=not higher)
@@ -649,15 +674,20 @@ def met(key: str, value: float) -> str:
 
 
 def summary() -> List[str]:
-    out = ["| ratio (direction) | workloads | worst (workload) | worst decile | median | target |",
-           "|---|---|---|---|---|---|"]
+    out = ["| ratio (direction) | workloads | worst (workload) | worst decile | median | target | steady rows: "
+           "n, worst (workload), worst decile, median |",
+           "|---|---|---|---|---|---|---|"]
+    calm = [r for r in ROWS if steady(r)]
     for key, words, higher in METRICS:
         found = distribution(key, higher)
         if found is None:
             continue
         worst, where, decile, median, n = found
+        quiet = distribution(key, higher, calm)
+        quiet_text = "-" if quiet is None else \
+            f"{quiet[4]}, {quiet[0]:.2f} ({quiet[1]}), {quiet[2]:.2f}, {quiet[3]:.2f}"
         out.append(f"| {key}: {words} | {n} | {worst:.2f} ({where}) | {decile:.2f} | {median:.2f} | "
-                   f"{met(key, worst)} |")
+                   f"{met(key, worst)} | {quiet_text} |")
     return out
 
 
@@ -681,7 +711,7 @@ def table() -> List[str]:
         b1, b2 = sweep.best(1), sweep.best(2)
         on, tr = runs["online"], runs["trials"]
         out.append(
-            f"| {spec.id}{' (fresh)' if r['fresh'] else ''} | {rule} | {b1.workers}, {r['oracle_e1']:.2f} | "
+            f"| {spec.id}{' (fresh)' if r['fresh'] else ''}{'' if steady(r) else ' †'} | {rule} | {b1.workers}, {r['oracle_e1']:.2f} | "
             f"{b2.workers}, {r['oracle_e2']:.2f} | {on.e1.wall_s:.2f} / {on.e2.wall_s:.2f} | "
             f"{_r(r, 'online e1/rule')} | {_r(r, 'online e2/oracle')} | {on.config} ({on.bottleneck or '-'}) | "
             f"{tr.made_s:.1f} + {tr.e1.wall_s - tr.made_s:.2f} / {tr.e2.wall_s:.2f} | {_r(r, 'trials e1/rule')} | "
@@ -762,7 +792,8 @@ def report() -> str:
             f" + {fresh} ({len(ROWS)} workloads{', quick: half the samples' if QUICK else ''}); cores rule "
             f"num_workers={cores_rule()}; sweep {list(COUNTS)}, an epoch stopped at {CUT:g}x the best so far. "
             f"Oracle e1 / e2: the best plain DataLoader of the sweep, by the epoch it is compared to (timed twice, "
-            f"the mean). Speeds as ratios, higher is faster; **bold**: the target not met. "
+            f"the mean; †: the two timings differ by more than {NOISY:.0%}, the row is left out of the steady "
+            f"rows). Speeds as ratios, higher is faster; **bold**: the target not met. "
             f"`uptime` at the start: {UPTIME[0] if UPTIME else '-'}; at the end: {uptime()}."]
     out = ["".join(head), "", *summary(), "", *table(), ""]
     mem = memory_table()

@@ -220,7 +220,7 @@ def test_an_entry_in_the_old_schema_is_a_miss_logged_once_then_replaced(tmp_path
     assert entry.result is None and "schema is 2" in entry.error
 
     assert cache.put(KEY, make_result()) == path
-    assert json.loads(path.read_text())["schema"] == SCHEMA_VERSION == 4
+    assert json.loads(path.read_text())["schema"] == SCHEMA_VERSION == 5
     caplog.clear()
     with caplog.at_level(logging.DEBUG, logger="autoloader"):
         loaded, caught = autoloader_warnings(cache.get, KEY, max_workers=4)

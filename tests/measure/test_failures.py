@@ -149,7 +149,7 @@ def test_tuning_goes_on_with_fewer_workers_after_a_killed_candidate(cache_dir):
 @pytest.mark.parametrize("where", ["always", "workers"])
 def test_dataset_error_surfaces_with_its_type_and_message_and_nothing_is_cached(cache_dir, where):
     """Trials made in make_loader (tuning="trials") raise it there; made at the first iter() they fall back, and the
-    epoch raises it where it reaches the sample, as a DataLoader (tests/test_dropin.py)."""
+    epoch raises it where it reaches the sample, as a DataLoader (tests/loader/test_epoch_iter.py)."""
     with pytest.raises(fd.CorruptSample, match=r"sample \d+ is corrupt"):
         make_loader(fd.Raising(where), batch_size=4, step=0.001, budget=4, max_workers=2, tuning="trials")
     assert _entries(cache_dir) == []
@@ -336,7 +336,7 @@ def test_spawn_trials_leave_multiprocessing_helpers_alone_and_end_promptly(tmp_p
 @pytest.mark.parametrize("dataset, kwargs, error, argument", [
     (None, {"batch_size": 0}, ValueError, "batch_size"),
     (None, {"batch_size": -4}, ValueError, "batch_size"),
-    (None, {"batch_size": 8.0}, ValueError, "batch_size"),   # DataLoader's types (tests/test_dropin.py)
+    (None, {"batch_size": 8.0}, ValueError, "batch_size"),   # DataLoader's types (tests/conformance/test_conformance_arguments.py)
     (None, {"batch_size": True}, ValueError, "batch_size"),
     (None, {"budget": 0}, ValueError, "budget"),
     (None, {"budget": -5}, ValueError, "budget"),

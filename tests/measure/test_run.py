@@ -102,7 +102,7 @@ def test_a_trial_stops_once_its_window_is_complete_and_stop_reaps_its_workers():
     assert result is not None and result.ok and result.steady and result.config == WORKERS
     assert result.batches == len(marks) - WORKERS.burst_batches() and result.samples_per_s > 0
     record = run.record
-    assert not record.ended and not record.user and record.startup_s is not None and record.startup_s > 0
+    assert not record.user and record.startup_s is not None and record.startup_s > 0
     # The driver still runs the step on the last batch: the workers are stopped by stop(), not by the loop's end.
     workers = {p.pid for p in window.edges.tracker.procs}
     assert len(workers) == 2 and workers <= _pids()
@@ -139,7 +139,7 @@ def test_a_candidate_is_measured_once_then_serves_on_with_the_same_workers_and_n
     assert result.batches == measured_at - run.window.skip, "the window counts the batches before measure()"
     assert all(isinstance(b, torch.Tensor) for b in batches), "only the loader's batches are handed out"
     assert _ids(batches) == list(range(400)), "every sample once, in order"
-    assert run.record.delivered == 100 and run.record.ended and not run.measuring
+    assert run.record.delivered == 100 and not run.measuring
     assert len(pids[0]) == 2 and all(p == pids[0] for p in pids), "the workers changed: the candidate restarted"
     rate, stall = run.rate_and_stall
     assert rate is not None and rate > 0 and 0.0 <= stall <= 1.0
@@ -165,7 +165,7 @@ def test_serving_a_loader_it_does_not_own_leaves_persistent_workers_alive():
     for _epoch in range(2):
         run = Run(loader, config, mode="serve", consumer=CPU, batch_size=BATCH, owned=False)
         batches = list(served(run, until_complete=False))
-        assert _ids(batches) == list(range(64)) and run.record.ended and run.result is None
+        assert _ids(batches) == list(range(64)) and run.result is None
         rate, stall = run.rate_and_stall
         assert rate is not None and rate > 0 and stall is not None and 0.0 <= stall <= 1.0
         assert run.window.marks == [], "serving measures no window"

@@ -239,3 +239,26 @@ def test_a_session_the_user_replaced_is_theirs_and_never_shut_down_by_autoloader
     ("ray://h:10001", "10.0.0.1:6379", True), ("127.0.0.1:6379", None, True)])
 def test_an_address_is_compared_by_host_and_port_where_it_can_be(given, gcs, same):
     assert _same_address(given, gcs) is same
+
+
+def test_shutdown_lets_reading_threads_end_first_within_close(monkeypatch, caplog):
+    ray = StandInRay()
+    ray.initialised, ray.sessions = True, 1
+    monkeypatch.setattr(session_module, "import_ray", lambda: ray)
+    monkeypatch.setattr(session_module, "CLOSE", waits.CLOSE.with_seconds(0.3))
+    monkeypatch.setattr(session_module, "_READERS", type(session_module._READERS)())
+    quick, stuck = threading.Event(), threading.Event()
+    ended = threading.Thread(target=lambda: quick.wait(0.1))
+    blocked = threading.Thread(target=lambda: stuck.wait(10))
+    for thread in (ended, blocked):
+        thread.start()
+        session_module.reading(thread)
+    monkeypatch.setattr(session_module, "_SESSION", Session(None, owned=True, local=False,
+                                                            identity=("session_1", "01000000")))
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="autoloader.ray"):
+        session_module.shutdown()
+    assert time.monotonic() - started < 2 and not ended.is_alive() and ray.shutdowns == 1
+    assert "1 reading thread(s) still in Ray" in caplog.text and "autoloader.ray.waits.CLOSE" in caplog.text
+    stuck.set()
+    blocked.join(5)

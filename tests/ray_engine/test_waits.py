@@ -1,7 +1,7 @@
 """Every wait's limit (autoloader/ray/waits.py): ``bounded`` returns the call's result or raises its exception, and
 gives up within the limit with a TimeoutError naming what was waited for, the limit's name and seconds, and the fix,
 undoing a call that returns too late; every limit has a fix and a name that is its attribute. No Ray needed; each
-limit is hit through its caller in test_pipeline.py (PUT, STARTUP, BATCH), test_session.py (CONNECT, INIT),
+limit is hit through its caller in test_pipeline.py (PUT, STARTUP, BATCH), test_session.py (CONNECT, INIT, CLOSE),
 test_cluster.py (QUERY, NODES), test_source_epochs.py (PUT of the dataset)."""
 import threading
 import time
@@ -15,7 +15,7 @@ LIMITS = [value for value in vars(waits).values() if isinstance(value, Limit)]
 
 
 def test_every_limit_is_named_after_its_attribute_and_says_the_fix():
-    assert {limit.name for limit in LIMITS} == {"CONNECT", "INIT", "QUERY", "PUT", "NODES", "STARTUP", "BATCH"}
+    assert {limit.name for limit in LIMITS} == {"CONNECT", "INIT", "QUERY", "PUT", "NODES", "STARTUP", "BATCH", "CLOSE"}
     for limit in LIMITS:
         assert getattr(waits, limit.name) is limit and limit.seconds > 0 and limit.fix and limit.what
         message = str(limit.error("here"))
