@@ -1,7 +1,7 @@
 """What both searches' policies read of a candidate's capacity: the tolerance within which rates are alike, the
 headroom loading should keep over the step, what starting a worker costs before one was measured, how many CPUs the
 training step keeps busy, how many workers fill the CPUs left to them, and whether a candidate's processes keep the
-usable CPUs busy. Pure.
+usable CPUs busy, and whether a pool's own workers limited its rate. Pure.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Optional
 
 from ..results import TrialResult
 
-__all__ = ["DEFAULT_TOLERANCE", "FORK_S", "HEADROOM", "STEP_CPU_FLOOR", "busy_cpus", "cpu_saturated", "fill_count",
-           "step_cpus"]
+__all__ = ["DEFAULT_TOLERANCE", "FORK_S", "HEADROOM", "MAIN_FREE", "STEP_CPU_FLOOR", "WAITED", "busy_cpus",
+           "cpu_saturated", "fill_count", "step_cpus", "worker_bound"]
 
 DEFAULT_TOLERANCE = 0.05
 """Rates within this share of each other are alike: the fewest workers among them are chosen."""
@@ -27,6 +27,12 @@ gigabytes."""
 STEP_CPU_FLOOR = 0.25
 """A step keeping less of a CPU busy than this is not counted against the workers' CPUs: a GPU step's host work, a
 sleep, the loop's own bookkeeping."""
+
+
+MAIN_FREE = 0.5
+"""A main process keeping less of a CPU busy than this was not what a pool waited for (``worker_bound``)."""
+WAITED = 0.5
+"""A pool whose loop waited for data at least this share of its window waited for its workers or its hand-over."""
 
 
 def step_cpus(trial: Optional[TrialResult], *, usable_cpus: int) -> float:
@@ -61,3 +67,13 @@ def fill_count(*, usable_cpus: float, share: float) -> int:
     the 3 that ran 6-10 % slower than 2 on the 2-core VM, the main process starved beside them), and a worker that
     would find half a CPU or less is one too many. The one rule by which both searches fill the CPUs."""
     return max(1, math.floor(usable_cpus / min(1.0, max(0.01, share)) + 0.5))
+
+
+def worker_bound(trial: TrialResult) -> bool:
+    """Whether ``trial``'s own workers limited its rate, so more of them would make more: the loop waited for data at
+    least ``WAITED`` of its window while the main process kept less than ``MAIN_FREE`` of a CPU busy (receiving
+    batches, the step and the loop's own work were not the limit). A pool so bound that made less than serial serving
+    lost for too few workers, not for the hand-over: one worker making 5.9 MB batches that wait 21 ms on storage
+    makes fewer than the main process alone (it loads them and hands them over), 8 make four times as many. Pure."""
+    return (trial.ok and trial.config.num_workers > 0 and trial.stall_fraction is not None
+            and trial.stall_fraction >= WAITED and trial.main_cpu_util is not None and trial.main_cpu_util < MAIN_FREE)

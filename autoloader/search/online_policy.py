@@ -56,7 +56,7 @@ from typing import Mapping, Optional, Sequence
 
 from ..measure.window_rule import DRAIN_WAIT_S
 from ..results import TrialResult
-from .capacity import DEFAULT_TOLERANCE, FORK_S, HEADROOM, cpu_saturated, fill_count
+from .capacity import DEFAULT_TOLERANCE, FORK_S, HEADROOM, cpu_saturated, fill_count, worker_bound
 from .threads_policy import rate
 
 __all__ = ["BISECT_RATIO", "EARLY_BATCHES", "EARLY_MIN_FETCH_S", "HANDOVER_S", "IN_FLIGHT_SHARE", "Jump", "KEEPS_UP_STALL", "MAX_JUMPS",
@@ -299,7 +299,8 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
     batches' costs in the main process, its probe; None when none was timed; ``busy_cpus``: the CPUs the step keeps
     busy, ``capacity.busy_cpus``), or None to decide now (NOTE [ Online convergence ], 3.):
     - the last measured below the best beyond ``tolerance``: after a jump up, None (a roll-back: the selection keeps
-      the best); after a jump down, the (geometric) middle between it and the best, while they are more than a
+      the best), unless it is the first pool, below serial serving for its own workers (``capacity.worker_bound``):
+      then on as below; after a jump down, the (geometric) middle between it and the best, while they are more than a
       quarter apart;
     - the loop waited for it: past the knee of the measured curve (``knee``: its rate under one worker's rate times
       its workers beyond ``tolerance``), down to the knee, unless fewer workers measured within ``tolerance`` of the
@@ -317,13 +318,14 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
         return None
     last, top = ok[-1], max(ok, key=rate)
     n, best = last.config.num_workers, rate(top)
-    if rate(last) < (1.0 - tolerance) * best:
+    fewer = [t for t in ok if 0 < t.config.num_workers < n]
+    if rate(last) < (1.0 - tolerance) * best and (top.config.num_workers or fewer or not worker_bound(last)):
         return _between(n, top.config.num_workers, measured)
     ceiling = min((c for c, r in measured.items() if r is None and c > 0), default=cap + 1)
-    fewer = [t for t in ok if 0 < t.config.num_workers < n]
     if not keeps_up(last):
         at_knee = knee(trials, serial=serial, batch_size=batch_size, tolerance=tolerance)
-        good = min(t.config.num_workers for t in ok if t.config.num_workers and rate(t) >= (1.0 - tolerance) * best)
+        good = min((t.config.num_workers for t in ok if t.config.num_workers and rate(t) >= (1.0 - tolerance) * best),
+                   default=n)
         if at_knee is not None and at_knee < (1.0 - tolerance) * good and at_knee not in measured:
             return Jump(at_knee, f"{n} workers made {rate(last):,.0f} samples/s, less than {n} times what one worker "
                                  f"makes: the rate stops rising near {at_knee} workers")

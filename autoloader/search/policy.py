@@ -12,7 +12,7 @@ import math
 from typing import Collection, List, Mapping, Optional, Sequence, Tuple
 
 from . import native_policy
-from .capacity import DEFAULT_TOLERANCE, HEADROOM, busy_cpus, fill_count
+from .capacity import DEFAULT_TOLERANCE, HEADROOM, busy_cpus, fill_count, worker_bound
 from .budget import trial_footprint
 from .growth import forecast_bytes, growth_per_sample
 from .threads_policy import fewest_near, rate
@@ -159,15 +159,18 @@ def predict_from_workers(trial: TrialResult, *, batch_size: int, consumer_s: flo
     """Workers that should meet the consumer or fill the CPUs, extrapolated from a trial with workers.
 
     Assumes throughput grows with the worker count at the measured per-worker rate, until the measured CPU use per
-    worker fills the usable CPUs (``capacity.fill_count``). None when the trial lacks the figures, or when it did not beat the serial rate
-    (``serial_samples_per_s``) by more than half the ``tolerance``: the workers added nothing, so the limit is the main
-    process or the hand-over, and their low CPU use says nothing about how many more would pay (measured on an H200
-    machine: 16 workers at 7 % CPU each, slower than none, extrapolated to 128, a trial that could not even start).
+    worker fills the usable CPUs (``capacity.fill_count``). None when the trial lacks the figures, or when it did not
+    beat the serial rate (``serial_samples_per_s``) by more than half the ``tolerance`` while the main process was the
+    limit (not ``capacity.worker_bound``): the workers added nothing, so the limit is the main process or the
+    hand-over, and their low CPU use says nothing about how many more would pay (measured on an H200 machine: 16
+    workers at 7 % CPU each, slower than none, extrapolated to 128, a trial that could not even start). A pool that
+    lost to serial serving for its own workers is extrapolated like any other.
     """
     n = trial.config.num_workers
     if not trial.ok or n == 0:
         return None
-    if serial_samples_per_s is not None and rate(trial) <= (1.0 + tolerance / 2) * serial_samples_per_s:
+    if serial_samples_per_s is not None and rate(trial) <= (1.0 + tolerance / 2) * serial_samples_per_s \
+            and not worker_bound(trial):
         return None
     per_worker = rate(trial) / n
     target = HEADROOM * batch_size / consumer_s if consumer_s > 0 else math.inf

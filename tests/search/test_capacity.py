@@ -42,3 +42,21 @@ def test_the_cpus_the_step_and_other_processes_keep_busy(step_s, step_cpu_s, oth
     assert capacity.step_cpus(trial_, usable_cpus=usable) == pytest.approx(step), why
     assert capacity.busy_cpus(trial_, usable_cpus=usable) == pytest.approx(busy), why
     assert capacity.busy_cpus(None, usable_cpus=usable) == 0.0
+
+
+def waited(n, *, stall, main, ok=True):
+    return TrialResult(config=LoaderConfig(n, 2 if n else None), status="ok" if ok else "failed",
+                       samples_per_s=593.0 if ok else None, stall_fraction=stall, main_cpu_util=main)
+
+
+@pytest.mark.parametrize("trial_, bound, why", [
+    (waited(1, stall=0.97, main=0.15), True, "5.9 MB batches waiting 21 ms on storage: the one worker is the limit"),
+    (waited(16, stall=0.9, main=0.95), False, "the main process busy receiving: the hand-over is the limit"),
+    (waited(4, stall=0.2, main=0.1), False, "the loop hardly waited: the step is the limit"),
+    (waited(1, stall=0.97, main=None), False, "the main process's CPU not measured: not known"),
+    (waited(0, stall=0.97, main=0.1), False, "no workers"),
+    (waited(1, stall=0.97, main=0.1, ok=False), False, "failed"),
+    (waited(1, stall=0.5, main=0.49), True, "at the edges"),
+])
+def test_a_pool_is_worker_bound_when_the_loop_waited_and_the_main_process_was_free(trial_, bound, why):
+    assert capacity.worker_bound(trial_) is bound, why

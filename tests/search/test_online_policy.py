@@ -156,6 +156,24 @@ def test_a_jump_below_the_best_is_rolled_back():
     assert jump([first, trial(16, 900.0, stall=0.4, util=0.2)]) is None, "16 measured below 8: decide (8 wins)"
 
 
+
+def test_a_first_pool_below_serial_for_its_own_workers_is_not_rolled_back():
+    """Drawn seed 6 (big-samples) under load: one worker made 593/s against serial serving's 685 (5.9 MB batches
+    waiting 21 ms on storage: the worker loads and hands over what the main process loaded alone), 8 made 3,000/s;
+    read as a roll-back, the search decided 0 workers, 0.22x the best count."""
+    serial = trial(0, 685.0, stall=0.98, step=0.0012, batch=19)
+    free = trial(1, 593.0, stall=0.97, util=0.22, main=0.15, step=0.0012, batch=19)
+    up = op.jump([serial, free], serial=TrialResult(config=LoaderConfig(0), fetch_s_per_batch=0.0277,
+                                                    fetch_cpu_s_per_batch=0.004),
+                 consumer_s=0.0012, batch_size=19, usable_cpus=2, cap=64)
+    assert up is not None and up.workers >= 4, up
+    busy = trial(1, 593.0, stall=0.97, util=0.22, main=0.95, step=0.0012, batch=19)
+    assert op.jump([serial, busy], serial=None, consumer_s=0.0012, batch_size=19, usable_cpus=2, cap=64) is None, \
+        "the main process busy handing over: rolled back"
+    two = trial(2, 600.0, stall=0.97, util=0.22, main=0.15, step=0.0012, batch=19)
+    assert op.jump([serial, free, two], serial=None, consumer_s=0.0012, batch_size=19, usable_cpus=2,
+                   cap=64) is None, "a second pool below the best: rolled back as before"
+
 def test_a_candidate_that_keeps_up_is_cut_to_the_fewest_little_says_keep_up():
     # a worker makes a batch per 64 ms, the step takes 20 ms: 1.2 x 64 / 20 = 3.84 -> 4
     assert jump([trial(16, 800.0, stall=0.01, util=0.2, step=0.02)], step=0.02) == 4

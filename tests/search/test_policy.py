@@ -97,6 +97,18 @@ def test_predict_from_workers_needs_workers_that_beat_serial(workers_rate, seria
                                        usable_cpus=16, cap=128, serial_samples_per_s=serial_rate) == expected
 
 
+
+@pytest.mark.parametrize("main, expected, why", [
+    (0.15, 9, "the main process was free: the one worker was the limit; extrapolated by its CPU (2 / 0.22 -> 9)"),
+    (0.95, None, "the main process was busy handing over: nothing to extrapolate"),
+])
+def test_a_first_pool_slower_than_serial_for_its_own_workers_is_extrapolated(main, expected, why):
+    """Drawn seed 6 (big-samples): 5.9 MB batches waiting 21 ms on storage; one worker made 593/s against serial's 685
+    (it loads and hands over what the main process loaded alone), 8 made 3,000/s; the search ended at 0 workers."""
+    one = trial(1, 593.0, util=0.22, main=main, stall=0.97)
+    assert policy.predict_from_workers(one, batch_size=19, consumer_s=0.0012, usable_cpus=2, cap=64,
+                                       serial_samples_per_s=685.0) == expected, why
+
 @pytest.mark.parametrize("rates, expected", [
     ({0: 50, 8: 400}, 16),                      # still climbing: double
     ({0: 50, 8: 400, 16: 800, 32: 1500}, 64),
