@@ -40,7 +40,7 @@ from .waits import CLOSE, CONNECT, INIT, bounded
 
 log = logging.getLogger("autoloader.ray")
 
-INSTALL_HINT = 'pip install "autoloader[ray]" (ray[data,train]==2.60.0)'
+INSTALL_HINT = 'pip install "ray[data,train]==2.60.0" (the ray extra: pip install ".[ray]" in autoloader\'s checkout)'
 
 
 def import_ray() -> Any:

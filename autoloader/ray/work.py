@@ -9,7 +9,7 @@ sent, by object reference (``KEEP``: the payload, the dataset and ``collate_fn``
 deserialises the dataset only the first time its process sees it, which is what an actor pool would give, without
 Ray Data restarting the pool every epoch. A payload the worker cannot unpickle because a module is missing on its
 node is ``MissingModule``, which names the module and the fix, and is not retried. Imported by name in every worker:
-autoloader must be installed on every node (README, "Ray Data").
+autoloader must be installed on every node (README, Integrations, "Ray Data").
 """
 from __future__ import annotations
 

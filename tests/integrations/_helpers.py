@@ -61,7 +61,8 @@ def run_launch(command: Sequence[str], *, env: Optional[Mapping[str, str]] = Non
 TEARDOWN_ABORT = ("terminate called without an active exception", "Fatal Python error: Aborted")
 """What a DDP job over gloo may print when a rank aborts in C++ teardown after its Python code finished. Measured
 without autoloader (Accelerate, a plain DataLoader, DDP, ``end_training()``, torchrun on 2 CPU ranks, the machine
-loaded): 1 run in 15 aborted so, after every line of the script had run (see README "Known problems")."""
+loaded): 1 run in 15 aborted so, after every line of the script had run (README, Integrations, "torchrun": end with
+``destroy_process_group()``)."""
 
 
 def teardown_abort_only(returncode: int, output: str, out_dir: Optional[Path], world: int) -> bool:

@@ -63,7 +63,7 @@ def test_augmentation_moving_the_global_rng_differently_changes_a_global_order_l
 
 def test_an_online_epoch_over_a_distributed_sampler_is_the_plain_loaders_with_set_epoch():
     """A PrefetchLoader advances a sampler's epoch when nobody did; the plain DataLoader it equals is the one whose
-    loop calls set_epoch (README "Distributed")."""
+    loop calls set_epoch (README, Integrations, "torchrun")."""
     data = Data(n=9, batch_size=4, drop_last=False, sampler="distributed", rng="generator", augment=True, replicas=3,
                 rank=0, seed=9756)
     check_tuned(data, Mode("online", None), 3)
@@ -81,7 +81,7 @@ def test_an_epoch_without_a_batch_draws_what_the_plain_loaders_draws(mode):
 
 def test_a_distributed_sampler_with_a_bad_sample_reshuffles_every_epoch_as_set_epoch_would():
     """The plain DataLoader's loop must call ``set_epoch`` as the PrefetchLoader's advances the sampler's epoch itself
-    when nobody did (README "Distributed"): without it the reference repeated epoch 0's order."""
+    when nobody did (README, Integrations, "torchrun"): without it the reference repeated epoch 0's order."""
     data = Data(n=2, batch_size=1, drop_last=False, sampler="distributed", rng="generator", augment=True, bad=(0,))
     check_errors(data, Mode("lazy", None))
     assert wait_no_children() == []

@@ -1,4 +1,4 @@
-"""Contract (d), README "Distributed": across the ranks of a job, every epoch serves each sample once (a
+"""Contract (d), README, Integrations, "torchrun": across the ranks of a job, every epoch serves each sample once (a
 ``DistributedSampler`` pads to equal shares, or drops the remainder with its ``drop_last``), whatever each rank's
 configuration, and also when every rank was interrupted at its own batch and resumed with another configuration.
 Ranks are simulated in one process: one loader per rank over ``DistributedSampler(num_replicas, rank)``."""

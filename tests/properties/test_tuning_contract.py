@@ -1,4 +1,4 @@
-"""Contracts (b) and (c), README "How it tunes" and "Checkpoint and resume": tuning is invisible to the training loop.
+"""Contracts (b) and (c), README "What epoch 1 does and costs" and "Checkpoint and resume": tuning is invisible to the training loop.
 (b) Every epoch of a loader tuned online (candidates switching mid-epoch), or made after trials, yields the batches the
 plain DataLoader with the same sampling arguments yields, and the loop's draws match. (c) ``make_loader`` and
 ``tune`` leave every RNG as they found it (torch's, Python's, numpy's, the generators, the samplers' own states), also
@@ -42,7 +42,7 @@ def rng_states(loader) -> dict:
 def epochs(loader, count: int, *, set_epoch: bool = False):
     """``count`` epochs of the loop, the RNG states after each (those of the DataLoader in force, for a tuned one).
     ``set_epoch``: call it on the sampler first, as a loop over a plain DataLoader should (a PrefetchLoader advances
-    a sampler's epoch itself when nobody did: README "Distributed")."""
+    a sampler's epoch itself when nobody did: README, Integrations, "torchrun")."""
     record, states = Record(), []
     for epoch in range(count):
         if set_epoch and callable(getattr(loader.sampler, "set_epoch", None)):

@@ -43,7 +43,7 @@ def test_without_ray_installed_the_error_names_the_extra():
             "except ImportError as err:\n    print(err)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert 'pip install "autoloader[ray]"' in out.stdout, out.stdout + out.stderr
+    assert 'pip install "ray[data,train]==2.60.0"' in out.stdout, out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("kwargs, error, words", [
