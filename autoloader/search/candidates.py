@@ -23,13 +23,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Generator, Mapping, Optional, Protocol, Sequence, TypeVar, Union
+from typing import Any, Callable, Generator, Mapping, Optional, Sequence, TypeVar, Union
 
 import torch
 
 from ..config import LoaderConfig, default_pin, make_config
 from ..errors import TuningError
 from ..results import TrialResult, TuneResult
+from .budget import MemoryCheck
 
 DEFAULT_BUDGET_S = 30.0
 PRIOR_WORKER_START_S = 0.1
@@ -40,19 +41,6 @@ MIN_LIMIT_S = 1.0
 """The least a started candidate's window gets, however little of the budget is left (NOTE [ Candidate time limit ])."""
 Progress = Callable[[TrialResult, float, float], None]
 """Called after every trial with (the trial, seconds elapsed, the budget)."""
-
-
-class MemoryCheck(Protocol):
-    """A ``budget.MemoryCheck``, which measuring windows call (measure/window.py): (config, one worker's USS at the
-    first batch, the mean of those read, the batch's bytes) -> why it stops there, or None; ``census``: read which
-    pages a worker copies (NOTE [ Copy-on-read forecast ] in growth.py)."""
-
-    @property
-    def census(self) -> bool:
-        ...
-
-    def __call__(self, config: LoaderConfig, uss_bytes: Optional[int], batch_bytes: Optional[int]) -> Optional[str]:
-        ...
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Optional
 
 from ..config import LoaderConfig
 from .._text import mib
+from ..results import TrialResult
 
-__all__ = ["GROWTH_NOISE_BYTES", "Footprint", "Measured", "footprint", "growth_noise_bytes", "shm_need_bytes",
+__all__ = ["GROWTH_NOISE_BYTES", "Footprint", "footprint", "growth_noise_bytes", "shm_need_bytes",
            "window_growth_bytes"]
 
 
@@ -63,30 +64,14 @@ GROWTH_NOISE_BYTES = 4 * 2**20
 over inherited objects, batches being built (measured 1-3 MiB in a pytest process)."""
 
 
-class Measured(Protocol):
-    """What the noise floor reads of a measured trial (a ``results.TrialResult``)."""
-
-    @property
-    def config(self) -> LoaderConfig:
-        ...
-
-    @property
-    def batch_bytes(self) -> Optional[int]:
-        ...
-
-    @property
-    def worker_uss_growth_bytes(self) -> Optional[int]:
-        ...
-
-
-def growth_noise_bytes(trial: Measured) -> int:
+def growth_noise_bytes(trial: TrialResult) -> int:
     """Growth any worker shows once during a trial: ``GROWTH_NOISE_BYTES``, or the batches a worker holds
     (``LoaderConfig.worker_batches``) when more (a batch built in shared memory counts as the worker's own until the
     main process maps it)."""
     return max(GROWTH_NOISE_BYTES, trial.config.worker_batches() * (trial.batch_bytes or 0))
 
 
-def window_growth_bytes(trial: Measured) -> int:
+def window_growth_bytes(trial: TrialResult) -> int:
     """What one worker of ``trial`` grew during its window beyond what any worker shows once (``growth_noise_bytes``):
     the growth every memory check adds to a worker's measured size (budget.py); 0 when not measured. Below the noise,
     the difference of two readings is the batches a worker was building at each, which its size already holds (a

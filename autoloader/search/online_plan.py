@@ -7,69 +7,19 @@ online epoch scheduler measures each candidate it yields."""
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Optional, Protocol, Sequence, Tuple
+from typing import Optional, Sequence
 
 from .._text import mib
-from ..config import LoaderConfig
 from ..results import TrialResult, TuneResult
 from . import budget, online_policy, policy, switching
 from .candidates import Steps
 from .capacity import busy_cpus
 from .native_search import compare_native
+from .search import Search
 
 __all__ = ["online_cap", "online_steps"]
 
 log = logging.getLogger("autoloader.tuner")
-
-
-class Search(Protocol):
-    """What the online order reads and calls of the ``search.Search`` it drives (made by tuning/online_search.py):
-    its settings and findings, one candidate's measurement, the selection and the result."""
-
-    settings: Any
-    found: Any
-    coordinator: Any
-
-    def run(self, config: LoaderConfig, *, first: bool = False, again: bool = False, force: bool = False,
-            probe: bool = False, gain: float = 0.0, unsized: bool = False) -> Steps[Optional[TrialResult]]:
-        ...
-
-    def config(self, n: int, prefetch: Optional[int] = None, pin: Optional[bool] = None,
-               threads: Optional[int] = None, limited: Optional[bool] = None) -> LoaderConfig:
-        ...
-
-    def climb_cap(self) -> int:
-        ...
-
-    def consumer(self, consumer_s: float) -> Optional[float]:
-        ...
-
-    def guard(self, config: LoaderConfig, per_worker_bytes: Optional[int]) -> Optional[str]:
-        ...
-
-    def per_worker_estimate(self) -> Optional[int]:
-        ...
-
-    def most_that_fit(self, *, low: int, high: int) -> Optional[int]:
-        ...
-
-    def first_pool(self, n: int) -> Tuple[int, bool]:
-        ...
-
-    def fit_below_refusals(self) -> Steps[None]:
-        ...
-
-    def refused(self) -> List[int]:
-        ...
-
-    def choose(self) -> Optional[TrialResult]:
-        ...
-
-    def candidates(self) -> List[TrialResult]:
-        ...
-
-    def result(self, chosen: Optional[TrialResult], consumer_rate: Optional[float]) -> TuneResult:
-        ...
 
 
 def online_steps(search: Search, *, serial: Optional[TrialResult] = None) -> Steps[TuneResult]:
