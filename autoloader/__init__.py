@@ -61,26 +61,25 @@ them).
                          fingerprint.py (keys), slot.py (one request's entry)
       search/            deciding what to try and what to keep
         retune.py        when an online loader searches again after an epoch, and which way (down only, or either)
+        online_plan.py   the online search's order: probe, prior, jumps, choice (search.py's parts after it)
         search.py        the model-guided search as a generator: yields candidates, takes measurements, returns a result
         verdict.py       the result it returns: what limits the choice, the disk's ceiling, persistent workers, why
         bounds.py        the one worker cap: max_workers, else the CPUs and `ulimit -n`; never past the shards
-        online_plan.py   the online search's order: probe, prior, jumps, choice (search.py's parts after it)
         switching.py     whether an online switch repays itself before the epoch ends; how long a window may last
         policy.py        the process decisions as pure functions: worker counts to try, the trial to choose
         online_policy.py the online search's decisions: where an epoch starts (the prior), where the search jumps
         capacity.py      what both policies read of a candidate's capacity: the tolerance, the headroom, the workers
                          that fill the CPUs (fill_count), saturated CPUs
-        budget.py        what a candidate takes of the budget: a worker's size, the checks before, at the first batch
-        growth.py        how much workers grow: in a trial, by an epoch's end (copy-on-read saturating), across epochs
-        footprint.py     what one configuration adds to memory: workers, batches in /dev/shm, pinned, threads' buffers
         thread_search.py its (processes, threads) part
         threads_policy.py the thread decisions
         thread_bounds.py how far they go: threads per process (the batch), processes, the process-only reference
         native_search.py its native-threads part: the choice measured without its limit, then with it beside it
         native_policy.py the native thread pools' limit: each worker's share, and whether to keep it (keep_limit)
         settings.py      what a search knows before measuring (Settings) and what it measured since (Findings)
-        memory_budget.py the memory budget, decided once: memory_budget= over what the probe read
         candidates.py    what a search asks to have measured (Candidate) and gets back; budget rules; the fallback
+        memory.py        the memory budget (decided once), what a configuration takes of it (footprint), how much
+                         workers grow (the copy-on-read forecast), and the checks before a pool starts and at its
+                         first batch
       _shards.py         how many shards an IterableDataset reads
       measure/           measuring one candidate
         trial.py         a trial: Run over an endless sampler, driven through the prefetcher into the step

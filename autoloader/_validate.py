@@ -54,7 +54,7 @@ def check_max_workers(max_workers: Any) -> None:
 def check_memory_budget(memory_budget: Any) -> Union[None, int, float]:
     """``memory_budget=`` of ``make_loader``/``tune``: None (the default share of the memory available to this
     process), bytes as an int >= 1, or a fraction in (0, 1] of that memory (NOTE [ Memory budget ] in
-    search/budget.py). Returns it as an int or a float."""
+    search/memory.py). Returns it as an int or a float."""
     if memory_budget is None:
         return None
     if isinstance(memory_budget, bool) or not isinstance(memory_budget, numbers.Real):

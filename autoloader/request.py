@@ -51,7 +51,7 @@ class Request:
     """As ``check_threads`` returns it: False, True (tuned) or an int >= 2 (fixed)."""
     memory_budget: Union[None, int, float] = None
     """As ``check_memory_budget`` returns it: None (default), bytes or a fraction;
-    ``search.memory_budget.resolve_budget`` makes it the budget."""
+    ``search.memory.resolve_budget`` makes it the budget."""
     native_threads: Union[None, bool, int] = None
     """As ``check_native_threads`` returns it: None (autoloader decides), False (never touched) or an int >= 1
     (fixed): the limit of each worker's native thread pools (NOTE [ Native thread pools ] in loader/native.py)."""

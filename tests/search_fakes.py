@@ -4,7 +4,7 @@ import dataclasses
 
 from autoloader.config import LoaderConfig
 from autoloader.results import TrialResult
-from autoloader.search import growth
+from autoloader.search import memory
 
 MIB, GIB = 2**20, 2**30
 
@@ -24,7 +24,7 @@ def fake(n, rate, *, uss=100 * MIB, growth=0, batch_bytes=MIB, threads=1, status
 def growth_for(n, slope, *, batches=40, batch=32, prefetch=2):
     """The growth a worker of ``n`` shows in a trial when it grows ``slope`` bytes per sample it makes (plus the
     noise any worker shows: these trials' batches are 1 MiB)."""
-    return int(slope * (batches + n * prefetch + n) * batch / n) + max(growth.GROWTH_NOISE_BYTES, 2 * prefetch * MIB)
+    return int(slope * (batches + n * prefetch + n) * batch / n) + max(memory.GROWTH_NOISE_BYTES, 2 * prefetch * MIB)
 
 
 def copying(n, rate=1000.0, *, uss=10 * MIB, per_sample=4096, span=181 * MIB, shared=260 * MIB, batches=None,

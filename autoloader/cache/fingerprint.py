@@ -202,7 +202,7 @@ def step_descriptor(step: Any) -> str:
 # The key must name the machine, not its mood: the memory *budget* (what is free now) moves from run to run with the
 # page cache and other jobs, so hashing it, even bucketed, flips keys whenever it straddles a bucket edge. The
 # machine's memory *size* is what identifies it: the cgroup limit when there is one (a container's size), else the
-# physical total, in whole GiB. The live budget still guards every trial (budget_guard in search/budget.py) and is
+# physical total, in whole GiB. The live budget still guards every trial (budget_guard in search/memory.py) and is
 # checked again when a cached result is used, so a shared key never lets a config outgrow the memory free today.
 def _memory_size_gib(profile: Any) -> Optional[int]:
     size = profile.memory.limit_bytes or profile.memory.total_bytes

@@ -14,8 +14,8 @@ from typing import Iterable, List, Mapping, Optional, Sequence
 import torch.multiprocessing
 
 from ..cache import CacheEntry, resolve_cache
-from ..search.budget import shm_need_bytes
-from ..search.memory_budget import resolve_budget
+from ..search.memory import shm_need_bytes
+from ..search.memory import resolve_budget
 from ..probe import (THREAD_ENV_VARS, CpuInfo, MachineProfile, MemoryInfo, ShmInfo, load_profile,
                      open_files_limit, probe_machine)
 from ..probe._pools import NativePool, pools_here
@@ -37,7 +37,7 @@ GOOD_NOFILE = 65536
 
 @dataclass(frozen=True)
 class ShmNeed:
-    """The /dev/shm a cached configuration needs: its batches in flight (see ``budget.budget_guard``)."""
+    """The /dev/shm a cached configuration needs: its batches in flight (see ``memory.budget_guard``)."""
 
     label: str
     need_bytes: int
@@ -46,7 +46,7 @@ class ShmNeed:
 # -- /dev/shm -------------------------------------------------------------------------------------------------------
 def shm_needs(entries: Iterable[CacheEntry]) -> List[ShmNeed]:
     """What each valid cached configuration with workers needs in /dev/shm: (workers x prefetch + 2) batches, the
-    count ``budget.budget_guard`` uses; the batch size is the one its trials measured."""
+    count ``memory.budget_guard`` uses; the batch size is the one its trials measured."""
     needs = []
     for entry in entries:
         result = entry.result
@@ -90,7 +90,7 @@ _SOURCE_WORDS = {"cgroup": "cgroup (its limit minus what the cgroup uses is tigh
 
 
 def check_memory_budget(memory: MemoryInfo, *, memory_budget: "int | float | None" = None) -> Finding:
-    """The memory budget a loader of this process gets (``search/memory_budget.py``, ``resolve_budget``): bytes, the
+    """The memory budget a loader of this process gets (``search/memory.py``, ``resolve_budget``): bytes, the
     fraction, and where it came from (cgroup, available memory or the user)."""
     name = "memory budget"
     budget = resolve_budget(memory_budget, memory)

@@ -1,5 +1,5 @@
 """Which of a forked worker's pages it still shares with this process, read twice (Linux ``/proc/<pid>/pagemap``): the
-pages it copied in between, and where they lie (NOTE [ Copy-on-read forecast ] in search/growth.py).
+pages it copied in between, and where they lie (NOTE [ Copy-on-read forecast ] in search/memory.py).
 
 A forked worker's private writable mappings start out shared with this process page by page; a page it writes (an
 object's reference count, read by ``__getitem__``) becomes its own. ``pagemap`` says, per page, whether it is present

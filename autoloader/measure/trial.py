@@ -93,7 +93,7 @@ def run_trial(request: Request, config: LoaderConfig, *, consumer: Consumer, lim
 
     Returns a ``TrialResult`` with ``status="failed"`` and the reason when the candidate itself fails (worker killed,
     timeout, file descriptors, or a thread candidate the tuner chose, ``threads_tuned``, raising), and with
-    ``status="skipped"`` when ``memory`` (the candidate's ``budget.MemoryCheck``) stopped it at its first batch;
+    ``status="skipped"`` when ``memory`` (the candidate's ``memory.MemoryCheck``) stopped it at its first batch;
     re-raises the user's own exceptions from the dataset or the step unchanged, and ``KeyboardInterrupt``. With
     ``measure_consumer``, ``consumer_s_per_batch`` and ``consumer_cpu_s_per_batch`` are the step alone timed on the
     last batch (see ``Consumer.cost_per_batch``); otherwise the host time and CPU spent in the step during the

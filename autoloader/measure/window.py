@@ -30,7 +30,7 @@ Clocks = Tuple[float, Optional[float]]
 
 
 class MemoryCheck(Protocol):
-    """The search's ``budget.MemoryCheck`` (a candidate's ``memory``): (config, one worker's USS at the first batch
+    """The search's ``memory.MemoryCheck`` (a candidate's ``memory``): (config, one worker's USS at the first batch
     (the mean of those read), the batch's bytes) -> why it must stop, or None; ``census``: read which pages a worker
     copies (``cow``)."""
 
@@ -95,8 +95,8 @@ class Window:
         self.memory_check: Optional[MemoryCheck] = None
         """The memory budget the workers face at their first batch (set by the driver: ``Candidate.memory``)."""
         self.over_budget: Optional[str] = None
-        """Why the candidate stopped at its first batch (``budget.first_batch_check``): the window is then complete
-        at once and its result "skipped" (NOTE [ Memory budget ] in search/budget.py)."""
+        """Why the candidate stopped at its first batch (``memory.first_batch_check``): the window is then complete
+        at once and its result "skipped" (NOTE [ Memory budget ] in search/memory.py)."""
 
     def first_batch(self, batch: Any, t_got: float, *, workers: Sequence[Any], memory: bool = True) -> None:
         """The first batch arrived: start-up is over; start tracking ``workers`` (their memory too, for the budget's

@@ -48,7 +48,7 @@ class MemoryInfo:
     """``limit_bytes``: the tightest cgroup memory limit (None = none). ``budget_bytes``: what this process tree can
     still allocate before either the machine runs out (``available_bytes``) or the cgroup limit is hit
     (``headroom_bytes``: limit minus the cgroup's working set; None without a limit); the ceiling for extra workers'
-    memory, from which ``search/memory_budget.py`` takes the loader's memory budget."""
+    memory, from which ``search/memory.py`` takes the loader's memory budget."""
 
     total_bytes: Optional[int]
     available_bytes: Optional[int]

@@ -61,11 +61,11 @@ class TrialResult:
             is then a lower bound counted from the start, shown as "not steady".
         worker_uss_total_bytes (int): The workers' memory: the sum of their USS at the window's end.
         footprint_bytes (int): What the configuration takes of the memory budget (NOTE [ Memory budget ] in
-            ``autoloader/search/budget.py``): from its own measurements when it ran, predicted when it was skipped;
+            ``autoloader/search/memory.py``): from its own measurements when it ran, predicted when it was skipped;
             None when unknown.
         worker_copied_bytes (int): What one worker copied of the pages it shared with the main process, from its first
             batch to the window's end (copy-on-read: NOTE [ Copy-on-read forecast ] in
-            ``autoloader/search/growth.py``); None with one worker, or where Linux's ``/proc/<pid>/pagemap`` could
+            ``autoloader/search/memory.py``); None with one worker, or where Linux's ``/proc/<pid>/pagemap`` could
             not be read.
         worker_copied_run_bytes (int): Of ``worker_copied_bytes``, the pages next to another copied one (what the
             worker wrote, such as new objects in inherited free space: they grow linearly, not up to a span).

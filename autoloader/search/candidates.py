@@ -30,7 +30,7 @@ import torch
 from ..config import LoaderConfig, default_pin, make_config
 from ..errors import TuningError
 from ..results import TrialResult, TuneResult
-from .budget import MemoryCheck
+from .memory import MemoryCheck
 
 DEFAULT_BUDGET_S = 30.0
 PRIOR_WORKER_START_S = 0.1
@@ -47,7 +47,7 @@ Progress = Callable[[TrialResult, float, float], None]
 class Candidate:
     """What the search asks to have measured next: a configuration, the soft time limit of its measurement (NOTE
     [ Candidate time limit ]), whether to time the consumer step alone too (the first, serial candidate), and the
-    memory check its workers face at their first batch (a ``budget.MemoryCheck``; None: nothing to check). Online
+    memory check its workers face at their first batch (a ``memory.MemoryCheck``; None: nothing to check). Online
     only: ``probe``, the first batches' costs are all it needs (NOTE [ Online convergence ] in online_policy.py);
     ``gain``, the share by which it is predicted to beat the best measured so far (whether switching to it repays
     itself: ``switching.repays``)."""

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 from .._text import mib
 from ..results import TrialResult, TuneResult
-from . import budget, online_policy, policy, switching
+from . import memory, online_policy, policy, switching
 from .candidates import Steps
 from .capacity import busy_cpus
 from .native_search import compare_native
@@ -57,7 +57,7 @@ def online_steps(search: Search, *, serial: Optional[TrialResult] = None) -> Ste
 
 
 def _prior_pool(search: Search, serial: TrialResult, prior: int) -> Steps[None]:
-    """The prior's pool, held to what is known to fit the memory budget (NOTE [ Memory budget ] in budget.py): the
+    """The prior's pool, held to what is known to fit the memory budget (NOTE [ Memory budget ] in memory.py): the
     most of ``prior`` workers that fit at the size known (measured, else this process's private memory); then, once
     its workers were measured, grown to the most of ``prior`` that fit at their measured size. When not one worker fits
     at the conservative size, one starts, checked at its first batch."""
@@ -75,7 +75,7 @@ def _prior_pool(search: Search, serial: TrialResult, prior: int) -> Steps[None]:
         last = search.found.trials[-1]
         if last.status != "skipped":
             break
-        workers = workers - 1 if budget.skipped_for_memory(last) else workers // 2  # its workers' size is known
+        workers = workers - 1 if memory.skipped_for_memory(last) else workers // 2  # its workers' size is known
     if workers and workers < prior and search.found.per_worker_bytes is not None:
         grown = search.most_that_fit(low=workers, high=prior)
         if grown is not None and grown > workers:

@@ -18,7 +18,7 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 #    worker makes a batch per ``fetch_s``, the loop eats one per ``consumer_s``). Serial serving goes on only while
 #    the evidence says the loop could not be ``SERIAL_MARGIN`` faster with workers: they hide at most the loading, and
 #    each batch they hand over costs the main process ``HANDOVER_S``. The prior's pool is what fits the memory budget
-#    at the size known (NOTE [ Memory budget ] in budget.py).
+#    at the size known (NOTE [ Memory budget ] in memory.py).
 # 2. Measure in time and confidence. A candidate's window opens once the batches its workers prefetched are drained
 #    (the loop waited for one: the queue is empty) and closes when its rate is known within half the tolerance from
 #    its own batches' jitter, or at a bound (``switching.window_bound_s``) of a few per cent of the epoch
@@ -29,23 +29,26 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 #    over; a step on the CPU). A candidate the loop waited for whose rate is below its workers times one worker's
 #    rate, beyond the tolerance, is past that knee: the search goes down to the knee (``knee``: the best rate measured
 #    over one worker's, with twice the tolerance of headroom), and between it and the best while a jump down falls
-#    short. One beside a step on the CPU that keeps every CPU busy goes down to the count that fills what it leaves. Otherwise, with CPUs to spare, it is scaled up to what meets the step or fills the CPUs, in one move; one
-#    that keeps up is cut to the fewest Little's law says still keep up. A window the loop never waited in
+#    short. One beside a step on the CPU that keeps every CPU busy goes down to the count that fills what it leaves.
+#    Otherwise, with CPUs to spare, it is scaled up to what meets the step or fills the CPUs, in one move; one that
+#    keeps up is cut to the fewest Little's law says still keep up. A window the loop never waited in
 #    (``TrialResult.drained`` False) measured the loop's pace while the prefetched batches lasted, not the workers':
 #    when the workers are only a little slower than the loop their queue drains over hundreds of batches, far past
 #    any window, so such a candidate is weighed at the rate Little's law gives its workers from the serial probe, when
 #    that is lower (``sustained``); and no candidate holds more than ``IN_FLIGHT_SHARE`` of the epoch in flight
 #    (``measurable_cap``): it would serve its window from its queue. A jump up that measures below the best so far
-#    beyond the tolerance is rolled back
-#    at once (the selection keeps the best). At most ``MAX_JUMPS`` jumps per search. Then serial serving is measured
+#    beyond the tolerance is rolled back at once (the selection keeps the best), except the first pool below serial
+#    serving for its own workers (``capacity.worker_bound``: the loop waited for them while the main process was
+#    free; one worker loads and hands over what the main process loaded alone), which is scaled up as above. At most
+#    ``MAX_JUMPS`` jumps per search. Then serial serving is measured
 #    as any candidate when the workers chosen do not beat its most hopeful estimate by ``SERIAL_CHECK``
 #    (``serial_in_doubt``): the probe's first steps are slow while a step warms up, and a step on the CPU loses to
 #    workers that take its cores, which only a window of serial serving in the same loop shows. The choice is the
 #    fewest workers within the tolerance of the best measured.
-# 4. A switch must repay itself (``switching.repays``): when the rest of the epoch is too short for the predicted gain to
-#    cover what the switch costs the loop (forking the workers on the loop's thread, as the largest pool started so far
-#    measured it, ``switching.fork_s``; a window at a risk of being slower), the candidate waits for the next epoch,
-#    where starting it costs what starting any configuration does.
+# 4. A switch must repay itself (``switching.repays``): when the rest of the epoch is too short for the predicted gain
+#    to cover what the switch costs the loop (forking the workers on the loop's thread, as the largest pool started so
+#    far measured it, ``switching.fork_s``; a window at a risk of being slower), the candidate waits for the next
+#    epoch, where starting it costs what starting any configuration does.
 """
 from __future__ import annotations
 
@@ -59,11 +62,10 @@ from ..results import TrialResult
 from .capacity import DEFAULT_TOLERANCE, FORK_S, HEADROOM, cpu_saturated, fill_count, worker_bound
 from .threads_policy import rate
 
-__all__ = ["BISECT_RATIO", "EARLY_BATCHES", "EARLY_MIN_FETCH_S", "HANDOVER_S", "IN_FLIGHT_SHARE", "Jump", "KEEPS_UP_STALL", "MAX_JUMPS",
-           "SERIAL_CHECK", "SERIAL_MARGIN", "cpu_share", "fills_cpus", "jump", "keeps_up", "knee", "measurable_cap",
-           "prior_gain", "prior_workers",
-           "serial_competitive", "serial_estimate", "serial_in_doubt", "starts_early", "steal_s", "sustained",
-           "untimed_cap"]
+__all__ = ["BISECT_RATIO", "EARLY_BATCHES", "EARLY_MIN_FETCH_S", "HANDOVER_S", "IN_FLIGHT_SHARE", "Jump",
+           "KEEPS_UP_STALL", "MAX_JUMPS", "SERIAL_CHECK", "SERIAL_MARGIN", "cpu_share", "fills_cpus", "jump",
+           "keeps_up", "knee", "measurable_cap", "prior_gain", "prior_workers", "serial_competitive", "serial_estimate",
+           "serial_in_doubt", "starts_early", "steal_s", "sustained", "untimed_cap"]
 
 HANDOVER_S = 0.5e-3
 """What the main process pays to receive one batch from a worker (unpickling, mapping its shared memory), before any

@@ -4,7 +4,7 @@ and at most, and which trial to choose; easy to read, and tested with tables of 
 Nothing here runs a trial, reads the machine or the clock; ``search.py`` feeds these functions what it measured. The
 decisions about threads per process live in ``threads_policy.py`` (NOTE [ Processes x threads ]), which
 ``thread_search.py`` reads directly; ``select`` only borrows its ``fewest_near``. What a worker is sized at and the
-memory checks are ``budget.py``'s; what the result reports of its choice (the bottleneck) is ``verdict.py``'s.
+memory checks are ``memory.py``'s; what the result reports of its choice (the bottleneck) is ``verdict.py``'s.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Collection, List, Mapping, Optional, Sequence, Tuple
 
 from . import native_policy
 from .capacity import DEFAULT_TOLERANCE, HEADROOM, busy_cpus, fill_count, worker_bound
-from .budget import trial_footprint
-from .growth import forecast_bytes, growth_per_sample
+from .memory import trial_footprint
+from .memory import forecast_bytes, growth_per_sample
 from .threads_policy import fewest_near, rate
 from .._text import mib
 from ..results import TrialResult

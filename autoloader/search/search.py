@@ -1,6 +1,6 @@
 """Which candidates to try, in what order, within what budget, and which one to choose.
 
-The search is model-guided (each decision a pure function: ``policy.py``, ``threads_policy.py``, ``budget.py`` for
+The search is model-guided (each decision a pure function: ``policy.py``, ``threads_policy.py``, ``memory.py`` for
 memory, ``verdict.py`` for what the result reports): one serial candidate (``num_workers=0``) measures
 what a batch costs to load (wall and CPU time) and what the consumer costs; a first worker candidate measures what one
 worker delivers and how busy it keeps a CPU; from these the worker count that meets the consumer or fills the CPUs is
@@ -25,11 +25,11 @@ from ..probe import MachineProfile, private_bytes
 from ..request import Request
 from .._text import mib
 from ..results import TrialResult, TuneResult
-from . import budget, native_policy, online_policy, policy, thread_bounds, threads_policy, verdict
+from . import memory, native_policy, online_policy, policy, thread_bounds, threads_policy, verdict
 from .bounds import worker_bounds
-from .budget import MemoryCheck, budget_guard, footprint, measured_batch_bytes, trial_footprint
-from .budget import per_worker_bytes as worker_size
-from .growth import forecast_guard
+from .memory import MemoryCheck, budget_guard, footprint, measured_batch_bytes, trial_footprint
+from .memory import per_worker_bytes as worker_size
+from .memory import forecast_guard
 from .candidates import Candidate, Progress, Steps, admit, start_costs, trial_limit
 from .settings import Findings, Settings
 from .native_search import compare_native
@@ -97,8 +97,8 @@ class Search:
 
     # -- one candidate ------------------------------------------------------------------------------------------
     def guard(self, config: LoaderConfig, per_worker_bytes: Optional[int]) -> Optional[str]:
-        """Why ``config`` would not fit in the memory budget or /dev/shm (``budget.budget_guard``), or by the end of
-        an epoch, its workers copying as measured (``growth.forecast_guard``); None when it fits."""
+        """Why ``config`` would not fit in the memory budget or /dev/shm (``memory.budget_guard``), or by the end of
+        an epoch, its workers copying as measured (``memory.forecast_guard``); None when it fits."""
         budget_bytes, batch_bytes = self.settings.memory_budget, self.found.batch_bytes
         return budget_guard(config, per_worker_bytes=per_worker_bytes, batch_bytes=batch_bytes,
                             budget_bytes=budget_bytes, shm_free_bytes=self.settings.shm_free) or \
@@ -107,13 +107,13 @@ class Search:
                            budget_bytes=budget_bytes, epoch_samples=self.settings.epoch_samples)
 
     def per_worker_estimate(self) -> Optional[int]:
-        """One worker's memory for the checks before a candidate starts (``budget.per_worker_estimate``): as measured,
+        """One worker's memory for the checks before a candidate starts (``memory.per_worker_estimate``): as measured,
         else this process's private memory (agreed by the ranks at each outcome; before the first, this process's own
         when it is alone, else unknown)."""
         private = self.main_private
         if private is None and self.coordinator.size == 1:  # before the first outcome (ranks read theirs apart)
             private = private_bytes()
-        return budget.per_worker_estimate(self.found.per_worker_bytes, main_private_bytes=private)
+        return memory.per_worker_estimate(self.found.per_worker_bytes, main_private_bytes=private)
 
     def most_that_fit(self, *, low: int, high: int) -> Optional[int]:
         """The most workers up to ``high`` that the memory budget admits (``guard``, at the size known: it grows with
@@ -134,7 +134,7 @@ class Search:
         """(workers, unsized) of a search's first pool of up to ``n`` workers: the most that fit at the size known
         (``most_that_fit``); before any worker was measured and when not even one fits at this process's private
         size, one worker ``unsized`` (checked at its first batch: ``run``); (0, False) when none fits at a measured
-        size. NOTE [ Memory budget ] in budget.py."""
+        size. NOTE [ Memory budget ] in memory.py."""
         fitting = self.most_that_fit(low=0, high=n) if n > 0 else 0
         if fitting is None:
             return (1, True) if self.found.per_worker_bytes is None else (0, False)
@@ -164,8 +164,8 @@ class Search:
             yield from self.run(self.config(workers))
 
     def memory_check(self, config: LoaderConfig) -> Optional[MemoryCheck]:
-        """What ``config``'s workers are checked against at their first batch (``budget.memory_check``)."""
-        return budget.memory_check(config, self.found.trials, budget_bytes=self.settings.memory_budget,
+        """What ``config``'s workers are checked against at their first batch (``memory.memory_check``)."""
+        return memory.memory_check(config, self.found.trials, budget_bytes=self.settings.memory_budget,
                                    main_private_bytes=self.main_private, batch_bytes=self.found.batch_bytes,
                                    explicit=self.settings.memory.source == "user" or self.settings.memory.user_fraction)
 
@@ -204,7 +204,7 @@ class Search:
         self.found.by_config[config] = trial
         if trial.batch_bytes is not None and self.found.batch_bytes is None:
             self.found.batch_bytes = trial.batch_bytes
-        self.found.per_worker_bytes = budget.per_worker_bytes(self.found.trials) or self.found.per_worker_bytes
+        self.found.per_worker_bytes = memory.per_worker_bytes(self.found.trials) or self.found.per_worker_bytes
         elapsed = self.elapsed()
         online = not math.isfinite(self.settings.budget)
         log.info("%s %-34s %-24s %5.1f s%s", "candidate" if online else "trial", config.label(),
@@ -219,7 +219,7 @@ class Search:
         """A candidate skipped for memory while one worker's memory was only estimated (spawned workers: this
         process's RSS) that fits now that a worker was measured: no longer a ceiling, and measured when proposed
         again."""
-        return budget.skipped_for_memory(trial) and self.found.per_worker_bytes is not None and \
+        return memory.skipped_for_memory(trial) and self.found.per_worker_bytes is not None and \
             self.guard(trial.config, self.found.per_worker_bytes) is None
 
     def rates(self) -> Dict[int, Optional[float]]:
@@ -230,7 +230,7 @@ class Search:
     def refused(self) -> List[int]:
         """Of ``rates``, the worker counts refused for memory, skipped or measured past the budget: ceilings the climb
         may go halfway to (``policy.next_worker_count``)."""
-        return [c.num_workers for c, t in self._counted() if budget.skipped_for_memory(t) or self._over_budget(t)]
+        return [c.num_workers for c, t in self._counted() if memory.skipped_for_memory(t) or self._over_budget(t)]
 
     def _counted(self) -> List[Tuple[LoaderConfig, TrialResult]]:
         settings = self.settings

@@ -11,7 +11,7 @@ from ..config import DEFAULT_PREFETCH, LoaderConfig, default_pin
 from ..probe import start_method
 from ..probe.machine import MachineProfile
 from ..results import TrialResult
-from .memory_budget import MemoryBudget, resolve_budget
+from .memory import MemoryBudget, resolve_budget
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Settings:
     budget: float
     """Seconds (``math.inf`` online)."""
     memory: MemoryBudget
-    """The memory budget (``memory_budget.resolve_budget``; NOTE [ Memory budget ] in budget.py): every candidate's
+    """The memory budget (``memory.resolve_budget``; NOTE [ Memory budget ] in memory.py): every candidate's
     footprint stays under it."""
     shm_free: Optional[int]
     epoch_samples: Optional[int]

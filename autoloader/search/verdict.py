@@ -9,10 +9,10 @@ import time
 from typing import Callable, Optional, Sequence
 
 from . import native_policy
-from .budget import skipped_for_memory
+from .memory import skipped_for_memory
 from .capacity import cpu_saturated, step_cpus
 from .candidates import fallback_result
-from .growth import lasting_bytes
+from .memory import lasting_bytes
 from .settings import Findings, Settings
 from .threads_policy import rate
 from ..errors import warn_user
@@ -129,7 +129,7 @@ def disk_ceiling(*, read_bytes_per_sample: Optional[float], seq_read_mb_s: Optio
 def keep_workers_alive(num_workers: int, *, per_worker_bytes: Optional[int], budget_bytes: Optional[int],
                        lasting_bytes: Optional[int] = None) -> bool:
     """``persistent_workers``: on with workers, unless they would hold more than half the memory budget between
-    epochs, or their footprint once copy-on-read copied all it can reach (``growth.lasting_bytes``: workers kept
+    epochs, or their footprint once copy-on-read copied all it can reach (``memory.lasting_bytes``: workers kept
     across epochs get there, fresh ones each epoch start over) is over the budget."""
     if num_workers == 0:
         return False

@@ -232,7 +232,7 @@ as those read."""
 class WorkerSample:
     """Cumulative counters of a set of workers at one instant; memory of ``MEMORY_SAMPLE`` of them at most
     (``uss_by_pid``), ``uss_total`` scaled to every worker running; ``mean_uss``: one worker's size, the mean of those
-    read (what the pool's total is made of: NOTE [ Memory budget ] in search/budget.py)."""
+    read (what the pool's total is made of: NOTE [ Memory budget ] in search/memory.py)."""
 
     cpu_s: float
     read_bytes: Optional[int]

@@ -27,7 +27,7 @@
 # batches go back in front of B's: NOTE [ Exact epochs across candidates ] in loader/slices.py). A worker failure in
 # A's tail does not reach the loop (A was measured and the search moved on): it is logged, and B starts again,
 # plainly.
-# Memory. Under a memory budget both pools at once must fit it (``Plan.fits_beside``, ``search/budget.py
+# Memory. Under a memory budget both pools at once must fit it (``Plan.fits_beside``, ``search/memory.py
 # overlap_guard``: A's footprint as measured plus B's with a worker sized as measured); otherwise A stops first, as
 # when the ranks' tails differ below (a waiting-bound tuning had peaked at 502 MiB under 380 MiB, 12 workers' tail
 # beside 13 starting). One process only: the ranks agree their tails, not their memory.

@@ -17,7 +17,7 @@ from ..probe import MachineProfile
 from ..request import Request
 from ..results import Decision, TrialResult, TuneResult
 from ..search import online_policy, switching
-from ..search.budget import overlap_guard
+from ..search.memory import overlap_guard
 from ..search.candidates import Candidate, Steps
 from ..search.online_plan import online_cap, online_steps
 from ..search.retune import retune

@@ -70,7 +70,7 @@ def test_a_child_reading_nothing_copies_next_to_nothing():
         os.write(go, b"x")
         os.waitpid(pid, 0)
     # what this process writes meanwhile (the census's own arrays) leaves the only other holder of those pages, the
-    # child, holding them alone: about 1 MiB here, the noise growth.COPY_NOISE_BYTES allows for
+    # child, holding them alone: about 1 MiB here, the noise memory.COPY_NOISE_BYTES allows for
     assert cow.copied(first, last).copied_bytes < 2 * MIB
 
 

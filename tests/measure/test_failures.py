@@ -25,7 +25,7 @@ import torch
 
 import fault_data as fd
 from autoloader import AutoloaderWarning, LoaderConfig, TrialResult, make_loader
-from autoloader.search.growth import copied_per_sample
+from autoloader.search.memory import copied_per_sample
 from autoloader.measure.advice import COPY_ON_READ_MIN_BYTES, warn_once
 from autoloader.cache import TuneCache
 from autoloader.consumer import Consumer

@@ -10,7 +10,7 @@ from autoloader.consumer import Consumer
 from autoloader.measure.trial import _Cycle, run_trial, trial_loader
 from autoloader.measure.window import MIN_WINDOW_S
 from autoloader.request import Request
-from autoloader.search.budget import MemoryCheck
+from autoloader.search.memory import MemoryCheck
 from helpers import wait_no_children
 from workloads import CpuBound, InMemory, LatencyBound
 

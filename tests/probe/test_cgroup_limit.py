@@ -24,7 +24,7 @@ import json, sys
 sys.path.insert(0, {tests!r})
 {enter}
 from autoloader.probe import probe_machine
-from autoloader.search.memory_budget import resolve_budget
+from autoloader.search.memory import resolve_budget
 memory = probe_machine(disk=False, gpus=False).memory
 budget = resolve_budget(None, memory)
 print(json.dumps(dict(limit=memory.limit_bytes, headroom=memory.headroom_bytes, available=memory.available_bytes,

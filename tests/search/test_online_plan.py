@@ -200,7 +200,7 @@ def test_a_prior_over_the_memory_budget_starts_at_the_most_that_fit(monkeypatch)
 @dataclasses.dataclass
 class Budgeted(Host):
     """A host whose workers measure ``worker_mib`` each at their first batch, stopped there when ``workers x
-    worker_mib`` passes ``budget_mib`` (``budget.first_batch_check``)."""
+    worker_mib`` passes ``budget_mib`` (``memory.first_batch_check``)."""
 
     worker_mib: int = 16
     budget_mib: int = 380

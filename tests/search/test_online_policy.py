@@ -1,7 +1,6 @@
 """The online search's decisions (search/online_policy.py, NOTE [ Online convergence ]) on tables of facts and fake
 trials: where an epoch starts, whether the prior starts inside the first batch, where the search jumps, whether a
 switch repays itself, how long a window may last. No process, no clock."""
-import math
 
 import pytest
 

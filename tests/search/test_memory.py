@@ -1,7 +1,7 @@
-"""The memory budget (NOTE [ Memory budget ] in search/budget.py): what a candidate takes of it, the checks before it
+"""The memory budget (NOTE [ Memory budget ] in search/memory.py): what a candidate takes of it, the checks before it
 starts and at its first batch, what a worker is sized at, and the search kept under it; tables of fake trials, plus
 one real trial whose workers grow by a known amount per sample. How the budget is decided: test_memory_budget.py; the
-footprint formula: test_footprint.py; the copy-on-read forecast: test_growth.py."""
+footprint formula: test_memory_footprint.py; the copy-on-read forecast: test_memory_forecast.py."""
 import dataclasses
 import gc
 import math
@@ -9,7 +9,6 @@ import time
 import warnings
 from typing import Callable, List
 
-import psutil
 import pytest
 import torch
 from hypothesis import given, settings
@@ -22,7 +21,7 @@ from autoloader.consumer import Consumer
 from autoloader.measure.trial import run_trial
 from autoloader.request import Request
 from autoloader.results import TrialResult, TuneResult
-from autoloader.search import budget, growth, policy, verdict
+from autoloader.search import memory, policy, verdict
 from autoloader.search.search import Search
 from helpers import drive_search, full_profile
 from workloads import LatencyBound
@@ -31,13 +30,13 @@ from search_fakes import GIB, MIB, config, copying, fake, growth_for
 
 def test_budget_guard_names_the_budget_and_the_fix():
     kw = dict(per_worker_bytes=100 * MIB, batch_bytes=MIB, shm_free_bytes=None)
-    assert budget.budget_guard(config(8), budget_bytes=GIB, **kw) is None  # 800 + 18 MiB
-    reason = budget.budget_guard(config(16), budget_bytes=GIB, **kw)
+    assert memory.budget_guard(config(8), budget_bytes=GIB, **kw) is None  # 800 + 18 MiB
+    reason = memory.budget_guard(config(16), budget_bytes=GIB, **kw)
     assert reason.startswith("memory:") and "16 workers" in reason and "memory budget of 1,024 MiB" in reason
     assert "memory_budget=" in reason and "max_workers=" in reason
-    assert budget.budget_guard(config(0), budget_bytes=1, **kw) is None
-    assert budget.budget_guard(config(16), budget_bytes=None, **kw) is None
-    assert budget.budget_guard(config(16), budget_bytes=GIB, per_worker_bytes=None, batch_bytes=MIB,
+    assert memory.budget_guard(config(0), budget_bytes=1, **kw) is None
+    assert memory.budget_guard(config(16), budget_bytes=None, **kw) is None
+    assert memory.budget_guard(config(16), budget_bytes=GIB, per_worker_bytes=None, batch_bytes=MIB,
                                shm_free_bytes=None) is None
 
 
@@ -45,21 +44,21 @@ def test_budget_guard_checks_what_is_known_before_a_worker_is_measured():
     """NOTE [ Memory budget ]: with no worker measured (forked), the batches in flight are known and no worker size can
     make them smaller: 16 workers x prefetch 2 of 64 MiB batches (34 in /dev/shm: 2,176 MiB) do not fit 1 GiB."""
     kw = dict(per_worker_bytes=None, batch_bytes=64 * MIB, shm_free_bytes=None)
-    reason = budget.budget_guard(config(16), budget_bytes=GIB, **kw)
+    reason = memory.budget_guard(config(16), budget_bytes=GIB, **kw)
     assert reason is not None and "need at least 2,176 MiB" in reason and "not measured yet" in reason, reason
     assert "memory_budget=" in reason and "max_workers=" in reason
-    assert budget.budget_guard(config(6), budget_bytes=GIB, **kw) is None  # 14 batches, 896 MiB: the workers unknown
-    assert budget.budget_guard(config(16), budget_bytes=GIB, per_worker_bytes=None, batch_bytes=None,
+    assert memory.budget_guard(config(6), budget_bytes=GIB, **kw) is None  # 14 batches, 896 MiB: the workers unknown
+    assert memory.budget_guard(config(16), budget_bytes=GIB, per_worker_bytes=None, batch_bytes=None,
                                shm_free_bytes=None) is None  # nothing known
 
 
 def test_budget_guard_checks_dev_shm_as_its_own_limit():
     # 4 workers x 2 prefetch + 2 in hand = 10 batches of 10 MiB = 100 MiB
     kw = dict(per_worker_bytes=MIB, batch_bytes=10 * MIB, budget_bytes=None)
-    assert budget.budget_guard(config(4), shm_free_bytes=200 * MIB, **kw) is None
-    reason = budget.budget_guard(config(4), shm_free_bytes=64 * MIB, **kw)
+    assert memory.budget_guard(config(4), shm_free_bytes=200 * MIB, **kw) is None
+    reason = memory.budget_guard(config(4), shm_free_bytes=64 * MIB, **kw)
     assert "/dev/shm" in reason and "--shm-size" in reason
-    assert budget.budget_guard(config(0), shm_free_bytes=1, **kw) is None
+    assert memory.budget_guard(config(0), shm_free_bytes=1, **kw) is None
 
 
 @pytest.mark.parametrize("table, budget_bytes, expected, warned", [
@@ -98,8 +97,8 @@ def test_a_forecast_past_the_budget_warns_and_prefers_fewer_workers_or_threads()
 def test_a_cached_result_is_checked_with_the_same_footprint():
     trials = (fake(0, 100.0), fake(8, 400.0))
     result = TuneResult(LoaderConfig(8, 2, False, True), 400.0, "cpu", "tuned", trials)
-    assert budget.no_longer_fits(result, budget_bytes=GIB, shm_free_bytes=None) is None
-    reason = budget.no_longer_fits(result, budget_bytes=800 * MIB, shm_free_bytes=None)
+    assert memory.no_longer_fits(result, budget_bytes=GIB, shm_free_bytes=None) is None
+    reason = memory.no_longer_fits(result, budget_bytes=800 * MIB, shm_free_bytes=None)
     assert "memory budget of 800 MiB" in reason
 
 
@@ -165,7 +164,7 @@ def test_the_search_warns_when_growth_over_the_epoch_would_cross_the_budget():
     with pytest.warns(AutoloaderWarning, match="gc.freeze"):
         _, result = drive(lambda c: waiting(c, slope=5000), memory_budget=GIB)
     chosen = next(t for t in result.trials if t.ok and t.config.same_candidate(result.config))
-    assert growth.forecast_bytes(chosen, epoch_samples=100_000) <= GIB, result
+    assert memory.forecast_bytes(chosen, epoch_samples=100_000) <= GIB, result
     fastest = max((t for t in result.trials if t.ok), key=lambda t: t.samples_per_s)
     assert result.num_workers < fastest.config.num_workers
 
@@ -196,10 +195,10 @@ def test_a_trial_measures_the_growth_per_sample_and_the_forecast_catches_it():
     request = Request.checked(Hoarder(grow_bytes=grow), 4, device="cpu")
     trial = run_trial(request, config(2), consumer=Consumer(None, torch.device("cpu")), limit_s=5.0)
     assert trial.ok, trial.reason
-    slope = growth.growth_per_sample(trial)
+    slope = memory.growth_per_sample(trial)
     assert slope is not None and 0.5 * grow <= slope <= 2.0 * grow, (slope, trial)
     # an epoch of 100,000 samples: about 12 GiB of growth; a 1 GiB budget is crossed, with the fix named
-    forecast = growth.forecast_bytes(trial, epoch_samples=100_000)
+    forecast = memory.forecast_bytes(trial, epoch_samples=100_000)
     assert forecast > 3 * GIB
     chosen, warning = policy.select_within_budget([trial], budget_bytes=GIB, epoch_samples=100_000)
     assert warning is not None and "gc.freeze()" in warning
@@ -210,11 +209,11 @@ def test_a_trial_measures_the_growth_per_sample_and_the_forecast_catches_it():
                          consumer=Consumer(None, torch.device("cpu")), limit_s=5.0)
     finally:
         gc.unfreeze()
-    assert flat.ok and growth.growth_per_sample(flat) < 0.1 * grow, flat
+    assert flat.ok and memory.growth_per_sample(flat) < 0.1 * grow, flat
     with warnings.catch_warnings():
         warnings.simplefilter("error", AutoloaderWarning)
         assert policy.select_within_budget([flat], budget_bytes=GIB, epoch_samples=100_000)[1] is None
-    assert math.isfinite(growth.forecast_bytes(flat, epoch_samples=100_000))
+    assert math.isfinite(memory.forecast_bytes(flat, epoch_samples=100_000))
 
 
 def test_the_first_pool_is_what_fits_at_the_conservative_size_and_grows_once_measured():
@@ -240,18 +239,18 @@ def test_when_not_one_worker_fits_at_the_conservative_size_one_starts_checked_at
 # ---------------------------------------------------------------- forked workers: measured, never guessed (issue 45)
 
 def test_first_batch_check():
-    check = budget.MemoryCheck(380 * MIB)
+    check = memory.MemoryCheck(380 * MIB)
     # 8 workers of 15 MiB + 18 batches of 6 MiB in /dev/shm: 228 MiB
-    assert budget.first_batch_check(config(8), check, uss_bytes=15 * MIB, batch_bytes=6 * MIB) is None
-    reason = budget.first_batch_check(config(16), check, uss_bytes=15 * MIB, batch_bytes=6 * MIB)
+    assert memory.first_batch_check(config(8), check, uss_bytes=15 * MIB, batch_bytes=6 * MIB) is None
+    reason = memory.first_batch_check(config(16), check, uss_bytes=15 * MIB, batch_bytes=6 * MIB)
     assert reason.startswith("memory: stopped at its first batch") and "16 workers of 15 MiB" in reason
     assert "memory budget of 380 MiB" in reason and "memory_budget=" in reason and "max_workers=" in reason
     # the growth an earlier window measured counts too
-    grown = budget.MemoryCheck(380 * MIB, growth_bytes=20 * MIB)
-    assert budget.first_batch_check(config(8), grown, uss_bytes=15 * MIB, batch_bytes=6 * MIB) is not None
+    grown = memory.MemoryCheck(380 * MIB, growth_bytes=20 * MIB)
+    assert memory.first_batch_check(config(8), grown, uss_bytes=15 * MIB, batch_bytes=6 * MIB) is not None
     assert check(config(16), 15 * MIB, 6 * MIB) == reason, "what a measuring window calls"
     for cfg, chk, uss in ((config(0), check, GIB), (config(8), None, GIB), (config(8), check, None)):
-        assert budget.first_batch_check(cfg, chk, uss_bytes=uss, batch_bytes=MIB) is None
+        assert memory.first_batch_check(cfg, chk, uss_bytes=uss, batch_bytes=MIB) is None
 
 
 def forked_waiting(candidate) -> TrialResult:
@@ -323,7 +322,7 @@ def test_a_users_budget_always_asks_for_the_census():
      "3 MiB is the noise of two readings (batches being built): no growth"),
 ])
 def test_memory_check(n, trials, budget_bytes, rss, expected, why):
-    check = budget.memory_check(config(n), trials, budget_bytes=budget_bytes, main_private_bytes=rss, batch_bytes=MIB)
+    check = memory.memory_check(config(n), trials, budget_bytes=budget_bytes, main_private_bytes=rss, batch_bytes=MIB)
     assert (None if check is None else (check.budget_bytes, check.growth_bytes, check.census)) == expected, why
 
 
@@ -333,7 +332,7 @@ def test_memory_check(n, trials, budget_bytes, rss, expected, why):
     (None, None, None, "before the first outcome, among ranks: nothing to size it by"),
 ])
 def test_per_worker_estimate(measured, private, expected, why):
-    assert budget.per_worker_estimate(measured, main_private_bytes=private) == expected, why
+    assert memory.per_worker_estimate(measured, main_private_bytes=private) == expected, why
 
 
 def test_the_first_pool_is_held_to_what_fits_at_this_processs_size_then_grows():
@@ -376,9 +375,9 @@ def test_a_candidate_over_the_budget_at_its_first_batch_is_skipped_and_guards_th
 
 def test_a_time_skip_is_no_memory_limit():
     trial = TrialResult(config=config(8), status="skipped", reason="budget: 8 workers would take about 3.0 s")
-    assert not budget.skipped_for_memory(trial)
-    assert budget.skipped_for_memory(dataclasses.replace(trial, reason="memory: 8 workers need ..."))
-    assert budget.skipped_for_memory(dataclasses.replace(trial, reason="/dev/shm: 8 workers x prefetch 2 ..."))
+    assert not memory.skipped_for_memory(trial)
+    assert memory.skipped_for_memory(dataclasses.replace(trial, reason="memory: 8 workers need ..."))
+    assert memory.skipped_for_memory(dataclasses.replace(trial, reason="/dev/shm: 8 workers x prefetch 2 ..."))
 
 
 # ---------------------------------------------------------------- the copy-on-read forecast (NOTE [ Copy-on-read forecast ])
@@ -387,24 +386,24 @@ def test_the_census_forecast_admits_what_fits_and_not_more():
     """The 300,000-object list of issue 45 under 700 MiB: 4 workers (605-633 MiB measured over an epoch) fit, 8
     (about 1 GiB) do not; the old USS growth less its 4 MiB noise floor saw nothing and admitted 32 (1,343 MiB)."""
     trials = [fake(0, 875.0), copying(4, 3500.0), copying(8, 7000.0), copying(32, 25000.0)]
-    forecasts = {t.config.num_workers: growth.forecast_bytes(t, epoch_samples=300_000) for t in trials[1:]}
+    forecasts = {t.config.num_workers: memory.forecast_bytes(t, epoch_samples=300_000) for t in trials[1:]}
     assert forecasts[4] <= 700 * MIB < forecasts[8] < forecasts[32], {n: f // MIB for n, f in forecasts.items()}
     chosen, warning = policy.select_within_budget(trials, budget_bytes=700 * MIB, epoch_samples=300_000)
     assert chosen.config.num_workers == 4 and "copy-on-read" in warning
     # without the census: the USS growth, which a short trial's noise floor hides
     blind = dataclasses.replace(trials[-1], worker_copied_bytes=None, worker_copy_span_bytes=None,
                                 worker_shared_bytes=None)
-    assert growth.growth_per_sample(blind) == 0 and growth.forecast_bytes(blind, epoch_samples=300_000) < 700 * MIB
+    assert memory.growth_per_sample(blind) == 0 and memory.forecast_bytes(blind, epoch_samples=300_000) < 700 * MIB
 
 
 def test_workers_that_would_copy_past_the_budget_in_time_are_not_kept_alive():
     trial = copying(4)
-    lasting = growth.lasting_bytes(trial)
+    lasting = memory.lasting_bytes(trial)
     assert lasting == pytest.approx(4 * (10 * MIB + 181 * MIB) + 10 * 4096)
     assert not verdict.keep_workers_alive(4, per_worker_bytes=12 * MIB, budget_bytes=700 * MIB, lasting_bytes=lasting)
     assert verdict.keep_workers_alive(4, per_worker_bytes=12 * MIB, budget_bytes=GIB, lasting_bytes=lasting)
     quiet = copying(4, per_sample=100)
-    assert growth.lasting_bytes(quiet) == 4 * quiet.worker_uss_bytes + 10 * 4096, "copies nothing: as measured"
+    assert memory.lasting_bytes(quiet) == 4 * quiet.worker_uss_bytes + 10 * 4096, "copies nothing: as measured"
 
 
 @settings(max_examples=300, deadline=None)
@@ -419,12 +418,12 @@ def test_nothing_a_measurement_could_admit_is_refused_unmeasured(n, prefetch, pi
     batch it stops exactly when the footprint measured there (plus the growth seen before) is over the budget."""
     cfg = LoaderConfig(n, prefetch if n else None, pin, False, threads=threads)
     kw = dict(batch_bytes=batch, budget_bytes=limit, shm_free_bytes=shm)
-    unmeasured = budget.budget_guard(cfg, per_worker_bytes=None, **kw)
+    unmeasured = memory.budget_guard(cfg, per_worker_bytes=None, **kw)
     if unmeasured is not None:
-        assert budget.budget_guard(cfg, per_worker_bytes=worker, **kw) is not None
+        assert memory.budget_guard(cfg, per_worker_bytes=worker, **kw) is not None
     if limit is not None:
-        stop = budget.first_batch_check(cfg, budget.MemoryCheck(limit, growth), uss_bytes=worker, batch_bytes=batch)
-        total = budget.footprint(cfg, per_worker_bytes=worker + growth, batch_bytes=batch).total_bytes
+        stop = memory.first_batch_check(cfg, memory.MemoryCheck(limit, growth), uss_bytes=worker, batch_bytes=batch)
+        total = memory.footprint(cfg, per_worker_bytes=worker + growth, batch_bytes=batch).total_bytes
         assert (stop is not None) == (n > 0 and total > limit)
 
 
@@ -433,11 +432,11 @@ def test_a_lone_workers_size_does_not_size_the_others():
     or more measured 15-20 MiB each. Once a candidate of two or more measured a worker, it sizes every count."""
     lone = fake(1, 250.0, uss=59 * MIB, growth=8 * MIB)  # the growth beyond the noise (4 MiB here) counts
     two = fake(2, 500.0, uss=15 * MIB, growth=5 * MIB)
-    assert budget.per_worker_bytes([fake(0, 100.0), lone]) == 63 * MIB, "the only measurement there is"
-    assert budget.per_worker_bytes([fake(0, 100.0), lone, two]) == 16 * MIB
-    assert budget.worker_growth_bytes([lone, two]) == MIB and budget.worker_growth_bytes([fake(0, 100.0)]) == 0
+    assert memory.per_worker_bytes([fake(0, 100.0), lone]) == 63 * MIB, "the only measurement there is"
+    assert memory.per_worker_bytes([fake(0, 100.0), lone, two]) == 16 * MIB
+    assert memory.worker_growth_bytes([lone, two]) == MIB and memory.worker_growth_bytes([fake(0, 100.0)]) == 0
     stopped = TrialResult(config=config(8), status="skipped", reason="memory: stopped ...", worker_uss_bytes=40 * MIB)
-    assert budget.per_worker_bytes([lone, two, stopped]) == 40 * MIB, "measured at its first batch, it counts"
+    assert memory.per_worker_bytes([lone, two, stopped]) == 40 * MIB, "measured at its first batch, it counts"
 
 
 def test_the_search_looks_below_counts_forecast_past_the_budget(monkeypatch):
@@ -460,13 +459,13 @@ def test_the_search_looks_below_counts_forecast_past_the_budget(monkeypatch):
         warnings.simplefilter("error", AutoloaderWarning)  # the choice fits: nothing to warn of
         asked, result = drive_candidates(Search(request, full_profile(), budget=30.0), copy_on_read)
     table = [(t.config.num_workers, t.status, (t.reason or "")[:40]) for t in result.trials]
-    assert all(growth.forecast_bytes(t, epoch_samples=300_000) <= 700 * MIB for t in result.trials if t.ok and
+    assert all(memory.forecast_bytes(t, epoch_samples=300_000) <= 700 * MIB for t in result.trials if t.ok and
                t.config.num_workers), "no pool measured was forecast past the budget: each was known to fit"
     refused = [t for t in result.trials if t.status == "skipped"]
     assert refused and all("copy-on-read" in t.reason and "by the end of an epoch" in t.reason for t in refused)
     assert result.num_workers == 4, table
     chosen = next(t for t in result.trials if t.ok and t.config.same_candidate(result.config))
-    assert growth.forecast_bytes(chosen, epoch_samples=300_000) <= 700 * MIB
+    assert memory.forecast_bytes(chosen, epoch_samples=300_000) <= 700 * MIB
     assert not result.config.persistent_workers, "in time its workers would copy all 181 MiB each"
 
 
@@ -490,7 +489,7 @@ def test_a_measured_count_forecast_past_the_budget_is_a_ceiling_the_search_looks
     table = [(t.config.num_workers, t.status) for t in result.trials]
     assert 0 < max(c.config.num_workers for c in asked) <= 3, table
     assert result.num_workers == 3, table
-    assert growth.forecast_bytes(next(t for t in result.trials if t.ok and t.config.num_workers == 3),
+    assert memory.forecast_bytes(next(t for t in result.trials if t.ok and t.config.num_workers == 3),
                                  epoch_samples=300_000) <= 600 * MIB
 
 
@@ -503,7 +502,7 @@ def test_a_measured_count_forecast_past_the_budget_is_a_ceiling_the_search_looks
     (fake(8, 1400.0, uss=12 * MIB, batch_bytes=6 * MIB), config(0), 380 * MIB, False, "serial next: no pool"),
 ])
 def test_a_switch_is_hidden_only_where_both_pools_fit_the_budget(running, following, budget_bytes, refused, why):
-    reason = budget.overlap_guard(running, following, [running], budget_bytes=budget_bytes)
+    reason = memory.overlap_guard(running, following, [running], budget_bytes=budget_bytes)
     assert (reason is not None) is refused, why
     if refused:
         assert "workers=12" in reason and "workers=8" in reason and "memory budget of 380 MiB" in reason

@@ -1,10 +1,10 @@
-"""What one configuration adds to memory (search/footprint.py, NOTE [ Memory budget ] in search/budget.py): the one
+"""What one configuration adds to memory (NOTE [ Memory budget ] in search/memory.py): the one
 formula every memory check and forecast uses, on tables."""
 import pytest
 
 from autoloader.config import LoaderConfig
-from autoloader.search import footprint
-from autoloader.search.footprint import Footprint
+from autoloader.search import memory
+from autoloader.search.memory import Footprint
 
 MIB = 2**20
 
@@ -24,7 +24,7 @@ def config(n, *, prefetch=2, pin=False, threads=1):
     (config(4), 100 * MIB, None, (400 * MIB, 0, 0, 0)),  # the batch not known yet
 ])
 def test_footprint(cfg, per_worker, batch, expected):
-    got = footprint.footprint(cfg, per_worker_bytes=per_worker, batch_bytes=batch)
+    got = memory.footprint(cfg, per_worker_bytes=per_worker, batch_bytes=batch)
     assert (got.workers_bytes, got.shm_bytes, got.pinned_bytes, got.threads_bytes) == expected
     assert got.total_bytes == (None if expected[0] is None else sum(expected))
 
@@ -36,7 +36,7 @@ def test_footprint(cfg, per_worker, batch, expected):
     (config(2), 0, 0, "a batch of no bytes takes none"),
 ])
 def test_shm_need_bytes(cfg, batch, expected, why):
-    assert footprint.shm_need_bytes(cfg, batch) == expected, why
+    assert memory.shm_need_bytes(cfg, batch) == expected, why
 
 
 @pytest.mark.parametrize("parts, expected, why", [

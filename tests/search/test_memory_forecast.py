@@ -1,4 +1,4 @@
-"""How much a candidate's workers grow (search/growth.py, NOTE [ Copy-on-read forecast ]): during its trial, by the
+"""How much a candidate's workers grow (search/memory.py, NOTE [ Copy-on-read forecast ]): during its trial, by the
 end of an epoch, kept across epochs, and the guard that refuses a count forecast past the budget; tables of fake
 trials, and one property of the forecast on random spreads of objects over pages."""
 import dataclasses
@@ -8,35 +8,35 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoloader.search import growth
-from autoloader.search.footprint import footprint
+from autoloader.search import memory
+from autoloader.search.memory import footprint
 from search_fakes import GIB, MIB, config, copying, fake, growth_for
 
 
 def test_growth_per_sample_and_forecast():
     slope = 4096
     trial = fake(4, 1000.0, uss=50 * MIB, growth=growth_for(4, slope))
-    assert growth.growth_per_sample(trial) == pytest.approx(slope, rel=0.01)
+    assert memory.growth_per_sample(trial) == pytest.approx(slope, rel=0.01)
     # each of 4 workers reads a quarter of 100,000 samples: 50 MiB + 100 MB / 4 each, plus 10 batches in flight
-    forecast = growth.forecast_bytes(trial, epoch_samples=100_000)
+    forecast = memory.forecast_bytes(trial, epoch_samples=100_000)
     assert forecast == pytest.approx(4 * 50 * MIB + slope * 100_000 + 10 * MIB, rel=0.01)
-    assert growth.growth_per_sample(fake(0, 500.0)) is None
-    assert growth.forecast_bytes(trial, epoch_samples=None) is None
-    assert growth.growth_per_sample(fake(4, 1000.0, growth=-MIB)) == 0
-    assert growth.growth_per_sample(fake(4, 1000.0, growth=3 * MIB)) == 0  # a healthy worker's noise
+    assert memory.growth_per_sample(fake(0, 500.0)) is None
+    assert memory.forecast_bytes(trial, epoch_samples=None) is None
+    assert memory.growth_per_sample(fake(4, 1000.0, growth=-MIB)) == 0
+    assert memory.growth_per_sample(fake(4, 1000.0, growth=3 * MIB)) == 0  # a healthy worker's noise
 
 
 def test_copy_forecast_saturates_over_the_span():
     kw = dict(per_sample=4096, reach_bytes=160 * MIB, epoch_samples=300_000)
     linear = 4096 * 300_000
-    assert growth.copy_forecast(workers=1, **kw) == 160 * MIB, "one worker reads all: it copies all it can reach"
-    four = growth.copy_forecast(workers=4, **kw)
+    assert memory.copy_forecast(workers=1, **kw) == 160 * MIB, "one worker reads all: it copies all it can reach"
+    four = memory.copy_forecast(workers=4, **kw)
     assert four == pytest.approx(160 * MIB * (1 - 0.75 ** (linear / (160 * MIB))))
     assert 0.85 * 160 * MIB < four < 160 * MIB and four < linear / 4
     # few samples over a big span: the linear share
-    assert growth.copy_forecast(per_sample=4096, reach_bytes=10 * GIB, workers=4, epoch_samples=1000) == \
+    assert memory.copy_forecast(per_sample=4096, reach_bytes=10 * GIB, workers=4, epoch_samples=1000) == \
         pytest.approx(4096 * 250, rel=0.01)
-    assert growth.copy_forecast(per_sample=4096, reach_bytes=0, workers=4, epoch_samples=1000) == 0
+    assert memory.copy_forecast(per_sample=4096, reach_bytes=0, workers=4, epoch_samples=1000) == 0
 
 
 def test_copies_in_runs_grow_linearly():
@@ -45,25 +45,25 @@ def test_copies_in_runs_grow_linearly():
     told apart)."""
     hoarding = copying(8, per_sample=128 * 1024)
     hoarding = dataclasses.replace(hoarding, worker_copied_run_bytes=hoarding.worker_copied_bytes)
-    assert growth.copied_per_sample(hoarding) == 0 and growth.scattered_bytes(hoarding) == 0
-    assert growth.epoch_growth_bytes(hoarding, epoch_samples=300_000) > 0.9 * 128 * 1024 * 300_000 / 8
+    assert memory.copied_per_sample(hoarding) == 0 and memory.scattered_bytes(hoarding) == 0
+    assert memory.epoch_growth_bytes(hoarding, epoch_samples=300_000) > 0.9 * 128 * 1024 * 300_000 / 8
     # the same, its runs broken by pages never present: its copies fill their span
     dense = dataclasses.replace(hoarding, worker_copied_run_bytes=0,
                                 worker_copy_span_bytes=hoarding.worker_copied_bytes)
-    assert growth.scattered_bytes(dense) == 0 and growth.epoch_growth_bytes(dense, epoch_samples=300_000) > GIB
-    assert growth.lasting_bytes(hoarding) == footprint(hoarding.config, per_worker_bytes=hoarding.worker_uss_bytes,
+    assert memory.scattered_bytes(dense) == 0 and memory.epoch_growth_bytes(dense, epoch_samples=300_000) > GIB
+    assert memory.lasting_bytes(hoarding) == footprint(hoarding.config, per_worker_bytes=hoarding.worker_uss_bytes,
                                                       batch_bytes=4096).total_bytes, "written, not read: as measured"
 
 
 def test_copies_under_the_noise_are_none_and_other_growth_still_counts():
     quiet = copying(8, per_sample=300)  # 0.1 MiB copied in a trial: the allocator reusing inherited pages
-    assert growth.copied_per_sample(quiet) == 0
-    assert growth.epoch_growth_bytes(quiet, epoch_samples=300_000) == 0
+    assert memory.copied_per_sample(quiet) == 0
+    assert memory.epoch_growth_bytes(quiet, epoch_samples=300_000) == 0
     hoarding = copying(8, per_sample=300, other=64 * MIB)  # a per-worker cache the census does not see as copies
-    assert growth.epoch_growth_bytes(hoarding, epoch_samples=300_000) > GIB
-    assert growth.copied_per_sample(fake(8, 100.0)) is None
+    assert memory.epoch_growth_bytes(hoarding, epoch_samples=300_000) > GIB
+    assert memory.copied_per_sample(fake(8, 100.0)) is None
     many = copying(2, per_sample=200, batches=400)  # 1.6 MiB over 6,400 samples each: still the allocator
-    assert many.worker_copied_bytes > growth.COPY_NOISE_BYTES and growth.copied_per_sample(many) == 0
+    assert many.worker_copied_bytes > memory.COPY_NOISE_BYTES and memory.copied_per_sample(many) == 0
 
 
 @settings(max_examples=60, deadline=None)
@@ -80,18 +80,18 @@ def test_the_copy_forecast_bounds_what_a_worker_copies(pages, per_page, workers,
     held = len(np.unique(page_of))  # the pages the objects lie on: the span the census sees
     share = rng.permutation(n_objects)[:n_objects // workers]
     touched = len(np.unique(page_of[share]))
-    forecast = growth.copy_forecast(per_sample=1.0, reach_bytes=held, workers=workers, epoch_samples=n_objects)
+    forecast = memory.copy_forecast(per_sample=1.0, reach_bytes=held, workers=workers, epoch_samples=n_objects)
     assert touched <= forecast * 1.02 + 3 * np.sqrt(forecast) + 1
 
 
 @pytest.mark.parametrize("trial_, expected, why", [
     (fake(4, 1000.0, batch_bytes=MIB), 4 * MIB, "4 batches of 1 MiB a worker: the floor"),
     (fake(4, 1000.0, batch_bytes=8 * MIB), 32 * MIB, "a worker's share of 16 batches of 8 MiB, above the floor"),
-    (fake(4, 1000.0, batch_bytes=None), growth.GROWTH_NOISE_BYTES, "batch size not known: the floor"),
+    (fake(4, 1000.0, batch_bytes=None), memory.GROWTH_NOISE_BYTES, "batch size not known: the floor"),
     (fake(1, 1000.0, batch_bytes=MIB), 4 * MIB, "a lone worker holds all 2 x 2 batches"),
 ])
 def test_growth_noise_bytes(trial_, expected, why):
-    assert growth.growth_noise_bytes(trial_) == expected, why
+    assert memory.growth_noise_bytes(trial_) == expected, why
 
 
 @pytest.mark.parametrize("trial_, expected, why", [
@@ -102,7 +102,7 @@ def test_growth_noise_bytes(trial_, expected, why):
     (fake(4, None, status="failed"), None, "no rate"),
 ])
 def test_samples_made(trial_, expected, why):
-    assert growth.samples_made(trial_) == expected, why
+    assert memory.samples_made(trial_) == expected, why
 
 
 def census(copied, runs, span):
@@ -124,7 +124,7 @@ def census(copied, runs, span):
     (fake(4, 1000.0), None, "no census (not Linux, a sandbox)"),
 ])
 def test_scattered_bytes(trial_, expected, why):
-    assert growth.scattered_bytes(trial_) == expected, why
+    assert memory.scattered_bytes(trial_) == expected, why
 
 
 @pytest.mark.parametrize("trials, expected, why", [
@@ -137,7 +137,7 @@ def test_scattered_bytes(trial_, expected, why):
     ([], None, "nothing measured"),
 ])
 def test_copy_rate(trials, expected, why):
-    assert growth.copy_rate(trials) == expected, why
+    assert memory.copy_rate(trials) == expected, why
 
 
 @pytest.mark.parametrize("n, trials, budget_bytes, epoch, refused, why", [
@@ -150,7 +150,7 @@ def test_copy_rate(trials, expected, why):
     (0, [copying(4)], 1, 300_000, False, "no workers copy nothing"),
 ])
 def test_forecast_guard(n, trials, budget_bytes, epoch, refused, why):
-    reason = growth.forecast_guard(config(n), trials=trials, per_worker_bytes=10 * MIB, batch_bytes=4096,
+    reason = memory.forecast_guard(config(n), trials=trials, per_worker_bytes=10 * MIB, batch_bytes=4096,
                                    budget_bytes=budget_bytes, epoch_samples=epoch)
     assert (reason is not None) is refused, why
     if refused:
@@ -158,7 +158,7 @@ def test_forecast_guard(n, trials, budget_bytes, epoch, refused, why):
 
 
 def test_forecast_guard_needs_a_worker_size():
-    assert growth.forecast_guard(config(8), trials=[copying(4)], per_worker_bytes=None, batch_bytes=4096,
+    assert memory.forecast_guard(config(8), trials=[copying(4)], per_worker_bytes=None, batch_bytes=4096,
                                  budget_bytes=MIB, epoch_samples=300_000) is None, "forked, none measured yet"
 
 
@@ -168,8 +168,8 @@ def test_what_a_worker_copied_in_its_window_is_counted_once():
     workers of a 261,552-object list forecast at 490 MiB with the window's copies counted twice, 4 refused under
     757 MiB)."""
     trial = copying(4, per_sample=4096)
-    copies = growth.copy_forecast(per_sample=4096, reach_bytes=181 * MIB, workers=4, epoch_samples=300_000)
+    copies = memory.copy_forecast(per_sample=4096, reach_bytes=181 * MIB, workers=4, epoch_samples=300_000)
     expected = footprint(trial.config, per_worker_bytes=10 * MIB + int(copies), batch_bytes=4096).total_bytes
-    assert growth.forecast_bytes(trial, epoch_samples=300_000) == pytest.approx(expected, rel=0.01)
-    assert growth.copied_in_window(trial) == trial.worker_copied_bytes
-    assert growth.copied_in_window(fake(4, 1000.0)) == 0
+    assert memory.forecast_bytes(trial, epoch_samples=300_000) == pytest.approx(expected, rel=0.01)
+    assert memory.copied_in_window(trial) == trial.worker_copied_bytes
+    assert memory.copied_in_window(fake(4, 1000.0)) == 0
