@@ -133,7 +133,7 @@ them).
           rng.py         the RNG states that decide a loader's epochs: taken, put back, written as JSON-safe text
         epochs.py        epochs as the prefetcher counts them: EpochStats, set_epoch, one base seed per epoch
         slices.py        one epoch's batch order served by a sequence of DataLoaders, exactly as one
-        batch_slice.py   BatchSlice: the batches one of those DataLoaders serves; those it did not deliver given back
+                         (BatchSlice: the batches one of them serves; those it did not deliver given back)
       distributed.py     torch.distributed: Group (this rank, its node's group and budgets), one decision per node
       nodes.py           which ranks share a node: the launcher's node or the host, the layout, the node's group
       sharding.py        the facts every rank must share, and ShardingSampler (refuses to be sharded again)

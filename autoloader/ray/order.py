@@ -24,7 +24,7 @@ from typing import Any, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from ..loader.batch_slice import BatchSlice
+from ..loader.slices import BatchSlice
 from ..loader.slices import EpochSource
 
 

@@ -46,7 +46,7 @@ from typing import Any, Optional
 
 from ..config import DEFAULT_PREFETCH, LoaderConfig
 from ..loader.native import worker_pools
-from ..loader.batch_slice import BatchSlice
+from ..loader.slices import BatchSlice
 from ..results import TrialResult
 from ..search.candidates import Candidate
 

@@ -53,7 +53,7 @@ from torch.utils.data import DataLoader
 
 from ..config import LoaderConfig
 from ..coordination import Coordinator
-from ..loader.batch_slice import BatchSlice
+from ..loader.slices import BatchSlice
 from ..loader.slices import EpochSlicer, EpochSource
 from ..loader.source import Source
 from ..consumer import Consumer

@@ -1,4 +1,4 @@
-"""autoloader/loader/batch_slice.py: a ``BatchSlice`` iterated by hand as its DataLoader would: at most ``limit``
+"""autoloader/loader/slices.py: a ``BatchSlice`` iterated by hand as its DataLoader would: at most ``limit``
 batches, the undelivered ones given back in order, only as many kept as its lookahead, ``cap`` reserving the tail,
 the DataLoader arguments and the private generator it gives (NOTE [ Exact epochs across candidates ] in
 loader/slices.py)."""
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, SequentialSampler
 
-from autoloader.loader.batch_slice import BatchSlice, SliceRecord
+from autoloader.loader.slices import BatchSlice, SliceRecord
 from autoloader.loader.slices import EpochSource
 
 

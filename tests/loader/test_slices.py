@@ -21,7 +21,7 @@ from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, Sequ
 
 from autoloader.config import LoaderConfig, in_flight
 from autoloader.request import Request
-from autoloader.loader.batch_slice import BatchSlice, SliceRecord
+from autoloader.loader.slices import BatchSlice, SliceRecord
 from autoloader.loader.slices import EpochSlicer, EpochSource
 from slice_data import CountingSampler, DieInWorker, EagerChunks, Indices, Stream
 

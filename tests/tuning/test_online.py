@@ -26,7 +26,7 @@ from autoloader.request import Request
 from autoloader.results import TuneResult
 from autoloader.tuning.online import OnlineLoader
 from autoloader.tuning.online_search import OnlineSearch
-from autoloader.loader.batch_slice import BatchSlice
+from autoloader.loader.slices import BatchSlice
 from fault_data import Stream
 from online_data import Corrupt, Indexed, KilledFromWorkers, NeedsWorkerInit, RaisesAt, Regime, mark_initialised
 
