@@ -1,6 +1,6 @@
 """What a candidate's window records: one mark per consumed batch (``BatchMark``), the counters it reads at its edges
-(``Reading``, ``Edges``), and the plain reckoning over them (the window's opening batch, a batch's samples, the mean
-run-queue wait). ``window.py``'s ``Window`` records them; NOTE [ Trial timing ] in run.py says how."""
+(``Reading``, ``Edges``), and the plain reckoning over them (a batch's samples, the mean run-queue wait, the other
+processes' CPUs). ``window.py``'s ``Window`` records them; NOTE [ Trial timing ] in run.py says how."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,7 +10,7 @@ from ..loader.batch import iter_tensors
 from ..supervise.procs import WorkerSample, WorkerTracker
 from . import cow
 
-__all__ = ["BatchMark", "Edges", "Reading", "mean_delay", "other_cpus", "samples_in", "window_open"]
+__all__ = ["BatchMark", "Edges", "Reading", "mean_delay", "other_cpus", "samples_in"]
 
 
 @dataclass(frozen=True)
@@ -75,15 +75,6 @@ def samples_in(batch: Any, default: int) -> int:
         return len(batch)
     except TypeError:
         return default
-
-
-def window_open(count: int, skip: int, n: int) -> Optional[int]:
-    """Index of the batch whose completion opens the timed window: after the burst if we got that far, else after
-    the first wave, else after the first batch; None when fewer than two batches follow it."""
-    for index in (skip - 1, n, 0):
-        if count - 1 - index >= 2:
-            return index
-    return None
 
 
 def other_cpus(start: Optional[Reading], end: Optional[Reading]) -> Optional[float]:

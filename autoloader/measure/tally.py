@@ -7,6 +7,7 @@ from typing import Any, Optional, Tuple
 from ..config import LoaderConfig
 from ..loader.epochs import stall_fraction
 from .marks import samples_in
+from .window_rule import MIN_OPENED
 
 __all__ = ["Tally"]
 
@@ -32,7 +33,7 @@ class Tally:
     def rate_and_stall(self, end: float) -> Tuple[Optional[float], Optional[float]]:
         """(samples/s, share of the time spent waiting) after the burst; (None, None) when too few batches followed
         it."""
-        if self.opened is None or self.count < self.skip + 3 or end <= self.opened:
+        if self.opened is None or self.count < self.skip + MIN_OPENED or end <= self.opened:
             return None, None
         span = end - self.opened
         return self.samples / span, stall_fraction(self.waited, span)

@@ -19,7 +19,8 @@ from ..results import TrialResult
 from ..supervise.procs import WorkerTracker
 from . import cow, window_rule
 from .cpuclock import machine_busy_s, spent
-from .marks import BatchMark, Edges, Reading, mean_delay, other_cpus, samples_in, window_open
+from .marks import BatchMark, Edges, Reading, mean_delay, other_cpus, samples_in
+from .window_rule import MIN_OPENED, window_open
 
 Rule = Literal["trial", "candidate", "probe"]
 """How a window opens and closes: a trial's fixed rule (NOTE [ Trial timing ] in run.py), an online candidate's
@@ -50,9 +51,6 @@ MIN_ROUNDS = 3
 """... and at least this many waves of ``num_workers`` batches ..."""
 MIN_BATCHES = 6
 """... and at least this many batches (see NOTE [ Trial timing ] in run.py)."""
-MIN_OPENED = 3
-"""Batches past the burst for a window to count as opened: a patient window cut by the limit, or an online window cut
-by the epoch's end, is then taken as it is (marked not steady) rather than measured again."""
 PROBE_MARKS = 3
 """Batches a probe window holds: the first batch's cost alone would include whatever the dataset does once ..."""
 PROBE_ONE_S = 0.05

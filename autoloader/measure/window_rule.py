@@ -1,7 +1,8 @@
-"""When an online candidate's window opens and when it is complete: pure functions of the batches it marked (when
-each was done, how long the loop waited for it). A trial keeps the fixed rule of NOTE [ Trial timing ] in run.py (the
-whole start-up burst, then waves and seconds); an online candidate serves the user's own epoch, so every second it
-measures a slow configuration is lost (NOTE [ Online convergence ] in search/online_policy.py, 2.):
+"""When a window opens and when it is complete: pure functions of the batches it marked (when each was done, how long
+the loop waited for it). A trial keeps the fixed rule of NOTE [ Trial timing ] in run.py (the whole start-up burst,
+``window_open``, then waves and seconds; ``MIN_OPENED`` batches past the burst for a window cut short); an online
+candidate serves the user's own epoch, so every second it measures a slow configuration is lost (NOTE [ Online
+convergence ] in search/online_policy.py, 2.):
 
 - Opening. The burst a window must skip is the batches the workers prefetched while they started; once the loop got
   every worker's first batch (the workers start one after the other, so a wait among those says nothing) and then
@@ -18,10 +19,15 @@ import math
 import statistics
 from typing import Optional, Sequence
 
-__all__ = ["CONFIDENT_BATCHES", "CONFIDENT_CHUNKS", "DRAIN_WAIT_S", "MIN_CONFIDENT_S", "drained", "relative_error"]
+__all__ = ["CONFIDENT_BATCHES", "CONFIDENT_CHUNKS", "DRAIN_WAIT_S", "MIN_CONFIDENT_S", "MIN_OPENED", "drained",
+           "relative_error", "window_open"]
 
 DRAIN_WAIT_S = 0.002
 """A batch the loop waited this long for was not in the queue: a queued batch is handed over in well under 1 ms."""
+MIN_OPENED = 3
+"""Batches past the burst for a window to count as opened: a patient window cut by the limit, or an online window cut
+by the epoch's end, is then taken as it is (marked not steady) rather than measured again; an epoch's tally
+(tally.py) needs as many past its burst."""
 CONFIDENT_BATCHES = 8
 """A window is never confident before it holds this many batches ..."""
 CONFIDENT_CHUNKS = 3
@@ -62,3 +68,12 @@ def confident(done: Sequence[float], *, chunk: int, tolerance: float) -> bool:
         return False
     error = relative_error(done, chunk=chunk)
     return error is not None and error <= tolerance / 2
+
+
+def window_open(count: int, skip: int, n: int) -> Optional[int]:
+    """Index of the batch whose completion opens the timed window: after the burst if we got that far, else after
+    the first wave, else after the first batch; None when fewer than two batches follow it."""
+    for index in (skip - 1, n, 0):
+        if count - 1 - index >= 2:
+            return index
+    return None

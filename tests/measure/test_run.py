@@ -21,7 +21,8 @@ import fault_data as fd
 from autoloader.config import LoaderConfig
 from autoloader.consumer import Consumer
 from autoloader.measure.failures import classify
-from autoloader.measure.window import MIN_OPENED, WindowSpec
+from autoloader.measure.window import WindowSpec
+from autoloader.measure.window_rule import MIN_OPENED
 from autoloader.measure.run import END, Run, served
 from autoloader.measure.trial import trial_loader
 

@@ -1,5 +1,5 @@
-"""When an online candidate's window opens and closes (measure/window_rule.py), on tables of batch times; and the
-candidate and probe windows of measure/window.py built on them."""
+"""When a window opens and closes (measure/window_rule.py), on tables of batch times; and the candidate and probe
+windows of measure/window.py built on them."""
 import pytest
 
 from autoloader.config import LoaderConfig
@@ -118,3 +118,14 @@ def test_one_slow_batch_is_a_whole_probe(monkeypatch):
     fast = Window(LoaderConfig(0), started=0.0, batch_size=8, spec=WindowSpec("probe"))
     fast.add([0] * 8, t_ask=0.0, c_ask=(0.0, None), t_got=PROBE_ONE_S / 2, c_got=(0.0, None), consumer=_Sync())
     assert not fast.complete(deadline=float("inf")), "a cheap first batch may hold a one-time cost: three batches"
+
+
+@pytest.mark.parametrize("count, skip, n, expected", [
+    (20, 7, 2, 6),      # past the burst (2 x 2 prefetched + 2): the window opens after batch index 6
+    (5, 7, 2, 2),       # the burst never drained: open after the first wave of 2
+    (3, 7, 2, 0),       # not even that: after the first batch
+    (2, 7, 2, None),    # fewer than two batches after anything: no rate
+    (10, 1, 0, 0),      # no workers: only the first batch is skipped
+])
+def test_a_trials_window_opens_after_the_burst_else_the_first_wave(count, skip, n, expected):
+    assert rule.window_open(count, skip, n) == expected
