@@ -26,7 +26,7 @@ each:
 - **trials**: ``make_loader(..., tuning="trials", step=step, cache=False)``: its pre-pass, epochs 1 and 2;
 - the memory families (``MEMORY_FAMILIES``) also run online and trials under ``memory_budget=B``, while a thread
   samples what the loaders add to the process tree (workers' USS summed over every descendant + /dev/shm used beyond
-  the start: ``ThriftyPeak``), the sweep's counts included. B lies ``spec.budget_share`` of the way from
+  the start: ``test_bench_memory.Peak``), the sweep's counts included. B lies ``spec.budget_share`` of the way from
   the sweep's one-worker peak to its largest pool's, so that some counts fit and some do not; **the best count that
   fits**: the sweep's count whose peak is <= B with the fastest epoch 2;
 - **reproducibility**: on the first workload of each family in ``REPEAT_FAMILIES``, online runs
@@ -63,7 +63,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-import psutil
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -73,7 +72,7 @@ from autoloader.probe import probe_machine
 from bench_results import Run
 from drawn_workloads import MIB, DrawnDataset, Spec, Step, draw, parse_seeds
 from helpers import emit_table, wait_no_children
-from test_bench_memory import SAMPLE_S, Peak, _shm_used
+from test_bench_memory import SAMPLE_S, SAMPLER_SHARE, Peak
 from test_bench_online import describe, shut_down
 
 pytestmark = [pytest.mark.benchmark_suite, pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -185,44 +184,19 @@ def settled(timeout_s: float = 30.0) -> None:
     assert not left, f"processes outlived their loader by {timeout_s:.0f} s: {[(p.pid, p.name()) for p in left]}"
 
 
-SAMPLER_SHARE = 0.1
-"""The most of one core the memory sampler may take: reading a worker's USS makes the kernel walk its page tables
-(2 ms for a 145 MiB process on the VM), so 32 workers read every 50 ms would take more than a core of 2, and slow the
-largest pools most."""
-
-
-class ThriftyPeak(Peak):
-    """``test_bench_memory.Peak`` (the workers' USS over every descendant + /dev/shm used beyond the start), whose
-    interval grows to keep its own CPU under ``SAMPLER_SHARE`` of a core (50 ms with a few workers; ~0.6 s with 32
-    of 100 MiB): a spike shorter than the interval can be missed."""
-
-    def _run(self) -> None:
-        me, wait = psutil.Process(), SAMPLE_S
-        while not self.stop.wait(wait):
-            started = time.thread_time()
-            total = max(0, _shm_used() - self.shm0)
-            for child in me.children(recursive=True):
-                try:
-                    total += child.memory_full_info().uss
-                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                    pass
-            self.peak = max(self.peak, total)
-            wait = max(SAMPLE_S, (time.thread_time() - started) / SAMPLER_SHARE)
-
-
 class Peaks:
-    """``ThriftyPeak`` for a memory workload, nothing for the others, one per run: ``begin()`` reads
+    """``Peak`` for a memory workload, nothing for the others, one per run: ``begin()`` reads
     /dev/shm's use as the run's baseline (a long-lived use by another program on the machine counts only from then
     on), ``end()`` is the run's peak (None without sampling)."""
 
     def __init__(self, sample: bool) -> None:
         self.sample = sample
-        self.peak: Optional[ThriftyPeak] = None
+        self.peak: Optional[Peak] = None
 
     def begin(self) -> None:
         self.end()
         if self.sample:
-            self.peak = ThriftyPeak()
+            self.peak = Peak()
 
     def end(self) -> Optional[int]:
         if self.peak is None:

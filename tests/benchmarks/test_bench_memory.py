@@ -40,6 +40,11 @@ from workloads import CpuBound, InMemory, JpegDecode, LatencyBound, Mixed
 MIB = 2**20
 BUDGET = int(os.environ.get("AUTOLOADER_BENCH_MEMORY_BUDGET", str(512 * MIB)))
 SAMPLE_S = 0.05
+SAMPLER_SHARE = 0.1
+"""The most of one core ``Peak``'s sampler may take, its interval growing from ``SAMPLE_S`` to keep under it (50 ms
+with a few workers; ~0.6 s with 32 of 100 MiB: a spike shorter than the interval can be missed): reading a worker's
+USS makes the kernel walk its page tables (2 ms for a 145 MiB process on the VM), so 32 workers read every 50 ms
+would take more than a core of 2, and slow the largest pools most."""
 
 
 class CopyOnRead(Dataset):
@@ -107,8 +112,9 @@ class Peak:
         self.thread.start()
 
     def _run(self):
-        me = psutil.Process()
-        while not self.stop.wait(SAMPLE_S):
+        me, wait = psutil.Process(), SAMPLE_S
+        while not self.stop.wait(wait):
+            started = time.thread_time()
             total = max(0, _shm_used() - self.shm0)
             for child in me.children(recursive=True):
                 try:
@@ -116,6 +122,7 @@ class Peak:
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     pass
             self.peak = max(self.peak, total)
+            wait = max(SAMPLE_S, (time.thread_time() - started) / SAMPLER_SHARE)
 
     def take(self):
         time.sleep(2 * SAMPLE_S)
