@@ -345,9 +345,7 @@ def check_overlap(ctx: Ctx) -> Outcome:
     sample = ds[0]
     copy_ms = ctx.time_ms(lambda: sample.to(dev, non_blocking=True)) if ctx.cuda else 1.0
     step = ctx.spin_step(copy_ms)
-    on_device = sample.to(dev)
-    step_ms = ctx.time_ms(lambda: step(on_device))
-    del on_device
+    step_ms = ctx.time_ms(lambda on_device=sample.to(dev): step(on_device))
 
     def plain_epoch(trace: Optional[List[Tuple[Any, Any]]] = None,
                     steps: Optional[List[Tuple[Any, Any]]] = None) -> float:
