@@ -190,6 +190,9 @@ class ScriptedPlan:
     def fits_beside(self, result: TrialResult) -> bool:
         return not (self.steps and self.steps[0].too_big_beside)
 
+    def switch_gain(self, result: TrialResult) -> float:
+        return self.steps[0].gain if self.steps else 0.0
+
     def keeps(self, config: LoaderConfig) -> bool:
         return not self.steps and config.same_candidate(self.decide)
 

@@ -45,10 +45,12 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 #    (``serial_in_doubt``): the probe's first steps are slow while a step warms up, and a step on the CPU loses to
 #    workers that take its cores, which only a window of serial serving in the same loop shows. The choice is the
 #    fewest workers within the tolerance of the best measured.
-# 4. A switch must repay itself (``switching.repays``): when the rest of the epoch is too short for the predicted gain
-#    to cover what the switch costs the loop (forking the workers on the loop's thread, as the largest pool started so
-#    far measured it, ``switching.fork_s``; a window at a risk of being slower), the candidate waits for the next
-#    epoch, where starting it costs what starting any configuration does.
+# 4. A switch must repay itself (``switching.repays``): when the rest of the epoch is too short for the gain predicted
+#    over the run in force (``switching.gain_over``: a count that only saves workers is predicted at the best's rate,
+#    so leaving a candidate that fell short of the best gains what it lost) to cover what the switch costs the loop
+#    (forking the workers on the loop's thread, as the largest pool started so far measured it, ``switching.fork_s``;
+#    a window at a risk of being slower), the candidate waits for the next epoch, where starting it costs what
+#    starting any configuration does.
 """
 from __future__ import annotations
 

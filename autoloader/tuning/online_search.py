@@ -22,6 +22,7 @@ from ..search.candidates import Candidate, Steps
 from ..search.online_plan import online_cap, online_steps
 from ..search.retune import retune
 from ..search.search import Search
+from ..search.threads_policy import rate
 
 log = logging.getLogger("autoloader.online")
 
@@ -150,6 +151,14 @@ class OnlineSearch:
         if reason is not None:
             log.info("switching without a tail: %s", reason)
         return reason is None
+
+    def switch_gain(self, result: TrialResult) -> float:
+        current = self.current
+        if current is None or current.candidate is None:
+            return 0.0
+        rates = [rate(t) for t in current.search.candidates() if t.ok]
+        return switching.gain_over(gain=current.candidate.gain, best_samples_per_s=max(rates, default=None),
+                                   now_samples_per_s=rate(result) if result.ok else None)
 
     def keeps(self, config: LoaderConfig) -> bool:
         return self.current is None and self.decision.config.same_candidate(config)

@@ -37,6 +37,10 @@ class Plan(Protocol):
         """What starts next (the candidate, or the decision) fits the memory budget beside ``result``'s workers serving
         their tail: the switch may be hidden (NOTE [ Hidden switch ] in handover.py)."""
 
+    def switch_gain(self, result: TrialResult) -> float:
+        """The share by which the next candidate is predicted to beat ``result``, the run in force just measured
+        (``switching.gain_over``), for ``switching.repays``."""
+
     def keeps(self, config: LoaderConfig) -> bool:
         """The search decided on ``config`` itself (its run serves on)."""
 

@@ -274,7 +274,8 @@ class EpochScheduler:
             stage.reported, stage.candidate = False, following
             return "again"
         if following is not None and self.coordinator.size == 1 and not repays(
-                remaining_s=self._remaining_s(), gain=following.gain, workers=following.config.num_workers,
+                remaining_s=self._remaining_s(), gain=self.plan.switch_gain(result),
+                workers=following.config.num_workers,
                 window_s=self._bound_s(), fork_s=self.plan.fork_s):
             log.info("the rest of the epoch is too short to repay a switch to %s: it goes first next epoch",
                      following.config.label())

@@ -84,3 +84,17 @@ def test_a_spawned_worker_is_priced_as_a_fresh_interpreter():
     assert switching.fork_s(workers=8, start_s=0.08, spawned=True, usable_cpus=2) == pytest.approx(0.5), \
         "iter() returns at once: its 10 ms each are not the start"
     assert switching.fork_s(workers=8, start_s=0.08) == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("gain, best, now, expected, why", [
+    (0.0, 16_836.0, 12_341.0, 0.364, "a count between a short one and the best, from the short one: what it lost"),
+    (0.0, 16_836.0, 16_836.0, 0.0, "a count that only saves workers, from the best: nothing"),
+    (0.25, 2_000.0, 2_000.0, 0.25, "a jump up from the best: its own gain"),
+    (0.25, 2_000.0, 1_000.0, 1.5, "a jump up from a run at half the best"),
+    (0.1, None, 1_000.0, 0.1, "no best known: the jump's own"),
+    (0.1, 2_000.0, None, 0.1, "the run in force measured no rate: the jump's own"),
+    (0.3, 1_000.0, 2_000.0, 0.3, "never below the jump's own gain"),
+])
+def test_a_switch_gains_over_the_run_in_force(gain, best, now, expected, why):
+    assert switching.gain_over(gain=gain, best_samples_per_s=best, now_samples_per_s=now) == \
+        pytest.approx(expected, abs=1e-3), why

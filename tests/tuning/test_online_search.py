@@ -131,3 +131,31 @@ def test_the_fork_cost_a_switch_counts_is_the_largest_pool_starts(profile):
     assert search.fork_s == pytest.approx(0.07)
     search.record_cost(switch_s=1.0, serving_s=3.0, forked=32, start_s=0.32)
     assert search.fork_s == FORK_S, "32 forked at 10 ms each: the floor"
+
+
+def test_a_switch_from_a_candidate_that_fell_short_is_worth_what_it_lost(profile):
+    """``Plan.switch_gain``: the next candidate's predicted gain over the run in force, for ``switching.repays``. A
+    candidate that measured below the best (a jump down past the knee) is left for the count between: that switch
+    gains what the short one lost, not the 0 of a count that only saves workers, which deferred it to the next epoch
+    (which then started on the short count)."""
+    search, _ = _search(profile, max_workers=64)
+    probe = search.candidate
+    search.tell(TrialResult(config=probe.config, samples_per_s=16 / 0.045, batches=3, window_s=0.135,
+                            fetch_s_per_batch=0.04, fetch_cpu_s_per_batch=0.002, consumer_s_per_batch=0.002,
+                            steady=False), epoch=0)
+    best, short = 0.0, []
+    for _ in range(20):
+        if not search.searching:
+            break
+        candidate = search.candidate
+        workers = candidate.config.num_workers
+        rate = 4000.0 if workers >= 24 else 4000.0 * workers / 32 if workers else 355.0
+        outcome = _measured(candidate, rate, stall=0.5)
+        search.tell(outcome, epoch=0)
+        best = max(best, rate)
+        if search.searching and rate < 0.9 * best:
+            gain = search.switch_gain(outcome)
+            short.append((workers, gain))
+            assert gain >= best / rate - 1 - 1e-9, (workers, rate, best, gain)
+    assert short, "no candidate fell short: the scenario did not happen"
+    assert search.switch_gain(outcome) == 0.0 or search.searching, "decided: no next candidate"
