@@ -129,10 +129,13 @@ def waiting(config: LoaderConfig, *, slope=0) -> TrialResult:
                                fetch_cpu_s_per_batch=BATCH / rate * 0.01 if n == 0 else None)
 
 
-def drive(model: Callable[[LoaderConfig], TrialResult], *, memory_budget, prior=100 * MIB):
+def drive(model: Callable[[LoaderConfig], TrialResult], *, memory_budget, prior=100 * MIB, cpus=None):
     request = Request.checked(LatencyBound(n=100_000, latency_s=0.004), BATCH, device="cpu", max_workers=64,
                               memory_budget=memory_budget)
-    search = PriorSearch(request, full_profile(), budget=30.0)
+    profile = full_profile()
+    if cpus is not None:
+        profile = dataclasses.replace(profile, cpu=dataclasses.replace(profile.cpu, usable=cpus))
+    search = PriorSearch(request, profile, budget=30.0)
     search.prior = prior
     return drive_search(search, model)
 
@@ -168,6 +171,32 @@ def test_the_search_warns_when_growth_over_the_epoch_would_cross_the_budget():
     fastest = max((t for t in result.trials if t.ok), key=lambda t: t.samples_per_s)
     assert result.num_workers < fastest.config.num_workers
 
+
+
+def big_waiting(config: LoaderConfig) -> TrialResult:
+    """Drawn seed 14 (big-samples): 4 MiB batches waiting 90 ms on storage; this process's native pool spins while a
+    batch loads, so serial loading reads as a whole CPU busy and the first pool is one worker, which makes fewer
+    samples than the main process alone (it loads and hands over); each worker 12 MiB."""
+    n = config.num_workers
+    rate = 177.0 if n == 0 else min(4000.0, 168.0 * n)
+    fetch_s = BATCH / rate
+    return dataclasses.replace(fake(n, rate, uss=12 * MIB, batch_bytes=4 * MIB, batch=BATCH), config=config,
+                               consumer_s_per_batch=1e-5, consumer_cpu_s_per_batch=1e-5, stall_fraction=0.97,
+                               main_cpu_util=1.0 if n == 0 else 0.05,
+                               worker_cpu_util=0.07 if n else None, fetch_s_per_batch=fetch_s if n == 0 else None,
+                               fetch_cpu_s_per_batch=fetch_s if n == 0 else None)
+
+
+def test_an_extrapolated_count_that_would_not_fit_is_followed_by_the_most_that_do():
+    """The one worker lost to serial loading for want of workers (``capacity.worker_bound``); the 24 extrapolated
+    from it would not fit 300 MiB: the most that fit are measured, not nothing (seed 14 served num_workers=0 at 0.09x
+    the best count that fits)."""
+    asked, result = drive(big_waiting, memory_budget=300 * MIB, prior=12 * MIB, cpus=2)
+    counts = [c.num_workers for c in asked]
+    assert counts[:2] == [0, 1], counts
+    assert result.num_workers >= 8, (counts, result.num_workers)
+    chosen = next(t for t in result.trials if t.ok and t.config.same_candidate(result.config))
+    assert chosen.footprint_bytes <= 300 * MIB
 
 # ---------------------------------------------------------------- a real trial whose workers grow
 
