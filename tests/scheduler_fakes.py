@@ -36,6 +36,7 @@ class Record:
     switch_s: float = 0.0
     forked: int = 0
     start_s: float = 0.0
+    first_wait_s: float = 0.0
 
 
 @dataclass
@@ -192,6 +193,9 @@ class ScriptedPlan:
 
     def switch_gain(self, result: TrialResult) -> float:
         return self.steps[0].gain if self.steps else 0.0
+
+    def settle(self, result: TrialResult, *, epoch: int) -> bool:
+        return False
 
     def keeps(self, config: LoaderConfig) -> bool:
         return not self.steps and config.same_candidate(self.decide)

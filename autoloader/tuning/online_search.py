@@ -160,6 +160,19 @@ class OnlineSearch:
         return switching.gain_over(gain=current.candidate.gain, best_samples_per_s=max(rates, default=None),
                                    now_samples_per_s=rate(result) if result.ok else None)
 
+    def settle(self, result: TrialResult, *, epoch: int) -> bool:
+        current = self.current
+        if current is None:
+            return False
+        if not any(t.ok and t.config.num_workers for t in current.search.found.trials):
+            return False  # no pool measured yet: the probe's serial batches are no choice
+        chosen = current.search.choose()
+        if chosen is None or not chosen.config.same_candidate(result.config):
+            return False
+        current.steps.close()
+        self._decide(current.search.result(chosen, current.search.found.consumer_rate), current, epoch=epoch)
+        return True
+
     def keeps(self, config: LoaderConfig) -> bool:
         return self.current is None and self.decision.config.same_candidate(config)
 

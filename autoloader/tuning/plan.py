@@ -41,6 +41,11 @@ class Plan(Protocol):
         """The share by which the next candidate is predicted to beat ``result``, the run in force just measured
         (``switching.gain_over``), for ``switching.repays``."""
 
+    def settle(self, result: TrialResult, *, epoch: int) -> bool:
+        """End the search now when its choice among what it measured is ``result``'s configuration (the run in force,
+        just measured in ``epoch``) and a pool with workers was measured: the next candidate would not repay its
+        start even over a whole epoch. True when so decided (the run serves on as the decision)."""
+
     def keeps(self, config: LoaderConfig) -> bool:
         """The search decided on ``config`` itself (its run serves on)."""
 
@@ -54,4 +59,5 @@ class Plan(Protocol):
 
     def record_cost(self, *, switch_s: float, serving_s: float, forked: int = 0, start_s: float = 0.0) -> None:
         """What a stage cost the loop: what it waited for starting and stopping its run (``switch_s``), the time it
-        served (``serving_s``); ``forked`` workers its start forked in ``start_s`` seconds."""
+        served (``serving_s``); ``forked`` workers its start forked, the loop waiting ``start_s`` seconds for them
+        (forking them, then their first batch: a worker's own start-up, an import or a cache it builds, counts)."""

@@ -17,7 +17,7 @@ from ..measure.sample_clock import BatchEstimate, SampleClock, times_samples
 from ..supervise.signals import SignalGuard
 from ..measure.marks import samples_in
 from ..results import EpochTrace, TrialResult
-from ..search.switching import repays, window_bound_s
+from ..search.switching import repays, repays_next_epoch, window_bound_s
 from .handover import Stage, tail_extra
 from .phases import transition
 from .plan import Plan
@@ -78,6 +78,11 @@ class EpochScheduler:
         """The rest of the epoch at its pace so far; None when unknown (no pace yet, a sampler without a length)."""
         per_batch, left = self._per_batch_s(), self.source.unclaimed
         return None if per_batch is None or left is None else per_batch * left
+
+    def _epoch_s(self) -> Optional[float]:
+        """A whole epoch at its pace so far; None when unknown."""
+        per_batch, left = self._per_batch_s(), self.source.remaining
+        return None if per_batch is None or left is None else per_batch * (left + len(self.trace.batches))
 
     def _bound_s(self, workers: int = 0) -> float:
         """The window bound of the next stage (of ``workers``): a share of the epoch as predicted now; before the loop
@@ -165,7 +170,7 @@ class EpochScheduler:
         self.in_force = None
         batch_slice.delivered(run.record.delivered)
         self.plan.record_cost(switch_s=run.record.switch_s, serving_s=cost_s, forked=run.record.forked,
-                              start_s=run.record.start_s)
+                              start_s=run.record.start_s + run.record.first_wait_s)
 
     def _of_a_batch(self, stage: Stage, error: BaseException) -> bool:
         """The dataset's or ``collate_fn``'s error from one batch, which the loop gets in its place (NOTE [ A batch that
@@ -273,10 +278,15 @@ class EpochScheduler:
             run.measure_again(bound_s=self._bound_s())
             stage.reported, stage.candidate = False, following
             return "again"
+        gain = self.plan.switch_gain(result) if following is not None else 0.0
         if following is not None and self.coordinator.size == 1 and not repays(
-                remaining_s=self._remaining_s(), gain=self.plan.switch_gain(result),
-                workers=following.config.num_workers,
+                remaining_s=self._remaining_s(), gain=gain, workers=following.config.num_workers,
                 window_s=self._bound_s(), fork_s=self.plan.fork_s):
+            if not repays_next_epoch(epoch_s=self._epoch_s(), gain=gain, workers=following.config.num_workers,
+                                     fork_s=self.plan.fork_s) and self.plan.settle(result, epoch=self.trace.epoch):
+                log.info("a switch to %s would not repay itself over a whole epoch either: %s serves on, decided",
+                         following.config.label(), stage.config.label())
+                return "keep"
             log.info("the rest of the epoch is too short to repay a switch to %s: it goes first next epoch",
                      following.config.label())
             return "defer"

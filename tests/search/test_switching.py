@@ -98,3 +98,14 @@ def test_a_spawned_worker_is_priced_as_a_fresh_interpreter():
 def test_a_switch_gains_over_the_run_in_force(gain, best, now, expected, why):
     assert switching.gain_over(gain=gain, best_samples_per_s=best, now_samples_per_s=now) == \
         pytest.approx(expected, abs=1e-3), why
+
+
+@pytest.mark.parametrize("epoch_s, gain, workers, fork_s, expected, why", [
+    (0.4, 0.06, 18, 0.036, False, "drawn seed 21: 6 % of a 0.4 s epoch against forking 18 workers: settle"),
+    (0.08, 3.0, 4, 0.02, True, "a 5-batch epoch, workers four times faster: 0.24 s against 0.08 s: go on"),
+    (10.0, 0.0, 16, 0.02, True, "a count that only saves workers is worth the tolerance: 0.5 s against 0.32 s"),
+    (None, 0.0, 64, 1.0, True, "the epoch's length unknown: go on"),
+])
+def test_a_deferred_candidate_repays_its_start_over_the_next_epoch_or_the_search_settles(epoch_s, gain, workers,
+                                                                                        fork_s, expected, why):
+    assert switching.repays_next_epoch(epoch_s=epoch_s, gain=gain, workers=workers, fork_s=fork_s) is expected, why

@@ -21,7 +21,7 @@ def _shape(member):
 
 def test_the_plan_names_what_the_scheduler_calls():
     assert MEMBERS == ["candidate", "early", "fits_beside", "fork_s", "keeps", "probes_samples", "record_cost",
-                       "retry_next_epoch", "switch_gain", "tell", "threads_tuned"]
+                       "retry_next_epoch", "settle", "switch_gain", "tell", "threads_tuned"]
 
 
 @pytest.mark.parametrize("implementation", [OnlineSearch, ScriptedPlan])

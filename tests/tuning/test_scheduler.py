@@ -17,6 +17,7 @@ from autoloader.coordination import Coordinator
 from autoloader.loader.slices import EpochSlicer
 from autoloader.results import EpochTrace
 from autoloader.search.switching import MAX_WINDOW_BOUND_S, WINDOW_SHARE
+from autoloader.tuning import scheduler as scheduler_module
 from autoloader.tuning.scheduler import EpochScheduler
 from autoloader.tuning.handover import SERIAL_TAIL
 from scheduler_fakes import BATCHES, Agreeing, ScriptedPlan, Step, config_of, serve
@@ -114,13 +115,23 @@ def test_a_next_candidate_that_would_pass_the_memory_budget_beside_the_tail_star
 
 def test_whether_a_switch_repays_counts_the_fork_cost_the_search_measured(monkeypatch):
     """``switching.repays`` is asked with the plan's ``fork_s`` (the largest pool's start, as measured), not the
-    constant; said no, the candidate goes first next epoch."""
+    constant, over the rest of the epoch and then over a whole one; said no to both, the candidate goes first next
+    epoch unless the plan settles on the run in force (``Plan.settle``), which then serves on as the decision."""
     plan = ScriptedPlan([Step(0, 100.0), Step(2, 300.0)], 2)
     plan.fork_s = 0.07
     asked = []
+    monkeypatch.setattr(scheduler_module, "repays_next_epoch", lambda **kw: asked.append(kw) and False)
     served = serve(plan, monkeypatch=monkeypatch, repays=lambda **kw: asked.append(kw) and False)
-    assert [kw["fork_s"] for kw in asked] == [0.07] and [kw["workers"] for kw in asked] == [2]
+    assert [kw["fork_s"] for kw in asked] == [0.07, 0.07] and [kw["workers"] for kw in asked] == [2, 2]
+    assert "remaining_s" in asked[0] and "epoch_s" in asked[1], "the rest of the epoch, then a whole one"
     assert ("measuring", "defer") in served["moves"] and plan.carried == 0
+
+    settling = ScriptedPlan([Step(0, 100.0), Step(2, 300.0)], 2)
+    settled = []
+    settling.settle = lambda result, *, epoch: settled.append(result.config.num_workers) or True
+    served = serve(settling, monkeypatch=monkeypatch, repays=lambda **kw: False)
+    assert settled == [0] and ("measuring", "keep") in served["moves"] and ("measuring", "defer") not in \
+        served["moves"], served["moves"]
 
 
 def test_an_epoch_that_ends_before_the_window_opens_asks_the_search_to_carry_the_candidate(monkeypatch):
