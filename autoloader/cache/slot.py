@@ -11,8 +11,7 @@ import torch
 from ..probe import MachineProfile
 from ..request import Request
 from ..results import TuneResult
-from ..search.memory import no_longer_fits
-from ..search.memory import resolve_budget
+from ..search.memory import no_longer_fits, resolve_budget
 from ..search.bounds import worker_bounds
 from .fingerprint import (batch_signature, cache_key, dataset_fingerprint, dataset_length, machine_fingerprint,
                           same_batches, step_descriptor)

@@ -14,8 +14,7 @@ from typing import Iterable, List, Mapping, Optional, Sequence
 import torch.multiprocessing
 
 from ..cache import CacheEntry, resolve_cache
-from ..search.memory import shm_need_bytes
-from ..search.memory import resolve_budget
+from ..search.memory import resolve_budget, shm_need_bytes
 from ..probe import (THREAD_ENV_VARS, CpuInfo, MachineProfile, MemoryInfo, ShmInfo, load_profile,
                      open_files_limit, probe_machine)
 from ..probe._pools import NativePool, pools_here

@@ -13,8 +13,7 @@ from typing import Collection, List, Mapping, Optional, Sequence, Tuple
 
 from . import native_policy
 from .capacity import DEFAULT_TOLERANCE, HEADROOM, busy_cpus, fill_count, worker_bound
-from .memory import trial_footprint
-from .memory import forecast_bytes, growth_per_sample
+from .memory import forecast_bytes, growth_per_sample, trial_footprint
 from .threads_policy import fewest_near, rate
 from .._text import mib
 from ..results import TrialResult

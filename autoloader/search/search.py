@@ -27,9 +27,8 @@ from .._text import mib
 from ..results import TrialResult, TuneResult
 from . import memory, native_policy, online_policy, policy, thread_bounds, threads_policy, verdict
 from .bounds import worker_bounds
-from .memory import MemoryCheck, budget_guard, footprint, measured_batch_bytes, trial_footprint
+from .memory import MemoryCheck, budget_guard, footprint, forecast_guard, measured_batch_bytes, trial_footprint
 from .memory import per_worker_bytes as worker_size
-from .memory import forecast_guard
 from .candidates import Candidate, Progress, Steps, admit, start_costs, trial_limit
 from .settings import Findings, Settings
 from .native_search import compare_native

@@ -9,10 +9,9 @@ import time
 from typing import Callable, Optional, Sequence
 
 from . import native_policy
-from .memory import skipped_for_memory
+from .memory import lasting_bytes, skipped_for_memory
 from .capacity import cpu_saturated, step_cpus
 from .candidates import fallback_result
-from .memory import lasting_bytes
 from .settings import Findings, Settings
 from .threads_policy import rate
 from ..errors import warn_user
