@@ -70,7 +70,9 @@ def test_a_forks_cost_is_measured_never_below_the_constant(workers, start_s, exp
 
 
 @pytest.mark.parametrize("epoch_serial_s, cpus, cap, why", [
-    (2.9, 2, 1, "960 samples of 3 ms (a 3 s epoch) on 2 CPUs: one spawned worker (30 took 32 s of the loop)"),
+    (2.9, 2, 2, "960 samples of 3 ms (a 3 s epoch) on 2 CPUs: two spawned workers (30 took 32 s of the loop), not\n"
+                "one, which makes what serial serving does"),
+    (0.5, 2, 2, "a short epoch: still two"),
     (60.0, 2, 30, "a minute's epoch: 30 start in 15 s of CPU on 2 CPUs"),
     (60.0, 16, 240, "on 16 CPUs, eight times as many"),
     (None, 2, None, "an epoch of unknown length: no cap"),
