@@ -100,14 +100,23 @@ def reading(thread: threading.Thread) -> None:
     _READERS.add(thread)
 
 
+_EXECUTOR_PREFIX = "StreamingExecutor-"
+"""The name Ray Data gives the thread that runs a dataset's execution (``StreamingExecutor-<dataset id>``): a run
+that left early leaves it cancelling its tasks for a while after its reading thread ended, and Ray shut down under
+it ended the process ("The core worker has already been shutdown ... The process will exit", 1 run of the
+integration tests in 2)."""
+
+
 def _readers_ended() -> None:
-    """Wait for the reading threads still running (each ends once Ray hands it its current block), within
-    ``waits.CLOSE``; a warning naming the limit when some did not."""
+    """Wait for the reading threads still running (each ends once Ray hands it its current block), then for Ray
+    Data's executor threads still cancelling the tasks of runs that left early, within ``waits.CLOSE``; a warning
+    naming the limit when some did not end."""
     deadline = time.monotonic() + CLOSE.seconds
-    for thread in list(_READERS):
+    executors = [t for t in threading.enumerate() if t.name.startswith(_EXECUTOR_PREFIX)]
+    for thread in [*list(_READERS), *executors]:
         if thread is not threading.current_thread():
             thread.join(max(0.0, deadline - time.monotonic()))
-    left = [t for t in list(_READERS) if t.is_alive()]
+    left = [t for t in [*list(_READERS), *executors] if t.is_alive()]
     if left:
         log.warning("%s", CLOSE.error(f"{len(left)} reading thread(s) still in Ray"))
 

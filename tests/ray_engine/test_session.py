@@ -262,3 +262,19 @@ def test_shutdown_lets_reading_threads_end_first_within_close(monkeypatch, caplo
     assert "1 reading thread(s) still in Ray" in caplog.text and "autoloader.ray.waits.CLOSE" in caplog.text
     stuck.set()
     blocked.join(5)
+
+
+def test_shutdown_also_lets_ray_datas_executor_threads_end(monkeypatch):
+    """A run that left early leaves Ray Data's executor thread cancelling its tasks after its reading thread ended;
+    Ray shut down under it ended the process once in two runs of the integration tests."""
+    ray = StandInRay()
+    ray.initialised, ray.sessions = True, 1
+    monkeypatch.setattr(session_module, "import_ray", lambda: ray)
+    monkeypatch.setattr(session_module, "_READERS", type(session_module._READERS)())
+    done = threading.Event()
+    executor = threading.Thread(target=lambda: done.wait(0.2), name="StreamingExecutor-dataset_1_0")
+    executor.start()
+    monkeypatch.setattr(session_module, "_SESSION", Session(None, owned=True, local=False,
+                                                            identity=("session_1", "01000000")))
+    session_module.shutdown()
+    assert not executor.is_alive() and ray.shutdowns == 1
