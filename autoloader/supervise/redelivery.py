@@ -96,14 +96,22 @@ class TakeBack:
 
     def __init__(self) -> None:
         self.previous: Optional[Callable[[sys.UnraisableHookArgs], Any]] = None
+        # What the hook calls, bound now: a guard left active at exit keeps the hook installed while the interpreter
+        # clears this module's globals (inspect was None there: "'NoneType' object has no attribute 'currentframe'").
+        self._frame, self._active, self._fallback = inspect.currentframe, active, sys.__unraisablehook__
+        self._thread, self._main, self._finalizing = threading.current_thread, threading.main_thread, sys.is_finalizing
 
     def __call__(self, unraisable: sys.UnraisableHookArgs) -> None:
-        exc, caller = unraisable.exc_value, inspect.currentframe()
-        main = threading.current_thread() is threading.main_thread()  # where the guard's signals are delivered
-        for guard in reversed(active() if main else []):
+        exc, caller = unraisable.exc_value, self._frame()
+        main = self._thread() is self._main()  # where the guard's signals are delivered
+        try:
+            guards = list(reversed(self._active())) if main else []
+        except (AttributeError, TypeError):  # the interpreter is finalising: active()'s globals are gone, no guard
+            guards = []
+        for guard in guards:
             if exc is not None and guard.take_back(exc, caller.f_back if caller is not None else None):
                 return
-        (self.previous or sys.__unraisablehook__)(unraisable)
+        (self.previous or self._fallback)(unraisable)
 
     def enter(self, guard: Keeper) -> None:
         _ENTERED[:] = [g for g in _ENTERED if g.active]
@@ -112,6 +120,8 @@ class TakeBack:
         _ENTERED.append(guard)
 
     def exit(self, guard: Keeper) -> None:
+        if self._finalizing():  # a generator holding a guard closed at exit: the globals below may be gone already
+            return
         if guard in _ENTERED:
             _ENTERED.remove(guard)
         if not any(g.active for g in _ENTERED) and sys.unraisablehook is self:

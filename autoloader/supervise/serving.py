@@ -173,7 +173,8 @@ class Serving:
         serial = getattr(self.loader, "num_workers", None) == 0
         references = [self._it, self.loader]
         self._it = self.loader = None
-        if _procs.exiting():  # NOTE [ Process cleanup ], 5.
+        if not callable(_procs.exiting) or _procs.exiting():  # NOTE [ Process cleanup ], 5. (not callable: at exit,
+            # the interpreter cleared procs.py's globals before a generator holding this run was finalized)
             references.clear()
             return
         if not self.retire:
