@@ -122,7 +122,8 @@ def test_a_child_writing_new_objects_copies_runs():
         os.waitpid(pid, 0)
     copies = cow.copied(first, last)
     if copies.copied_bytes > 4 * MIB:  # the allocator reused the inherited free space (else: fresh pages, no copies)
-        assert copies.run_bytes > 0.9 * copies.copied_bytes, copies
+        # what is not in runs is this process's own writes meanwhile (the nothing-reader's noise): at most 2 MiB
+        assert copies.copied_bytes - copies.run_bytes < max(0.1 * copies.copied_bytes, 2 * MIB), copies
 
 
 def test_in_runs():
