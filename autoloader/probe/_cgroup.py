@@ -96,7 +96,7 @@ def parse_memory_value(text: str, *, total_bytes: Optional[int] = None) -> Optio
 
 
 def parse_memory_stat(text: str, key: str) -> Optional[int]:
-    """The value of ``key`` in a ``memory.stat`` file ("key value" lines), or None."""
+    """The value of ``key`` in a cgroup's ``<cgroup>/memory.stat`` file ("key value" lines), or None."""
     for line in text.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[0] == key:
@@ -180,8 +180,9 @@ def memory_limit(proc_cgroup_text: Optional[str] = None, root: PathLike = DEFAUL
                  total_bytes: Optional[int] = None) -> Optional[int]:
     """The tightest cgroup memory limit on this process in bytes; None = no limit found.
 
-    v2: the smaller of ``memory.max`` and ``memory.high`` (the kernel throttles and reclaims hard above ``high``);
-    v1: ``memory.limit_in_bytes``. A limit at or above ``total_bytes`` (physical memory) is no limit.
+    v2: the smaller of the files ``<cgroup>/memory.max`` and ``<cgroup>/memory.high`` (the kernel throttles and
+    reclaims hard above ``high``); v1: ``<cgroup>/memory.limit_in_bytes``. A limit at or above ``total_bytes``
+    (physical memory) is no limit.
     """
     limits = [limit for _, limit, _ in _memory_levels(proc_cgroup_text, root, total_bytes)]
     return min(limits) if limits else None
