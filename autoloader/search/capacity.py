@@ -12,7 +12,7 @@ from typing import Optional
 from ..results import TrialResult
 
 __all__ = ["DEFAULT_TOLERANCE", "FORK_S", "HEADROOM", "MAIN_FREE", "STEP_CPU_FLOOR", "WAITED", "busy_cpus",
-           "cpu_saturated", "fill_count", "step_cpus", "worker_bound"]
+           "cpu_saturated", "fill_count", "step_cpus", "step_share", "worker_bound"]
 
 DEFAULT_TOLERANCE = 0.05
 """Rates within this share of each other are alike: the fewest workers among them are chosen."""
@@ -60,13 +60,24 @@ def cpu_saturated(trial: TrialResult, *, usable_cpus: int, level: float = 0.85) 
     return used >= level * usable_cpus
 
 
-def fill_count(*, usable_cpus: float, share: float) -> int:
-    """The worker count whose CPU use, ``share`` of a CPU each, comes nearest ``usable_cpus`` (the usable CPUs, or
-    those the step leaves them; at least 1): rounded,
-    not rounded up. A share measured a hair under 1 must not add a worker the cores cannot run (2 / 0.998 is 2, not
-    the 3 that ran 6-10 % slower than 2 on the 2-core VM, the main process starved beside them), and a worker that
-    would find half a CPU or less is one too many. The one rule by which both searches fill the CPUs."""
-    return max(1, math.floor(usable_cpus / min(1.0, max(0.01, share)) + 0.5))
+def fill_count(*, usable_cpus: float, share: float, step_share: float = 0.0) -> int:
+    """The worker count whose CPU use comes nearest ``usable_cpus``: each worker keeps ``share`` of a CPU busy and
+    makes the step spend ``step_share`` of one on its batches (the function ``step_share``); rounded, not rounded up, at least 1.
+    A share measured a hair under 1 must not add a worker the cores cannot run (2 / 0.998 is 2, not the 3 that ran
+    6-10 % slower than 2 on the 2-core VM, the main process starved beside them), and a worker that would find half a
+    CPU or less is one too many. The one rule by which both searches fill the CPUs."""
+    return max(1, math.floor(usable_cpus / (min(1.0, max(0.01, share)) + max(0.0, step_share)) + 0.5))
+
+
+def step_share(*, busy_cpus: float, consumer_s: Optional[float], worker_batch_s: Optional[float]) -> float:
+    """The CPUs the step spends on one worker's output: its CPU per batch (``busy_cpus`` while it runs, for
+    ``consumer_s``) over the seconds a worker takes to make a batch (``worker_batch_s``). The step's CPU counts
+    against the workers' at the pace they feed it, not at its own while it runs: a 0.2 ms step of bookkeeping keeps
+    0.8 CPUs busy while it runs, and 1 % of them beside batches that come every 15 ms (counted while it ran, it sent a
+    CPU-bound pool of 2 workers on 2 CPUs down to 1, at half the rate). 0 when either is unknown. Pure."""
+    if not busy_cpus or not consumer_s or not worker_batch_s or worker_batch_s <= 0:
+        return 0.0
+    return busy_cpus * consumer_s / worker_batch_s
 
 
 def worker_bound(trial: TrialResult) -> bool:

@@ -11,8 +11,8 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 #    CPUs, the serial batches a late start serves against the forks an early one wastes if the step wants fewer;
 #    when it is the cap, a guess, those batches must pay the forks twice), the prior's workers start, inside that
 #    first batch, while the main process finishes it and serves a short tail. The prior (``prior_workers``) is the
-#    count that fills the CPUs the step leaves (the usable CPUs less those the step keeps busy while it runs,
-#    ``capacity.busy_cpus``: a step on the CPU runs torch's intra-op pool on the same cores as the workers) at the
+#    count that fills the CPUs beside the step (a step on the CPU runs torch's intra-op pool on the same cores as the
+#    workers: its CPU per batch counts against theirs at the pace they feed it, ``capacity.step_share``) at the
 #    CPU share the samples showed (the cores rule for CPU-bound loading beside a step that leaves the CPUs free,
 #    several times it for loading that waits), and, once the step is known, no more than meet it (Little's law: a
 #    worker makes a batch per ``fetch_s``, the loop eats one per ``consumer_s``). Serial serving goes on only while
@@ -29,7 +29,7 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 #    over; a step on the CPU). A candidate the loop waited for whose rate is below its workers times one worker's
 #    rate, beyond the tolerance, is past that knee: the search goes down to the knee (``knee``: the best rate measured
 #    over one worker's, with twice the tolerance of headroom), and between it and the best while a jump down falls
-#    short. One beside a step on the CPU that keeps every CPU busy goes down to the count that fills what it leaves.
+#    short. One beside a step on the CPU that keeps every CPU busy goes down to the count that fills the CPUs with it.
 #    Otherwise, with CPUs to spare, it is scaled up to what meets the step or fills the CPUs, in one move; one that
 #    keeps up is cut to the fewest Little's law says still keep up. A window the loop never waited in
 #    (``TrialResult.drained`` False) measured the loop's pace while the prefetched batches lasted, not the workers':
@@ -61,7 +61,7 @@ from typing import Mapping, Optional, Sequence
 
 from ..measure.window_rule import DRAIN_WAIT_S
 from ..results import TrialResult
-from .capacity import DEFAULT_TOLERANCE, FORK_S, HEADROOM, cpu_saturated, fill_count, worker_bound
+from .capacity import DEFAULT_TOLERANCE, FORK_S, HEADROOM, cpu_saturated, fill_count, step_share, worker_bound
 from .threads_policy import rate
 
 __all__ = ["BISECT_RATIO", "EARLY_BATCHES", "EARLY_MIN_FETCH_S", "HANDOVER_S", "IN_FLIGHT_SHARE", "Jump",
@@ -104,12 +104,13 @@ def steal_s(*, fetch_cpu_s: float, consumer_s: float, busy_cpus: float, usable_c
     """What a batch's workers cost a step on the CPU: the loading CPU seconds that do not fit in the CPUs the step
     (``busy_cpus``) leaves while it runs, weighed by the share of the CPUs the step holds (an intra-op pool
     waiting on the core a worker took loses about all of that time: beside a CNN keeping 1.9 of 2 CPUs busy for 50 ms,
-    10 ms of decoding finds 5 ms free and costs the step about 5 ms; 2 workers made that epoch 10x slower). 0 beside a
-    step that keeps no CPU busy (a GPU's). Pure."""
+    10 ms of decoding finds 5 ms free and costs the step about 5 ms; 2 workers made that epoch 10x slower), at most the
+    step's own CPU time (a step of bookkeeping loses no more than it runs). 0 beside a step that keeps no CPU busy (a
+    GPU's). Pure."""
     if busy_cpus <= 0 or usable_cpus <= 0:
         return 0.0
     free = max(0.0, usable_cpus - busy_cpus)
-    return max(0.0, fetch_cpu_s - free * consumer_s) * min(1.0, busy_cpus / usable_cpus)
+    return min(busy_cpus * consumer_s, max(0.0, fetch_cpu_s - free * consumer_s) * min(1.0, busy_cpus / usable_cpus))
 
 
 def cpu_share(*, fetch_s: float, fetch_cpu_s: float, fetch_delay_s: Optional[float] = None) -> float:
@@ -125,7 +126,7 @@ def prior_workers(*, fetch_s: float, fetch_cpu_s: float, consumer_s: Optional[fl
     ``fetch_delay_s`` run-queue seconds per batch in the main process) and the step's (``consumer_s``; None while no
     step was timed; ``busy_cpus``: the CPUs it keeps busy, ``capacity.busy_cpus``): 0 when serial
     serving is competitive (``serial_competitive``, counting the loading CPU workers would take from the step,
-    ``steal_s``); else the count that fills the CPUs they leave at the loading's
+    ``steal_s``); else the count that fills the CPUs beside the step (``capacity.step_share``) at the loading's
     ``cpu_share`` (``capacity.fill_count``: the cores rule when loading is CPU-bound beside a step that leaves the
     CPUs free, fewer beside a step on the CPU, more when loading waits, at most ``max(8, 2 x CPUs)`` before the step is
     timed) and, once the step is known, no more than meet it with ``HEADROOM`` (Little's law: 68 ms batches beside a
@@ -139,8 +140,9 @@ def prior_workers(*, fetch_s: float, fetch_cpu_s: float, consumer_s: Optional[fl
         return 0
     share = cpu_share(fetch_s=fetch_s, fetch_cpu_s=fetch_cpu_s, fetch_delay_s=fetch_delay_s)
     meets = math.ceil(HEADROOM * fetch_s / consumer_s - 1e-9) if consumer_s else untimed_cap(usable_cpus)
-    free = max(0.0, usable_cpus - busy_cpus)
-    return max(1, min(cap, fill_count(usable_cpus=free, share=share), meets))
+    fill = fill_count(usable_cpus=usable_cpus, share=share,
+                      step_share=step_share(busy_cpus=busy_cpus, consumer_s=consumer_s, worker_batch_s=fetch_s))
+    return max(1, min(cap, fill, meets))
 
 
 def prior_gain(*, fetch_s: float, consumer_s: Optional[float], workers: int, handover_s: float = HANDOVER_S) -> float:
@@ -309,7 +311,7 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
     - the loop waited for it: past the knee of the measured curve (``knee``: its rate under one worker's rate times
       its workers beyond ``tolerance``), down to the knee, unless fewer workers measured within ``tolerance`` of the
       best already; beside a step on the CPU that it keeps waiting for CPUs (saturated), down to the count that fills
-      the CPUs it leaves; otherwise, with CPUs to spare, up to the
+      the CPUs with the step (``capacity.step_share``); otherwise, with CPUs to spare, up to the
       count that meets the step with ``HEADROOM`` or fills the CPUs at the measured use per worker, when that is more
       than ``tolerance`` above it (and a jump up that gained less than half the ``tolerance`` over fewer workers stops
       the climb, as does a count above it that made as much; one above that made less sends it halfway there);
@@ -335,10 +337,12 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
                                  f"makes: the rate stops rising near {at_knee} workers")
         busy = (last.worker_cpu_util or 0.0) * n + (last.main_cpu_util or 0.0)
         if busy_cpus and cpu_saturated(last, usable_cpus=usable_cpus) and last.worker_cpu_util:
-            beside = fill_count(usable_cpus=max(0.0, usable_cpus - busy_cpus), share=last.worker_cpu_util)
+            beside = fill_count(usable_cpus=usable_cpus, share=last.worker_cpu_util,
+                                step_share=step_share(busy_cpus=busy_cpus, consumer_s=consumer_s,
+                                                      worker_batch_s=n * batch_size / rate(last)))
             if beside < (1.0 - tolerance) * n and beside not in measured:
                 return Jump(beside, f"the step keeps {busy_cpus:.1f} of {usable_cpus} CPUs busy and {n} workers take "
-                                    f"the rest and more: {beside} fill what it leaves")
+                                    f"the rest and more: {beside} fill the CPUs with it")
         if cpu_saturated(last, usable_cpus=usable_cpus) or not consumer_s:
             return None
         if fewer and rate(last) <= (1.0 + tolerance / 2) * max(rate(t) for t in fewer):
@@ -353,7 +357,8 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
         if above:  # more workers made less (too many for the CPUs): the peak lies between, try the middle
             target = min(target, math.ceil(math.sqrt(n * min(t.config.num_workers for t in above)) - 1e-9))
         if target > (1.0 + tolerance) * n and target not in measured:
-            gain = min(needed, rate(last) * target / n) / rate(last) - 1.0
+            predicted = min(needed, rate(last) * min(target, by_cpu) / n)  # no faster than the CPUs let it
+            gain = max(0.0, predicted / best - 1.0)
             return Jump(target, f"the loop waited for data {last.stall_fraction or 0:.0%} of {n} workers' window: "
                                 f"{target} workers predicted to meet the step", gain=gain)
         return None
@@ -364,7 +369,9 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
         fetch_cpu_s, fetch_delay_s = serial.fetch_cpu_s_per_batch or 0.0, serial.fetch_delay_s_per_batch
         share = cpu_share(fetch_s=fetch_s, fetch_cpu_s=fetch_cpu_s, fetch_delay_s=fetch_delay_s)
         fewest = max(1, min(n, math.ceil(HEADROOM * (fetch_s - (fetch_delay_s or 0.0)) / consumer_s - 1e-9),
-                            fill_count(usable_cpus=max(0.0, usable_cpus - busy_cpus), share=share)))
+                            fill_count(usable_cpus=usable_cpus, share=share,
+                                       step_share=step_share(busy_cpus=busy_cpus, consumer_s=consumer_s,
+                                                             worker_batch_s=fetch_s))))
     else:  # no batch was timed in the main process (a re-tune from a cached decision): halve
         fewest = max(1, n // 2)
     if fewest < (1.0 - tolerance) * n and fewest not in measured:

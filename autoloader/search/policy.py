@@ -12,7 +12,7 @@ import math
 from typing import Collection, List, Mapping, Optional, Sequence, Tuple
 
 from . import native_policy
-from .capacity import DEFAULT_TOLERANCE, HEADROOM, busy_cpus, fill_count, worker_bound
+from .capacity import DEFAULT_TOLERANCE, HEADROOM, busy_cpus, fill_count, step_share, worker_bound
 from .memory import forecast_bytes, growth_per_sample, trial_footprint
 from .threads_policy import fewest_near, rate
 from .._text import mib
@@ -127,8 +127,8 @@ def predict_from_serial(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float
     """Workers to try first, from the ``num_workers=0`` trial.
 
     A worker makes one batch per ``fetch_s`` seconds and keeps a CPU busy ``fetch_cpu_s / fetch_s`` of the time.
-    Loading meets the consumer at ``fetch_s / consumer_s`` workers (with headroom) and fills the CPUs the step leaves
-    (``busy_cpus`` of the usable ones busy) at ``capacity.fill_count`` of them; the first trial is the
+    Loading meets the consumer at ``fetch_s / consumer_s`` workers (with headroom) and fills the CPUs beside the step
+    (``busy_cpus`` of the usable ones busy while it runs, ``capacity.step_share``) at ``capacity.fill_count`` of them; the first trial is the
     smaller of the two, and at most ``FIRST_STEP_WORKERS`` (or twice the CPUs) so a large jump is only taken once
     per-worker costs are measured.
     """
@@ -142,12 +142,13 @@ def predict_from_serial(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float
 
 def workers_needed(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float, usable_cpus: int,
                    busy_cpus: float = 0.0) -> float:
-    """Single-threaded workers (batches in flight) that meet the consumer with ``HEADROOM`` or fill the CPUs the step
-    leaves (``busy_cpus`` of the usable ones busy), whichever is fewer, from the serial trial
+    """Single-threaded workers (batches in flight) that meet the consumer with ``HEADROOM`` or fill the CPUs beside the
+    step (``busy_cpus`` of the usable ones busy while it runs, ``capacity.step_share``), whichever is fewer, from the serial trial
     (``predict_from_serial``; threads-first sizes its first candidate by it too); 1 when nothing was measured."""
     if fetch_s <= 0:
         return 1.0
-    by_cpu = fill_count(usable_cpus=max(0.0, usable_cpus - busy_cpus), share=fetch_cpu_s / fetch_s)
+    by_cpu = fill_count(usable_cpus=usable_cpus, share=fetch_cpu_s / fetch_s,
+                        step_share=step_share(busy_cpus=busy_cpus, consumer_s=consumer_s, worker_batch_s=fetch_s))
     by_consumer = HEADROOM * fetch_s / consumer_s if consumer_s > 0 else math.inf
     return min(by_cpu, by_consumer)
 

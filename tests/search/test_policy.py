@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 
 from autoloader.search import policy, thread_bounds, threads_policy
-from autoloader.search.capacity import fill_count
+from autoloader.search.capacity import fill_count, step_share
 from autoloader.config import LoaderConfig
 from autoloader.results import TrialResult
 from search_fakes import MIB, tt
@@ -201,6 +201,23 @@ def test_worker_memory_is_the_sum_of_uss():
     (2, 0.001, 200), (2, 1.5, 2), (1, 0.9, 1)])
 def test_fill_count_is_the_count_whose_cpu_use_comes_nearest_the_cpus(cpus, share, expected):
     assert fill_count(usable_cpus=cpus, share=share) == expected
+
+
+@pytest.mark.parametrize("cpus, share, step, expected, why", [
+    (2, 1.0, 1.0, 1, "each worker's batches cost the step a CPU as well: one worker and the step fill 2"),
+    (2, 0.5, 0.5, 2, "half a CPU each, and as much of the step's per worker"),
+    (2, 1.0, 0.01, 2, "a step of bookkeeping: the cores rule"),
+    (16, 0.1, 0.3, 40, "waiting workers beside a step on the CPU"),
+])
+def test_fill_count_counts_the_steps_cpu_at_the_pace_the_workers_feed_it(cpus, share, step, expected, why):
+    assert fill_count(usable_cpus=cpus, share=share, step_share=step) == expected, why
+
+
+@pytest.mark.parametrize("busy, step_s, worker_batch_s, expected", [
+    (0.8, 0.0003, 0.03, 0.008), (1.9, 0.05, 0.1, 0.95), (1.0, 0.01, 0.01, 1.0), (0.0, 0.05, 0.1, 0.0),
+    (1.0, None, 0.1, 0.0), (1.0, 0.05, None, 0.0), (1.0, 0.05, 0.0, 0.0)])
+def test_step_share_is_the_steps_cpu_per_second_of_one_worker(busy, step_s, worker_batch_s, expected):
+    assert step_share(busy_cpus=busy, consumer_s=step_s, worker_batch_s=worker_batch_s) == pytest.approx(expected)
 
 
 def test_workers_needed_is_what_predict_from_serial_caps():
