@@ -88,6 +88,7 @@ class FakeRun:
     def start(self) -> None:
         if self._it is None:
             self._it = iter(self.batch_slice)
+            self.record.forked, self.record.start_s = self.config.num_workers, 0.01 * self.config.num_workers
 
     def request(self) -> None:
         if self.measuring:
@@ -173,6 +174,8 @@ class ScriptedPlan:
         self.steps, self.decide = list(steps), LoaderConfig(decide, 2) if decide else LoaderConfig(0)
         self.told: List[Tuple[int, str]] = []
         self.carried = 0
+        self.starts: List[Tuple[int, float]] = []
+        """(workers forked, seconds the loop waited for them) of each start the scheduler recorded."""
         self.after_stage: Callable[[float], None] = lambda serving_s: None
         """Called as each stage ends, after its guard exited (where the scheduler's own code runs), with the seconds
         it served."""
@@ -204,7 +207,10 @@ class ScriptedPlan:
         self.carried += 1
         return True
 
-    def record_cost(self, *, switch_s: float, serving_s: float, forked: int = 0, start_s: float = 0.0) -> None:
+    def record_start(self, *, forked: int, start_s: float) -> None:
+        self.starts.append((forked, start_s))
+
+    def record_cost(self, *, switch_s: float, serving_s: float) -> None:
         self.after_stage(serving_s)
 
 

@@ -190,9 +190,11 @@ class OnlineSearch:
                                 spawned=settings is not None and settings.spawned,
                                 usable_cpus=settings.usable if settings is not None else 1)
 
-    def record_cost(self, *, switch_s: float, serving_s: float, forked: int = 0, start_s: float = 0.0) -> None:
+    def record_start(self, *, forked: int, start_s: float) -> None:
         if forked and forked >= self._forked[0]:  # the largest pool: the least fixed cost in its start per worker
             self._forked = (forked, start_s)
+
+    def record_cost(self, *, switch_s: float, serving_s: float) -> None:
         if self.current is not None:
             self.current.switch_s += switch_s
             self.current.search_s += serving_s

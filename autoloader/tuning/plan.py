@@ -57,7 +57,11 @@ class Plan(Protocol):
         """What a switch costs the loop per worker it forks (``switching.repays``), as the largest pool started
         measured it (``switching.fork_s``)."""
 
-    def record_cost(self, *, switch_s: float, serving_s: float, forked: int = 0, start_s: float = 0.0) -> None:
+    def record_start(self, *, forked: int, start_s: float) -> None:
+        """A stage's start is over: it forked ``forked`` workers, the loop waiting ``start_s`` seconds for them
+        (forking them, then their first batch: a worker's own start-up, an import or a cache it builds, counts). Told
+        as its window completes, before the switch it decides is weighed (``fork_s``), and as it ends."""
+
+    def record_cost(self, *, switch_s: float, serving_s: float) -> None:
         """What a stage cost the loop: what it waited for starting and stopping its run (``switch_s``), the time it
-        served (``serving_s``); ``forked`` workers its start forked, the loop waiting ``start_s`` seconds for them
-        (forking them, then their first batch: a worker's own start-up, an import or a cache it builds, counts)."""
+        served (``serving_s``)."""

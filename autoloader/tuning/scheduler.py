@@ -169,8 +169,11 @@ class EpochScheduler:
             self._abort_started(error, also=run)  # the later slice first: its batches go back behind this one's
         self.in_force = None
         batch_slice.delivered(run.record.delivered)
-        self.plan.record_cost(switch_s=run.record.switch_s, serving_s=cost_s, forked=run.record.forked,
-                              start_s=run.record.start_s + run.record.first_wait_s)
+        self._record_start(run)
+        self.plan.record_cost(switch_s=run.record.switch_s, serving_s=cost_s)
+
+    def _record_start(self, run: Run) -> None:
+        self.plan.record_start(forked=run.record.forked, start_s=run.record.start_s + run.record.first_wait_s)
 
     def _of_a_batch(self, stage: Stage, error: BaseException) -> bool:
         """The dataset's or ``collate_fn``'s error from one batch, which the loop gets in its place (NOTE [ A batch that
@@ -267,6 +270,7 @@ class EpochScheduler:
         result = run.result
         if result is None:
             raise RuntimeError("a candidate's window was agreed complete before it was measured")
+        self._record_start(run)  # the switch weighed below counts what starting this run cost
         self.plan.tell(stage.with_pools(result), epoch=self.trace.epoch)
         stage.reported = True
         if self.plan.keeps(stage.config):

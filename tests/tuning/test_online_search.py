@@ -124,12 +124,12 @@ def test_the_fork_cost_a_switch_counts_is_the_largest_pool_starts(profile):
     as the largest pool's start measured it (a smaller pool's start holds more fixed cost per worker)."""
     search, _ = _search(profile)
     assert search.fork_s == FORK_S
-    search.record_cost(switch_s=1.2, serving_s=3.0, forked=16, start_s=1.12)
+    search.record_start(forked=16, start_s=1.12)
     assert search.fork_s == pytest.approx(0.07)
-    search.record_cost(switch_s=0.5, serving_s=3.0, forked=2, start_s=0.5)
-    search.record_cost(switch_s=0.0, serving_s=3.0)  # persistent workers adopted, or serial: nothing forked
+    search.record_start(forked=2, start_s=0.5)
+    search.record_start(forked=0, start_s=0.0)  # persistent workers adopted, or serial: nothing forked
     assert search.fork_s == pytest.approx(0.07)
-    search.record_cost(switch_s=1.0, serving_s=3.0, forked=32, start_s=0.32)
+    search.record_start(forked=32, start_s=0.32)
     assert search.fork_s == FORK_S, "32 forked at 10 ms each: the floor"
 
 

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from autoloader.coordination import Coordinator
 from autoloader.loader.slices import EpochSlicer
-from autoloader.results import EpochTrace
+from autoloader.results import EpochTrace, TrialResult
 from autoloader.search.switching import MAX_WINDOW_BOUND_S, WINDOW_SHARE
 from autoloader.tuning import scheduler as scheduler_module
 from autoloader.tuning.scheduler import EpochScheduler
@@ -215,3 +215,22 @@ def test_a_window_bound_before_two_batches_is_a_share_of_the_epoch_at_the_pace_o
     epoch = source.remaining + 1  # the one served, and those to come
     assert abs(scheduler._bound_s(9) - max(0.25, WINDOW_SHARE * 0.07 / 9 * epoch)) < 1e-9
     assert abs(scheduler._bound_s(0) - WINDOW_SHARE * 0.07 * epoch) < 1e-9, "serial: the batch's own pace"
+
+
+def test_a_runs_start_is_recorded_before_the_switch_it_decides_is_weighed(monkeypatch):
+    """``Plan.record_start`` comes as the window completes, before ``Plan.fork_s`` prices the switch (``repays``):
+    recorded only as the stage ended, the first pool's start (234 ms a worker on 2 CPUs, drawn seed 13) was unknown
+    when the switch away from it was weighed, which took it at ``FORK_S`` and paid a second start in a 1.5 s epoch."""
+
+    class Watching(ScriptedPlan):
+        def tell(self, outcome: TrialResult, *, epoch: int) -> None:
+            self.known_at_tell.append(list(self.starts))
+            super().tell(outcome, epoch=epoch)
+
+    plan = Watching([Step(2, 300.0), Step(1, 200.0)], 1)
+    plan.known_at_tell = []
+    served = serve(plan, monkeypatch=monkeypatch)
+    assert served["error"] is None
+    first = served["runs"][0]
+    assert first.record.forked == 2
+    assert plan.known_at_tell[0] == [(2, pytest.approx(first.record.start_s + first.record.first_wait_s))]
