@@ -102,7 +102,7 @@ class Feed:
         self._next = self.start
         self._thread = threading.Thread(target=self._run, name="autoloader-ray-feed", daemon=True)
         self._thread.start()
-        reading(self._thread)
+        reading(self._thread, self._stop)
 
     @property
     def blocks_left(self) -> int:

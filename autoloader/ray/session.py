@@ -91,13 +91,15 @@ class Session:
 
 _LOCK = threading.Lock()
 _SESSION: Optional[Session] = None
-_READERS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+_READERS: "weakref.WeakKeyDictionary[threading.Thread, threading.Event]" = weakref.WeakKeyDictionary()
 
 
-def reading(thread: threading.Thread) -> None:
-    """Count ``thread`` (a run's reading thread, pipeline.py) among those ``shutdown`` lets end before Ray goes: a
-    thread still blocked in Ray when Ray shuts down ended the whole process in 2 runs of the tests."""
-    _READERS.add(thread)
+def reading(thread: threading.Thread, stop: threading.Event) -> None:
+    """Count ``thread`` (a run's reading thread, pipeline.py, which ends once ``stop`` is set and Ray hands it its
+    current block) among those ``shutdown`` stops and lets end before Ray goes: a thread still blocked in Ray when Ray
+    shuts down ended the whole process in 2 runs of the tests. A run never closed (an iterator kept to the end of
+    the program) is stopped too: at exit its thread waits for a loop that will not come."""
+    _READERS[thread] = stop
 
 
 _EXECUTOR_PREFIX = "StreamingExecutor-"
@@ -112,6 +114,8 @@ def _readers_ended() -> None:
     Data's executor threads still cancelling the tasks of runs that left early, within ``waits.CLOSE``; a warning
     naming the limit when some did not end."""
     deadline = time.monotonic() + CLOSE.seconds
+    for stop in list(_READERS.values()):
+        stop.set()
     executors = [t for t in threading.enumerate() if t.name.startswith(_EXECUTOR_PREFIX)]
     for thread in [*list(_READERS), *executors]:
         if thread is not threading.current_thread():

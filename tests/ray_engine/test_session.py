@@ -247,18 +247,20 @@ def test_shutdown_lets_reading_threads_end_first_within_close(monkeypatch, caplo
     monkeypatch.setattr(session_module, "import_ray", lambda: ray)
     monkeypatch.setattr(session_module, "CLOSE", waits.CLOSE.with_seconds(0.3))
     monkeypatch.setattr(session_module, "_READERS", type(session_module._READERS)())
-    quick, stuck = threading.Event(), threading.Event()
+    quick, unread, stuck = threading.Event(), threading.Event(), threading.Event()
     ended = threading.Thread(target=lambda: quick.wait(0.1))
-    blocked = threading.Thread(target=lambda: stuck.wait(10))
-    for thread in (ended, blocked):
+    waiting = threading.Thread(target=lambda: unread.wait(10))  # a run never closed: its thread waits for a loop
+    blocked = threading.Thread(target=lambda: stuck.wait(10))  # in Ray: its stop is read after Ray's next block
+    for thread, stop in ((ended, threading.Event()), (waiting, unread), (blocked, threading.Event())):
         thread.start()
-        session_module.reading(thread)
+        session_module.reading(thread, stop)
     monkeypatch.setattr(session_module, "_SESSION", Session(None, owned=True, local=False,
                                                             identity=("session_1", "01000000")))
     started = time.monotonic()
     with caplog.at_level("WARNING", logger="autoloader.ray"):
         session_module.shutdown()
-    assert time.monotonic() - started < 2 and not ended.is_alive() and ray.shutdowns == 1
+    assert time.monotonic() - started < 2 and ray.shutdowns == 1
+    assert not ended.is_alive() and not waiting.is_alive(), "a run's reading thread is told to stop, not waited for"
     assert "1 reading thread(s) still in Ray" in caplog.text and "autoloader.ray.waits.CLOSE" in caplog.text
     stuck.set()
     blocked.join(5)
