@@ -22,22 +22,11 @@ from autoloader.results import EpochTrace, TrialResult
 from autoloader.tuning import scheduler as scheduler_module
 from autoloader.tuning.handover import Stage
 from autoloader.tuning.phases import TRANSITIONS
+from autoloader.supervise.serving import Record
 from autoloader.tuning.scheduler import EpochScheduler
 
 BATCHES = 40
 """Batches of 2 indices in the epoch ``serve`` serves."""
-
-@dataclass
-class Record:
-    delivered: int = 0
-    user: bool = False
-    startup_s: Optional[float] = None
-    elapsed: float = 0.0
-    switch_s: float = 0.0
-    forked: int = 0
-    start_s: float = 0.0
-    first_wait_s: float = 0.0
-
 
 @dataclass
 class Window:

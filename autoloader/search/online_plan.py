@@ -17,7 +17,7 @@ from .capacity import busy_cpus
 from .native_search import compare_native
 from .search import Search
 
-__all__ = ["online_cap", "online_steps"]
+__all__ = ["online_cap", "online_steps", "settled"]
 
 log = logging.getLogger("autoloader.tuner")
 
@@ -160,10 +160,8 @@ def _finish(search: Search, chosen: Optional[TrialResult]) -> Steps[TuneResult]:
     """The trials' comparisons after the worker count (native threads, a deeper prefetch, pinning), then the
     result."""
     settings = search.settings
-    consumer_rate = search.found.consumer_rate
+    consumer_rate = _consumer_rate(search, chosen)
     if chosen is not None:
-        consumer = chosen.consumer_s_per_batch
-        consumer_rate = search.consumer(consumer) if consumer else consumer_rate
         yield from compare_native(search, chosen)
         chosen = search.choose()
     limited = chosen is None or chosen.config.native_threads is not None
@@ -177,3 +175,18 @@ def _finish(search: Search, chosen: Optional[TrialResult]) -> Steps[TuneResult]:
                                             pin=not settings.pin, threads=chosen.config.threads, limited=limited))
         chosen = search.choose()
     return search.result(chosen, consumer_rate)
+
+
+def settled(search: Search) -> TuneResult:
+    """The result of a search ended before its generator finished (``OnlineSearch.settle``: the next candidate would
+    not repay its start even over a whole epoch): its choice among what it measured, with the consumer's rate as
+    ``_finish`` gives it; the comparisons after the worker count (native threads, prefetch, pinning), each a start
+    of its own, are not measured."""
+    chosen = search.choose()
+    return search.result(chosen, _consumer_rate(search, chosen))
+
+
+def _consumer_rate(search: Search, chosen: Optional[TrialResult]) -> Optional[float]:
+    """The consumer's own rate, from the step as ``chosen`` timed it (else as the search last noted it)."""
+    consumer = chosen.consumer_s_per_batch if chosen is not None else None
+    return search.consumer(consumer) if consumer else search.found.consumer_rate

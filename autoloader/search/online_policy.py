@@ -48,9 +48,11 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 # 4. A switch must repay itself (``switching.repays``): when the rest of the epoch is too short for the gain predicted
 #    over the run in force (``switching.gain_over``: a count that only saves workers is predicted at the best's rate,
 #    so leaving a candidate that fell short of the best gains what it lost) to cover what the switch costs the loop
-#    (forking the workers on the loop's thread, as the largest pool started so far measured it, ``switching.fork_s``;
-#    a window at a risk of being slower), the candidate waits for the next epoch, where starting it costs what
-#    starting any configuration does.
+#    (starting the workers: forking them on the loop's thread, then the wait for their first batch, as the largest
+#    pool started so far measured it, ``switching.fork_s``, recorded as each window completes; a window at a risk of
+#    being slower), the candidate waits for the next epoch, where starting it costs what starting any configuration
+#    does; when its gain would not repay that start over a whole epoch either (``switching.repays_next_epoch``) and
+#    the run in force is the choice, the search ends on it (``Plan.settle``).
 """
 from __future__ import annotations
 

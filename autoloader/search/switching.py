@@ -1,6 +1,8 @@
-"""Whether switching an online epoch to another candidate repays itself before the epoch ends (``repays``), and how
-long a candidate's window may last (``window_bound_s``): the epoch scheduler's two rules of time (NOTE [ Online
-convergence ], 2. and 4., in online_policy.py). Pure functions, tested on tables (tests/search/test_switching.py).
+"""The epoch scheduler's rules of time (NOTE [ Online convergence ], 2. and 4., in online_policy.py): whether switching
+an online epoch to another candidate repays itself before the epoch ends (``repays``) or over the next
+(``repays_next_epoch``), the gain a switch is weighed at (``gain_over``), what starting a worker costs
+(``fork_s``, ``spawn_cap``), and how long a candidate's window may last (``window_bound_s``). Pure functions,
+tested on tables (tests/search/test_switching.py).
 """
 from __future__ import annotations
 

@@ -51,10 +51,16 @@ class Record:
     elapsed: float = 0.0
 
     @property
+    def started_s(self) -> float:
+        """What the loop waited for while the DataLoader started: making the iterator, then its first batch (a
+        worker's own start-up, an import or a cache it builds, counts)."""
+        return self.start_s + self.first_wait_s
+
+    @property
     def switch_s(self) -> float:
         """What the loop waited for while the DataLoader started and stopped (its workers' shutdown runs in a helper
         thread, NOTE [ Process cleanup ])."""
-        return self.start_s + self.first_wait_s + self.stop_s
+        return self.started_s + self.stop_s
 
 
 class WorkerProcesses:

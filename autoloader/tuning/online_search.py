@@ -19,7 +19,7 @@ from ..results import Decision, TrialResult, TuneResult
 from ..search import online_policy, switching
 from ..search.memory import overlap_guard
 from ..search.candidates import Candidate, Steps
-from ..search.online_plan import online_cap, online_steps
+from ..search.online_plan import online_cap, online_steps, settled
 from ..search.retune import retune
 from ..search.search import Search
 from ..search.threads_policy import rate
@@ -170,7 +170,7 @@ class OnlineSearch:
         if chosen is None or not chosen.config.same_candidate(result.config):
             return False
         current.steps.close()
-        self._decide(current.search.result(chosen, current.search.found.consumer_rate), current, epoch=epoch)
+        self._decide(settled(current.search), current, epoch=epoch)
         return True
 
     def keeps(self, config: LoaderConfig) -> bool:

@@ -79,19 +79,17 @@ class EpochScheduler:
         per_batch, left = self._per_batch_s(), self.source.unclaimed
         return None if per_batch is None or left is None else per_batch * left
 
-    def _epoch_s(self) -> Optional[float]:
-        """A whole epoch at its pace so far; None when unknown."""
-        per_batch, left = self._per_batch_s(), self.source.remaining
+    def _epoch_s(self, workers: int = 0) -> Optional[float]:
+        """A whole epoch at its pace so far (before the loop got two batches, at the pace ``workers`` could serve);
+        None when unknown."""
+        per_batch, left = self._per_batch_s(workers), self.source.remaining
         return None if per_batch is None or left is None else per_batch * (left + len(self.trace.batches))
 
     def _bound_s(self, workers: int = 0) -> float:
-        """The window bound of the next stage (of ``workers``): a share of the epoch as predicted now; before the loop
-        got two batches, at the pace those workers could serve (the epoch's first candidate after a probe of one slow
-        batch had the longest bound, 4 s, and measured 9 workers for 2 s of a 4 s epoch)."""
-        per_batch = self._per_batch_s(workers)
-        total = None if per_batch is None or self.source.remaining is None else \
-            per_batch * (self.source.remaining + len(self.trace.batches))
-        return window_bound_s(total)
+        """The window bound of the next stage (of ``workers``): a share of the epoch as predicted now (the epoch's
+        first candidate after a probe of one slow batch had the longest bound, 4 s, and measured 9 workers for 2 s of
+        a 4 s epoch)."""
+        return window_bound_s(self._epoch_s(workers))
 
     def _build(self) -> Stage:
         return self.build(self.source, self.last, self._bound_s)
@@ -173,7 +171,7 @@ class EpochScheduler:
         self.plan.record_cost(switch_s=run.record.switch_s, serving_s=cost_s)
 
     def _record_start(self, run: Run) -> None:
-        self.plan.record_start(forked=run.record.forked, start_s=run.record.start_s + run.record.first_wait_s)
+        self.plan.record_start(forked=run.record.forked, start_s=run.record.started_s)
 
     def _of_a_batch(self, stage: Stage, error: BaseException) -> bool:
         """The dataset's or ``collate_fn``'s error from one batch, which the loop gets in its place (NOTE [ A batch that
