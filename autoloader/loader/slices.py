@@ -174,7 +174,7 @@ class BatchSlice(Sampler):
 
     def private_generator(self) -> torch.Generator:
         """A generator of the slice's own for the candidate's base-seed draw: the user's RNG is never touched (NOTE
-        [ Exact epochs across candidates ] in loader/slices.py, 3.)."""
+        [ Exact epochs across candidates ], 3.)."""
         private = torch.Generator()
         private.manual_seed((self.source.base_seed + 1 + self.number) % 2 ** 63)
         return private

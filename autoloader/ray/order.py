@@ -24,8 +24,7 @@ from typing import Any, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from ..loader.slices import BatchSlice
-from ..loader.slices import EpochSource
+from ..loader.slices import BatchSlice, EpochSource
 
 
 @dataclass(frozen=True, eq=False)

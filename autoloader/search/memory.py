@@ -340,7 +340,7 @@ def forecast_bytes(trial: TrialResult, *, epoch_samples: Optional[int]) -> Optio
     growth = epoch_growth_bytes(trial, epoch_samples=epoch_samples)
     if growth is None:
         return None
-    size = max(0, trial.worker_uss_bytes - copied_in_window(trial))
+    size = _uncopied_bytes(trial)
     return footprint(trial.config, per_worker_bytes=size + growth, batch_bytes=trial.batch_bytes).total_bytes
 
 
@@ -352,7 +352,7 @@ def lasting_bytes(trial: TrialResult) -> Optional[int]:
         return None
     copied = copied_per_sample(trial)
     reach = min(trial.worker_copy_span_bytes or 0, trial.worker_shared_bytes or 0) if copied else 0
-    size = max(0, trial.worker_uss_bytes - copied_in_window(trial))
+    size = _uncopied_bytes(trial)
     return footprint(trial.config, per_worker_bytes=size + max(reach, copied_in_window(trial)),
                      batch_bytes=trial.batch_bytes).total_bytes
 
@@ -408,7 +408,7 @@ def trial_footprint(trial: TrialResult) -> Optional[int]:
     """The footprint a trial measured: its own workers' memory (a worker's USS plus growth, per worker)."""
     if trial.config.num_workers and trial.worker_uss_bytes is None:
         return None
-    per_worker = None if trial.worker_uss_bytes is None else trial.worker_uss_bytes + window_growth_bytes(trial)
+    per_worker = None if trial.worker_uss_bytes is None else _worker_bytes(trial)
     return footprint(trial.config, per_worker_bytes=per_worker, batch_bytes=trial.batch_bytes).total_bytes
 
 
@@ -491,8 +491,17 @@ def per_worker_bytes(trials: Sequence[TrialResult]) -> Optional[int]:
     """What one worker needs, from trials that measured it (``sized``): the most any measured, its USS plus its growth
     during the trial beyond the noise (``window_growth_bytes``; copy-on-read keeps growing, see NOTE
     [ Copy-on-read ]); None when no trial measured a worker."""
-    return max((t.worker_uss_bytes + window_growth_bytes(t) for t in sized(trials) if t.worker_uss_bytes is not None),
-               default=None)
+    return max((_worker_bytes(t) for t in sized(trials) if t.worker_uss_bytes is not None), default=None)
+
+
+def _worker_bytes(trial: TrialResult) -> int:
+    """One of ``trial``'s workers as it measured it: its USS plus its growth during the window beyond the noise."""
+    return (trial.worker_uss_bytes or 0) + window_growth_bytes(trial)
+
+
+def _uncopied_bytes(trial: TrialResult) -> int:
+    """One of ``trial``'s workers without what it copied in the window (``copied_in_window``)."""
+    return max(0, (trial.worker_uss_bytes or 0) - copied_in_window(trial))
 
 
 def worker_growth_bytes(trials: Sequence[TrialResult]) -> int:

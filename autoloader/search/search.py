@@ -275,11 +275,11 @@ class Search:
                                                  usable_cpus=self.settings.usable, cap=self.settings.cap,
                                                  serial_samples_per_s=serial_rate, tolerance=self.settings.tolerance)
             if second is not None and second != first and second <= self.climb_cap():
-                fits = self.most_that_fit(low=first, high=second) if second > first else second
+                fits = self.most_that_fit(low=first, high=second)  # None: no count above the first pool fits
                 if fits is not None and fits != second:
                     log.info("%d workers would not fit the memory budget at %s each; %d do", second,
                              mib(self.per_worker_estimate() or 0), fits)
-                if fits is not None and fits != first:  # None: no count above the first pool fits
+                if fits is not None:
                     yield from self.run(self.config(fits))
         yield from self.follow(policy.next_worker_count)
         skipped = self.found.by_config.get(self.config(first))

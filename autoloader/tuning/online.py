@@ -53,8 +53,7 @@ from torch.utils.data import DataLoader
 
 from ..config import LoaderConfig
 from ..coordination import Coordinator
-from ..loader.slices import BatchSlice
-from ..loader.slices import EpochSlicer, EpochSource
+from ..loader.slices import BatchSlice, EpochSlicer, EpochSource
 from ..loader.source import Source
 from ..consumer import Consumer
 from ..measure.run import Run, served

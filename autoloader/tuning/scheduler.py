@@ -9,8 +9,7 @@ from typing import Any, Callable, Generator, Optional, Tuple
 
 from ..coordination import Coordinator
 from ..errors import TuningError
-from ..loader.slices import BatchSlice
-from ..loader.slices import EpochSource
+from ..loader.slices import BatchSlice, EpochSource
 from ..measure.failures import CONTROL, classify, failure_reason, forget
 from ..measure.run import END, Run, of_a_batch
 from ..measure.sample_clock import BatchEstimate, SampleClock, times_samples

@@ -20,8 +20,8 @@ def _shape(member):
 
 
 def test_the_plan_names_what_the_scheduler_calls():
-    assert MEMBERS == ["candidate", "early", "fits_beside", "fork_s", "keeps", "probes_samples", "record_cost", "record_start",
-                       "retry_next_epoch", "settle", "switch_gain", "tell", "threads_tuned"]
+    assert MEMBERS == ["candidate", "early", "fits_beside", "fork_s", "keeps", "probes_samples", "record_cost",
+                       "record_start", "retry_next_epoch", "settle", "switch_gain", "tell", "threads_tuned"]
 
 
 @pytest.mark.parametrize("implementation", [OnlineSearch, ScriptedPlan])
