@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from ..consumer import Consumer
+from ..loader.epochs import stall_fraction
 from . import plan
 from .failures import raised
 from .order import chunk_of
@@ -192,7 +193,7 @@ def run_trial(bench: Bench, config: RayConfig, *, seconds: float, step_s: float 
     if window.batches < 3 or span <= 0:
         return RayTrial(config, first_batch_s=first, batches=window.batches, reason="too few batches in the window")
     return RayTrial(config, samples_per_s=window.samples / span, first_batch_s=first,
-                    stall_fraction=min(1.0, window.waited / span), batches=window.batches)
+                    stall_fraction=stall_fraction(window.waited, span), batches=window.batches)
 
 
 def tune_pool(bench: Bench, *, costs: Costs, cluster: Dict[str, Any], drivers: int, budget: float,

@@ -61,6 +61,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
+from ..loader.epochs import stall_fraction
 from ..measure.window_rule import DRAIN_WAIT_S
 from ..results import TrialResult
 from .capacity import DEFAULT_TOLERANCE, FORK_S, HEADROOM, cpu_saturated, fill_count, step_share, worker_bound
@@ -243,7 +244,7 @@ def sustained(trial: TrialResult, *, serial: Optional[TrialResult], usable_cpus:
     period_s = per_batch / making
     wait_s = (trial.fetch_s_per_batch or 0.0) + longer_s
     return dataclasses.replace(
-        trial, samples_per_s=making, fetch_s_per_batch=wait_s, stall_fraction=min(1.0, wait_s / period_s),
+        trial, samples_per_s=making, fetch_s_per_batch=wait_s, stall_fraction=stall_fraction(wait_s, period_s),
         steady=False, reason=f"its queue never ran dry: {paced:,.0f} samples/s was the loop's pace while the "
                              f"prefetched batches lasted; {n} workers make about {making:,.0f} by Little's law")
 
