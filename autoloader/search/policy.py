@@ -232,14 +232,22 @@ def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int, toleran
 
 
 def rate_ceiling(serial: Optional[TrialResult], *, batch_size: int, usable_cpus: int,
-                 consumer_samples_per_s: Optional[float]) -> Optional[float]:
-    """The most samples/s any worker count can deliver, by the model the serial trial gives: the consumer's own rate
-    (no loader makes a loop faster than its step), and the usable CPUs' worth of the serial trial's loading CPU per
-    batch (``batch_size * usable_cpus / fetch_cpu_s``: workers add CPUs, not speed per CPU, and hand batches over at a
-    cost on top). None when neither is known. Pure."""
+                 consumer_samples_per_s: Optional[float], pool: Optional[TrialResult] = None) -> Optional[float]:
+    """The most samples/s any worker count can deliver: the consumer's own rate (no loader makes a loop faster than
+    its step), and the usable CPUs' worth of the loading's CPU per sample (workers add CPUs, not speed per CPU, and
+    hand batches over at a cost on top). That CPU is ``pool``'s, a pool of workers measured with the CPU its workers
+    and the main process kept busy, once there is one: a measurement, where the serial trial's
+    (``batch_size * usable_cpus / fetch_cpu_s``) is a model that counts whatever else kept this process's threads busy
+    while it loaded (a native pool spinning after each parallel region read 1.3x the wall time as loading CPU, and the
+    ceiling it gave stopped the climb at 2 workers, each 16 % busy, at 0.19x the best count). None when neither is
+    known. Pure."""
     bounds = [consumer_samples_per_s] if consumer_samples_per_s else []
+    busy = (pool.worker_cpu_util or 0.0) * pool.config.num_workers + (pool.main_cpu_util or 0.0) \
+        if pool is not None and pool.ok and pool.config.num_workers and pool.worker_cpu_util is not None else 0.0
     cpu = serial.fetch_cpu_s_per_batch if serial is not None and serial.ok else None
-    if cpu and cpu > 0 and usable_cpus > 0:
+    if busy > 0 and usable_cpus > 0:
+        bounds.append(rate(pool) * usable_cpus / busy)
+    elif cpu and cpu > 0 and usable_cpus > 0:
         bounds.append(batch_size * usable_cpus / cpu)
     return min(bounds) if bounds else None
 

@@ -270,6 +270,9 @@ class Search:
             trial = (yield from self.run(self.config(grown))) or trial
             first = grown
         if trial is not None:
+            self.found.ceiling = policy.rate_ceiling(serial, batch_size=self.settings.batch_size,
+                                                     usable_cpus=self.settings.usable,
+                                                     consumer_samples_per_s=consumer_rate, pool=trial)
             serial_rate = threads_policy.rate(serial) if serial is not None and serial.ok else None
             second = policy.predict_from_workers(trial, batch_size=self.settings.batch_size, consumer_s=consumer_s,
                                                  usable_cpus=self.settings.usable, cap=self.settings.cap,

@@ -55,7 +55,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Set
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set
 
 import psutil
 
@@ -130,9 +130,10 @@ def reap(procs: Iterable[psutil.Process], *, grace: float = 5.0) -> int:
     return len(alive)
 
 
-def exiting() -> bool:
-    """The interpreter is finalizing: nothing is stopped or reaped (see NOTE [ Process cleanup ], 5.)."""
-    return sys.is_finalizing()
+exiting: Callable[[], bool] = sys.is_finalizing
+"""Whether the interpreter is finalizing: nothing is stopped or reaped then (see NOTE [ Process cleanup ], 5.). The
+builtin itself: a caller that bound it keeps a working one while the interpreter clears the globals of the modules
+(this one, the caller's) before a generator holding a run is finalized."""
 
 
 def drop(references: List[Any], *, collect: bool = False) -> None:

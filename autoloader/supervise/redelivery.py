@@ -10,6 +10,8 @@ import threading
 from types import FrameType
 from typing import Any, Callable, List, Optional, Protocol
 
+from .procs import exiting
+
 
 class Keeper(Protocol):
     """What these helpers ask of a guard (``signals.SignalGuard``)."""
@@ -99,7 +101,7 @@ class TakeBack:
         # What the hook calls, bound now: a guard left active at exit keeps the hook installed while the interpreter
         # clears this module's globals (inspect was None there: "'NoneType' object has no attribute 'currentframe'").
         self._frame, self._active, self._fallback = inspect.currentframe, active, sys.__unraisablehook__
-        self._thread, self._main, self._finalizing = threading.current_thread, threading.main_thread, sys.is_finalizing
+        self._thread, self._main, self._finalizing = threading.current_thread, threading.main_thread, exiting
 
     def __call__(self, unraisable: sys.UnraisableHookArgs) -> None:
         exc, caller = unraisable.exc_value, self._frame()

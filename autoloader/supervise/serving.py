@@ -95,6 +95,7 @@ class Serving:
         self.loader, self.guard, self.owned, self.retire, self.before_stop = loader, guard, owned, retire, before_stop
         self.started = time.perf_counter()
         self.record = Record()
+        self._exiting = _procs.exiting  # bound now: at exit, this module's globals may be cleared before it runs
         self.processes = WorkerProcesses()
         self._it: Optional[Iterator[Any]] = None
         self._start_error: Optional[Exception] = None
@@ -179,8 +180,7 @@ class Serving:
         serial = getattr(self.loader, "num_workers", None) == 0
         references = [self._it, self.loader]
         self._it = self.loader = None
-        if not callable(_procs.exiting) or _procs.exiting():  # NOTE [ Process cleanup ], 5. (not callable: at exit,
-            # the interpreter cleared procs.py's globals before a generator holding this run was finalized)
+        if self._exiting():  # NOTE [ Process cleanup ], 5.
             references.clear()
             return
         if not self.retire:

@@ -273,6 +273,24 @@ def test_rate_ceiling(serial, consumer, expected):
     assert policy.rate_ceiling(serial, batch_size=32, usable_cpus=2, consumer_samples_per_s=consumer) == expected
 
 
+def _pool(n: int, samples_per_s: float, *, util: float, main: float) -> TrialResult:
+    return TrialResult(config=LoaderConfig(n, 2) if n else LoaderConfig(0), samples_per_s=samples_per_s, batches=20,
+                       window_s=1.0,
+                       worker_cpu_util=util, main_cpu_util=main)
+
+
+@pytest.mark.parametrize("pool, consumer, expected, why", [
+    (_pool(2, 681.0, util=0.16, main=0.3), None, 681.0 * 2 / 0.62, "its CPU, not the serial trial's 2 x 3,200/s"),
+    (_pool(2, 6200.0, util=0.95, main=0.1), None, 6200.0 * 2 / 2.0, "saturated: the ceiling is what it made"),
+    (_pool(2, 681.0, util=0.16, main=0.3), 900.0, 900.0, "the step is still the lower bound"),
+    (_pool(2, 681.0, util=None, main=0.3), None, 2 * 3200.0, "no CPU measured: the serial model"),
+    (_pool(0, 3200.0, util=None, main=1.0), None, 2 * 3200.0, "no workers: the serial model"),
+])
+def test_a_measured_pools_cpu_supersedes_the_serial_model(pool, consumer, expected, why):
+    assert policy.rate_ceiling(_serial(0.010, 0.010), batch_size=32, usable_cpus=2, consumer_samples_per_s=consumer,
+                               pool=pool) == pytest.approx(expected), why
+
+
 def test_a_cpu_bound_climb_stops_at_the_cpu_ceiling():
     """The serial trial says 2 CPUs load at most 6,400 samples/s: 2 workers at 6,200 reach it, so the search proposes
     no 4 (it would without the ceiling), only the descent to 1."""

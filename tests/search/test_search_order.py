@@ -142,3 +142,27 @@ def test_workers_slower_than_none_are_not_extrapolated():
     first = counts[1]
     assert max(counts) == first, f"no larger count after workers lost to none: {counts}"
     assert result.num_workers == 0, result
+
+
+def spinning_serial(config: LoaderConfig) -> TrialResult:
+    """Drawn seeds 17 and 22: samples that wait on storage; the serial trial's loading read 1.3x its wall time as CPU
+    (torch's native pool in this process spins after each parallel region), its workers 16 % of a CPU each (limited to
+    one native thread: no spinning). The rate rises with the workers up to 4,000 samples/s."""
+    n = config.num_workers
+    trial = fake(config, 376.0 if n == 0 else min(4000.0, 340.0 * n), util=0.16)
+    if n == 0:
+        return dataclasses.replace(trial, fetch_cpu_s_per_batch=1.3 * trial.fetch_s_per_batch)
+    return dataclasses.replace(trial, main_cpu_util=0.1)
+
+
+def test_a_measured_pools_cpu_not_the_serial_model_bounds_the_climb():
+    """The serial trial's CPU made 2 workers look like the ceiling of 2 CPUs (the climb stopped at them, 0.19x the best
+    count); the 2 workers measured their CPU: 0.42 of 2 CPUs busy, room for about 4x their rate."""
+    request = Request.checked(LatencyBound(latency_s=0.004), BATCH, device="cpu", max_workers=64, threads=False)
+    profile = probe_machine(disk=False, gpus=False)
+    profile = dataclasses.replace(profile, memory=dataclasses.replace(profile.memory, budget_bytes=None),
+                                  cpu=dataclasses.replace(profile.cpu, usable=2))
+    asked, result = drive_search(Search(request, profile, budget=30.0), spinning_serial)
+    counts = [c.num_workers for c in asked]
+    assert counts[:2] == [0, 2], counts
+    assert result.num_workers >= 8, (counts, result.num_workers)
