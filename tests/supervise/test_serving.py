@@ -163,7 +163,7 @@ def test_at_interpreter_exit_a_stop_only_drops_its_references_and_starts_no_thre
     serving = _serving(loader, retire=True)
     assert torch.equal(serving.next()[0], torch.tensor([0, 1]))
     started = []
-    monkeypatch.setattr(serving_module._procs, "exiting", lambda: True)
+    monkeypatch.setattr(serving, "_exiting", lambda: True)  # procs.exiting, as the run bound it
     monkeypatch.setattr(serving_module.threading.Thread, "start", lambda self: started.append(self.name))
     serving.stop(error)
     assert serving.stopped and serving.loader is None and serving.processes.retiring is None
