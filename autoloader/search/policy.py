@@ -242,10 +242,11 @@ def rate_ceiling(serial: Optional[TrialResult], *, batch_size: int, usable_cpus:
     ceiling it gave stopped the climb at 2 workers, each 16 % busy, at 0.19x the best count). None when neither is
     known. Pure."""
     bounds = [consumer_samples_per_s] if consumer_samples_per_s else []
+    measured = pool is not None and pool.ok and pool.config.num_workers and pool.worker_cpu_util is not None
     busy = (pool.worker_cpu_util or 0.0) * pool.config.num_workers + (pool.main_cpu_util or 0.0) \
-        if pool is not None and pool.ok and pool.config.num_workers and pool.worker_cpu_util is not None else 0.0
+        if pool is not None and measured else 0.0
     cpu = serial.fetch_cpu_s_per_batch if serial is not None and serial.ok else None
-    if busy > 0 and usable_cpus > 0:
+    if pool is not None and busy > 0 and usable_cpus > 0:
         bounds.append(rate(pool) * usable_cpus / busy)
     elif cpu and cpu > 0 and usable_cpus > 0:
         bounds.append(batch_size * usable_cpus / cpu)
