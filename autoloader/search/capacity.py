@@ -11,7 +11,7 @@ from typing import Optional
 
 from ..results import TrialResult
 
-__all__ = ["DEFAULT_TOLERANCE", "FORK_S", "HEADROOM", "MAIN_FREE", "STEP_CPU_FLOOR", "WAITED", "busy_cpus",
+__all__ = ["DEFAULT_TOLERANCE", "FORK_S", "HEADROOM", "MAIN_FREE", "STEP_CPU_FLOOR", "WAITED",
            "cpu_saturated", "fill_count", "step_cpus", "step_share", "worker_bound"]
 
 DEFAULT_TOLERANCE = 0.05
@@ -38,20 +38,15 @@ WAITED = 0.5
 def step_cpus(trial: Optional[TrialResult], *, usable_cpus: int) -> float:
     """The CPUs the training step keeps busy while it runs, as ``trial`` measured it (``consumer_cpu_s_per_batch``
     over ``consumer_s_per_batch``: a step on the CPU runs torch's intra-op pool, up to the usable CPUs), at most the
-    usable CPUs; 0 when not measured or below ``STEP_CPU_FLOOR``. The workers share the CPUs with it: the CPUs left to
-    them while it runs are the rest."""
+    usable CPUs; 0 when not measured or below ``STEP_CPU_FLOOR``. The workers share the CPUs with it: what it takes from
+    them while it runs (``online_policy.steal_s``), and at the pace they feed it (``step_share``). The machine's other
+    load (``TrialResult.other_cpus``) is not among them: its processes share the CPUs with the workers at equal
+    weight, so more workers take a larger share of them, not none (counted as taken, waiting-bound samples chose no
+    workers on a machine kept busy by another job)."""
     if trial is None or not trial.consumer_s_per_batch or trial.consumer_cpu_s_per_batch is None:
         return 0.0
     cpus = min(float(usable_cpus), trial.consumer_cpu_s_per_batch / trial.consumer_s_per_batch)
     return cpus if cpus >= STEP_CPU_FLOOR else 0.0
-
-
-def busy_cpus(trial: Optional[TrialResult], *, usable_cpus: int) -> float:
-    """The CPUs the workers cannot have, as ``trial`` measured them: those the training step keeps busy while it runs
-    (``step_cpus``), at most the usable CPUs. The machine's other load (``TrialResult.other_cpus``) is not among them:
-    its processes share the CPUs with the workers at equal weight, so more workers take a larger share of them, not
-    none (counted as taken, waiting-bound samples chose no workers on a machine kept busy by another job)."""
-    return min(float(usable_cpus), step_cpus(trial, usable_cpus=usable_cpus))
 
 
 def cpu_saturated(trial: TrialResult, *, usable_cpus: int, level: float = 0.85) -> bool:

@@ -13,7 +13,7 @@ from .._text import mib
 from ..results import TrialResult, TuneResult
 from . import memory, online_policy, policy, switching
 from .candidates import Steps
-from .capacity import busy_cpus
+from .capacity import step_cpus
 from .native_search import compare_native
 from .search import Search
 
@@ -95,7 +95,7 @@ def _prior(search: Search, serial: TrialResult, *, consumer_s: Optional[float]) 
                                        fetch_cpu_s=serial.fetch_cpu_s_per_batch or 0.0,
                                        fetch_delay_s=serial.fetch_delay_s_per_batch, consumer_s=consumer_s,
                                        usable_cpus=settings.usable, cap=online_cap(search),
-                                       busy_cpus=busy_cpus(serial, usable_cpus=settings.usable))
+                                       busy_cpus=step_cpus(serial, usable_cpus=settings.usable))
 
 
 def online_cap(search: Search) -> int:
@@ -130,7 +130,7 @@ def _jumps(search: Search, serial: Optional[TrialResult]) -> Steps[None]:
                                   consumer_s=last.consumer_s_per_batch if last is not None else None,
                                   batch_size=settings.batch_size, usable_cpus=settings.usable, cap=online_cap(search),
                                   tolerance=settings.tolerance,
-                                  busy_cpus=busy_cpus(last or serial, usable_cpus=settings.usable))
+                                  busy_cpus=step_cpus(last or serial, usable_cpus=settings.usable))
         if move is None or (settings.descend and last is not None and move.workers > last.config.num_workers):
             return
         workers = search.most_that_fit(low=last.config.num_workers if last is not None else 0, high=move.workers)

@@ -127,7 +127,7 @@ def prior_workers(*, fetch_s: float, fetch_cpu_s: float, consumer_s: Optional[fl
                   cap: int, fetch_delay_s: Optional[float] = None, busy_cpus: float = 0.0) -> int:
     """The workers an epoch starts with, from the first batch's cost (``fetch_s`` wall, ``fetch_cpu_s`` CPU and
     ``fetch_delay_s`` run-queue seconds per batch in the main process) and the step's (``consumer_s``; None while no
-    step was timed; ``busy_cpus``: the CPUs it keeps busy, ``capacity.busy_cpus``): 0 when serial
+    step was timed; ``busy_cpus``: the CPUs it keeps busy, ``capacity.step_cpus``): 0 when serial
     serving is competitive (``serial_competitive``, counting the loading CPU workers would take from the step,
     ``steal_s``); else the count that fills the CPUs beside the step (``capacity.step_share``) at the loading's
     ``cpu_share`` (``capacity.fill_count``: the cores rule when loading is CPU-bound beside a step that leaves the
@@ -306,7 +306,7 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
          busy_cpus: float = 0.0) -> Optional[Jump]:
     """Where the search goes after the worker counts ``trials`` measured (oldest first; ``serial``: the first
     batches' costs in the main process, its probe; None when none was timed; ``busy_cpus``: the CPUs the step keeps
-    busy, ``capacity.busy_cpus``), or None to decide now (NOTE [ Online convergence ], 3.):
+    busy, ``capacity.step_cpus``), or None to decide now (NOTE [ Online convergence ], 3.):
     - the last measured below the best beyond ``tolerance``: after a jump up, None (a roll-back: the selection keeps
       the best), unless it is the first pool, below serial serving for its own workers (``capacity.worker_bound``):
       then on as below; after a jump down, the (geometric) middle between it and the best, while they are more than a

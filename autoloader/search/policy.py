@@ -12,7 +12,7 @@ import math
 from typing import Collection, List, Mapping, Optional, Sequence, Tuple
 
 from . import native_policy
-from .capacity import DEFAULT_TOLERANCE, HEADROOM, busy_cpus, fill_count, step_share, worker_bound
+from .capacity import DEFAULT_TOLERANCE, HEADROOM, fill_count, step_cpus, step_share, worker_bound
 from .memory import forecast_bytes, growth_per_sample, trial_footprint
 from .threads_policy import fewest_near, rate
 from .._text import mib
@@ -110,7 +110,7 @@ def first_count(serial: Optional[TrialResult], *, consumer_samples_per_s: Option
                 usable_cpus: int, cap: int, tolerance: float = DEFAULT_TOLERANCE) -> int:
     """The first worker count to measure after the serial candidate: none (0) when serial loading already keeps up
     with the consumer within ``tolerance``, else ``predict_from_serial`` (beside the CPUs the step keeps busy, as the
-    serial candidate measured them: ``capacity.busy_cpus``); without a serial rate (it failed),
+    serial candidate measured them: ``capacity.step_cpus``); without a serial rate (it failed),
     the usable CPUs, at
     most ``cap``."""
     if serial is None:
@@ -119,7 +119,7 @@ def first_count(serial: Optional[TrialResult], *, consumer_samples_per_s: Option
         return 0
     return predict_from_serial(fetch_s=serial.fetch_s_per_batch or 0.0, fetch_cpu_s=serial.fetch_cpu_s_per_batch or 0.0,
                                consumer_s=consumer_s, usable_cpus=usable_cpus, cap=cap,
-                               busy_cpus=busy_cpus(serial, usable_cpus=usable_cpus))
+                               busy_cpus=step_cpus(serial, usable_cpus=usable_cpus))
 
 
 def predict_from_serial(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float, usable_cpus: int,
