@@ -10,8 +10,8 @@ Two keywords of ``make_loader``'s ``**dataloader_kwargs`` are the Ray engine's, 
 
 The Ray engine, in brief (README, Integrations, "Ray Data", in short): every batch is the one a plain DataLoader of
 the same arguments yields, in its order, however many tasks run at once (NOTE [ Exact batches through Ray ] in
-source.py); the pool is tuned against the step by short trials and cached under the cluster's shape (NOTE [ Sizing the Ray
-pool ] in plan.py); an epoch's order goes to Ray as int64 arrays, a run at a time (order.py), and batches come back
+source.py); the pool is tuned against the step by short trials and cached under the cluster's shape (NOTE [ Sizing the
+Ray pool ] in plan.py); an epoch's order goes to Ray as int64 arrays, a run at a time (order.py), and batches come back
 as Arrow tables whose arrays are read in place and copied once (transport.py); a batch whose ``__getitem__`` or
 ``collate_fn`` raised is raised at its ``next()`` and the epoch goes on; a run that fails is named as what it was
 (failures.py); every wait on Ray has a limit (waits.py)."""

@@ -56,9 +56,9 @@ def cpu_saturated(trial: TrialResult, *, usable_cpus: int, level: float = 0.85) 
 
 
 def fill_count(*, usable_cpus: float, share: float, step_share: float = 0.0) -> int:
-    """The worker count whose CPU use comes nearest ``usable_cpus``: each worker keeps ``share`` of a CPU busy and
-    makes the step spend ``step_share`` of one on its batches (the function ``step_share``); rounded, not rounded up, at least 1.
-    A share measured a hair under 1 must not add a worker the cores cannot run (2 / 0.998 is 2, not the 3 that ran
+    """The worker count whose CPU use comes nearest ``usable_cpus``: each worker keeps ``share`` of a CPU busy and makes
+    the step spend ``step_share`` of one on its batches (the function ``step_share``); rounded, not rounded up, at least
+    1. A share measured a hair under 1 must not add a worker the cores cannot run (2 / 0.998 is 2, not the 3 that ran
     6-10 % slower than 2 on the 2-core VM, the main process starved beside them), and a worker that would find half a
     CPU or less is one too many. The one rule by which both searches fill the CPUs."""
     return max(1, math.floor(usable_cpus / (min(1.0, max(0.01, share)) + max(0.0, step_share)) + 0.5))

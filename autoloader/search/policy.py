@@ -128,9 +128,9 @@ def predict_from_serial(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float
 
     A worker makes one batch per ``fetch_s`` seconds and keeps a CPU busy ``fetch_cpu_s / fetch_s`` of the time.
     Loading meets the consumer at ``fetch_s / consumer_s`` workers (with headroom) and fills the CPUs beside the step
-    (``busy_cpus`` of the usable ones busy while it runs, ``capacity.step_share``) at ``capacity.fill_count`` of them; the first trial is the
-    smaller of the two, and at most ``FIRST_STEP_WORKERS`` (or twice the CPUs) so a large jump is only taken once
-    per-worker costs are measured.
+    (``busy_cpus`` of the usable ones busy while it runs, ``capacity.step_share``) at ``capacity.fill_count`` of them;
+    the first trial is the smaller of the two, and at most ``FIRST_STEP_WORKERS`` (or twice the CPUs) so a large jump is
+    only taken once per-worker costs are measured.
     """
     if fetch_s <= 0:
         return 1
@@ -143,8 +143,9 @@ def predict_from_serial(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float
 def workers_needed(*, fetch_s: float, fetch_cpu_s: float, consumer_s: float, usable_cpus: int,
                    busy_cpus: float = 0.0) -> float:
     """Single-threaded workers (batches in flight) that meet the consumer with ``HEADROOM`` or fill the CPUs beside the
-    step (``busy_cpus`` of the usable ones busy while it runs, ``capacity.step_share``), whichever is fewer, from the serial trial
-    (``predict_from_serial``; threads-first sizes its first candidate by it too); 1 when nothing was measured."""
+    step (``busy_cpus`` of the usable ones busy while it runs, ``capacity.step_share``), whichever is fewer, from the
+    serial trial (``predict_from_serial``; threads-first sizes its first candidate by it too); 1 when nothing was
+    measured."""
     if fetch_s <= 0:
         return 1.0
     by_cpu = fill_count(usable_cpus=usable_cpus, share=fetch_cpu_s / fetch_s,

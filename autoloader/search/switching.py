@@ -67,8 +67,8 @@ def fork_s(*, workers: int, start_s: float, spawned: bool = False, usable_cpus: 
     """What ``repays`` counts per worker a switch forks, as a start of ``workers`` took ``start_s`` seconds of the
     loop's thread (``iter()`` forking them, then the wait for their first batch: a worker's own start-up, a cache it
     builds or an import, counts, not only its fork): never below ``FORK_S``, the constant the online benchmarks'
-    switches were measured with (on the 2-core VM 16 workers started in 130-200 ms, 8-13 ms each); a host that forks slower
-    raises it (on the H200, 16 and 32 workers took 0.064-0.074 s each from ``iter()`` to their first batch, the
+    switches were measured with (on the 2-core VM 16 workers started in 130-200 ms, 8-13 ms each); a host that forks
+    slower raises it (on the H200, 16 and 32 workers took 0.064-0.074 s each from ``iter()`` to their first batch, the
     forks' share of it not measured). ``FORK_S`` when nothing was forked. Spawned workers (``spawned``) return from
     ``iter()`` at once and start on every CPU meanwhile, each a fresh interpreter: never below ``SPAWN_S`` over the
     ``usable_cpus``. Pure."""
