@@ -12,7 +12,7 @@ from typing import Optional
 from ..results import TrialResult
 
 __all__ = ["DEFAULT_TOLERANCE", "FORK_S", "HEADROOM", "MAIN_FREE", "STEP_CPU_FLOOR", "WAITED",
-           "cpu_saturated", "fill_count", "step_cpus", "step_share", "worker_bound"]
+           "cpu_saturated", "fill_count", "pool_cpus", "step_cpus", "step_share", "worker_bound"]
 
 DEFAULT_TOLERANCE = 0.05
 """Rates within this share of each other are alike: the fewest workers among them are chosen."""
@@ -49,10 +49,15 @@ def step_cpus(trial: Optional[TrialResult], *, usable_cpus: int) -> float:
     return cpus if cpus >= STEP_CPU_FLOOR else 0.0
 
 
+def pool_cpus(trial: TrialResult) -> float:
+    """The CPUs ``trial``'s workers and main process together kept busy over its window (0 for what was not
+    measured)."""
+    return (trial.worker_cpu_util or 0.0) * trial.config.num_workers + (trial.main_cpu_util or 0.0)
+
+
 def cpu_saturated(trial: TrialResult, *, usable_cpus: int, level: float = 0.85) -> bool:
     """True when the workers and the main process together keep ``level`` of the usable CPUs busy."""
-    used = (trial.worker_cpu_util or 0.0) * trial.config.num_workers + (trial.main_cpu_util or 0.0)
-    return used >= level * usable_cpus
+    return pool_cpus(trial) >= level * usable_cpus
 
 
 def fill_count(*, usable_cpus: float, share: float, step_share: float = 0.0) -> int:

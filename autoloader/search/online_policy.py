@@ -64,7 +64,8 @@ from typing import Mapping, Optional, Sequence
 from ..loader.epochs import stall_fraction
 from ..measure.window_rule import DRAIN_WAIT_S
 from ..results import TrialResult
-from .capacity import DEFAULT_TOLERANCE, FORK_S, HEADROOM, cpu_saturated, fill_count, step_share, worker_bound
+from .capacity import (DEFAULT_TOLERANCE, FORK_S, HEADROOM, cpu_saturated, fill_count, pool_cpus, step_share,
+                       worker_bound)
 from .threads_policy import rate
 
 __all__ = ["BISECT_RATIO", "EARLY_BATCHES", "EARLY_MIN_FETCH_S", "HANDOVER_S", "IN_FLIGHT_SHARE", "Jump",
@@ -338,7 +339,7 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
         if at_knee is not None and at_knee < (1.0 - tolerance) * good and at_knee not in measured:
             return Jump(at_knee, f"{n} workers made {rate(last):,.0f} samples/s, less than {n} times what one worker "
                                  f"makes: the rate stops rising near {at_knee} workers")
-        busy = (last.worker_cpu_util or 0.0) * n + (last.main_cpu_util or 0.0)
+        busy = pool_cpus(last)
         if busy_cpus and cpu_saturated(last, usable_cpus=usable_cpus) and last.worker_cpu_util:
             beside = fill_count(usable_cpus=usable_cpus, share=last.worker_cpu_util,
                                 step_share=step_share(busy_cpus=busy_cpus, consumer_s=consumer_s,

@@ -12,7 +12,7 @@ import math
 from typing import Collection, List, Mapping, Optional, Sequence, Tuple
 
 from . import native_policy
-from .capacity import DEFAULT_TOLERANCE, HEADROOM, fill_count, step_cpus, step_share, worker_bound
+from .capacity import DEFAULT_TOLERANCE, HEADROOM, fill_count, pool_cpus, step_cpus, step_share, worker_bound
 from .memory import forecast_bytes, growth_per_sample, trial_footprint
 from .threads_policy import fewest_near, rate
 from .._text import mib
@@ -244,8 +244,7 @@ def rate_ceiling(serial: Optional[TrialResult], *, batch_size: int, usable_cpus:
     known. Pure."""
     bounds = [consumer_samples_per_s] if consumer_samples_per_s else []
     measured = pool is not None and pool.ok and pool.config.num_workers and pool.worker_cpu_util is not None
-    busy = (pool.worker_cpu_util or 0.0) * pool.config.num_workers + (pool.main_cpu_util or 0.0) \
-        if pool is not None and measured else 0.0
+    busy = pool_cpus(pool) if pool is not None and measured else 0.0
     cpu = serial.fetch_cpu_s_per_batch if serial is not None and serial.ok else None
     if pool is not None and busy > 0 and usable_cpus > 0:
         bounds.append(rate(pool) * usable_cpus / busy)
