@@ -175,5 +175,7 @@ def _tune(request: Request, source: RaySource, shape: Dict[str, Any], *, drivers
                   **limits(timeout, costs.serial_s, plan.batches_per_task(serial_s=costs.serial_s,
                                                                           epoch_batches=len(source.template),
                                                                           tasks=1)))
-    return tune_pool(bench, costs=costs, cluster=shape, drivers=drivers, budget=request.budget or BUDGET_S,
-                     max_tasks=request.max_workers)
+    tuning = tune_pool(bench, costs=costs, cluster=shape, drivers=drivers, budget=request.budget or BUDGET_S,
+                       max_tasks=request.max_workers)
+    bench.ended()
+    return tuning

@@ -9,27 +9,32 @@ resource limits for this execution (``RayConfig.cluster_cpus``); ``preserve_orde
 dataset's own context (the user's ``DataContext`` is not touched). A thread of its own reads the blocks
 (``iter_batches(batch_format="pyarrow")``, ``RayConfig.prefetch`` ahead) and unpacks each batch (transport.py: one copy,
 page-locked for CUDA) while the loop trains. ``feed.next()`` waits at most ``first`` for the run's first batch and
-``wait`` for each one after; ``feed.close()`` stops the thread and the Ray execution. A batch whose loading raised
+``wait`` for each one after; ``feed.close()`` stops the thread and the Ray execution, and ``feed.ended(deadline)`` waits
+for both to be gone (a thread still in Ray when the user shuts Ray down makes Ray start again on that thread: its
+processes died with the thread, and the process with them, in 1 CI run in 5). A batch whose loading raised
 comes out as its ``transport.Failure``; a failed run as the error ``failures.run_failure`` names."""
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import queue
 import threading
+import time
 import warnings
 from typing import Any, Iterator, List, Optional, Tuple
 
 from . import failures
 from .order import Chunk
 from .records import RayConfig
-from .session import reading
+from .session import EXECUTOR_PREFIX, ITERATOR_THREAD, reading
 from .transport import unpack
 from .waits import PUT, Limit, bounded
 from .work import load_block
 
 _END = object()
 _POLL_S = 0.1
+_RUNS = itertools.count()
 
 
 class _Failed:
@@ -66,8 +71,9 @@ def _datasource(ray: Any) -> Any:
     return Blocks
 
 
-def dataset_for(ray: Any, payload: Any, chunk_ref: Any, chunk: Chunk, config: RayConfig) -> Any:
-    """The Ray dataset of one run (see the module docstring)."""
+def dataset_for(ray: Any, payload: Any, chunk_ref: Any, chunk: Chunk, config: RayConfig, *, name: str) -> Any:
+    """The Ray dataset of one run (see the module docstring), named ``name`` (its execution's thread is
+    ``StreamingExecutor-<name>_...``)."""
     from ray.data import ExecutionResources
 
     source = _datasource(ray)(payload, chunk_ref, chunk, config.batches_per_task)
@@ -77,6 +83,7 @@ def dataset_for(ray: Any, payload: Any, chunk_ref: Any, chunk: Chunk, config: Ra
                                       num_cpus=config.cpus,
                                       override_num_blocks=math.ceil(chunk.count / config.batches_per_task),
                                       ray_remote_args={"max_retries": failures.TASK_RETRIES})
+    ds.set_name(name)
     context = ds.context
     context.execution_options.preserve_order = True
     context.execution_options.resource_limits = ExecutionResources(cpu=config.cluster_cpus)
@@ -96,10 +103,14 @@ class Feed:
         self.received = 0
         """Batches the reading thread got from Ray (the loop may not have them yet)."""
         chunk_ref = bounded(PUT, lambda: ray.put(chunk), detail=f"{chunk.nbytes:,} bytes of the epoch's order")
-        self._dataset = dataset_for(ray, payload, chunk_ref, chunk, config)
+        self.name = f"autoloader_run{next(_RUNS)}"
+        self._dataset = dataset_for(ray, payload, chunk_ref, chunk, config, name=self.name)
         self._queue: "queue.Queue[Any]" = queue.Queue(maxsize=1)
         self._stop = threading.Event()
         self._next = self.start
+        self._helpers: List[threading.Thread] = []
+        """The threads Ray Data's iterator started for this run (seen as its first block came; another run's started
+        in that instant may be among them)."""
         self._thread = threading.Thread(target=self._run, name="autoloader-ray-feed", daemon=True)
         self._thread.start()
         reading(self._thread, self._stop)
@@ -115,9 +126,12 @@ class Feed:
 
     def _run(self) -> None:
         blocks: Optional[Iterator[Any]] = None
+        before = set(threading.enumerate())
         try:
             blocks = self._blocks()
             for table in blocks:
+                if not self.received:
+                    self._helpers = [t for t in threading.enumerate() if t not in before and t.name == ITERATOR_THREAD]
                 self.received += table.num_rows
                 for item in unpack(table, pin=self.pin):
                     if not self._put(item):
@@ -174,3 +188,15 @@ class Feed:
         except queue.Empty:
             pass
         self._thread.join(timeout=2 * _POLL_S)
+
+    def ended(self, deadline: float) -> bool:
+        """Wait until ``deadline`` (``time.monotonic()``) for the closed run's threads to end: its reading thread,
+        Ray Data's iterator's (each asks Ray for one more block after the iterator closed) and its execution thread
+        (which goes on cancelling the tasks of a run left early); whether all did."""
+        prefix = f"{EXECUTOR_PREFIX}{self.name}_"
+        for thread in [self._thread, *self._helpers,
+                       *(t for t in threading.enumerate() if t.name.startswith(prefix))]:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                return False
+        return True

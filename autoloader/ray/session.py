@@ -102,21 +102,27 @@ def reading(thread: threading.Thread, stop: threading.Event) -> None:
     _READERS[thread] = stop
 
 
-_EXECUTOR_PREFIX = "StreamingExecutor-"
+EXECUTOR_PREFIX = "StreamingExecutor-"
 """The name Ray Data gives the thread that runs a dataset's execution (``StreamingExecutor-<dataset id>``): a run
 that left early leaves it cancelling its tasks for a while after its reading thread ended, and Ray shut down under
 it ended the process ("The core worker has already been shutdown ... The process will exit", 1 run of the
 integration tests in 2)."""
 
 
+ITERATOR_THREAD = "iter_threaded"
+"""The name of the threads Ray Data's ``iter_batches`` reads blocks in (ray 2.60): closed, each still asks Ray for
+the block it was fetching, and one asking after Ray was shut down starts Ray again on that thread (a Ray whose
+processes die with the thread: the process ended 60 s later, 1 CI run in 5)."""
+
+
 def _readers_ended() -> None:
     """Wait for the reading threads still running (each ends once Ray hands it its current block), then for Ray
-    Data's executor threads still cancelling the tasks of runs that left early, within ``waits.CLOSE``; a warning
-    naming the limit when some did not end."""
+    Data's threads still ending the runs that left early (executions cancelling their tasks, the iterators' threads),
+    within ``waits.CLOSE``; a warning naming the limit when some did not end."""
     deadline = time.monotonic() + CLOSE.seconds
     for stop in list(_READERS.values()):
         stop.set()
-    executors = [t for t in threading.enumerate() if t.name.startswith(_EXECUTOR_PREFIX)]
+    executors = [t for t in threading.enumerate() if t.name.startswith(EXECUTOR_PREFIX) or t.name == ITERATOR_THREAD]
     for thread in [*list(_READERS), *executors]:
         if thread is not threading.current_thread():
             thread.join(max(0.0, deadline - time.monotonic()))

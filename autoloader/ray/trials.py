@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import numbers
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -28,7 +28,7 @@ from .order import chunk_of
 from .pipeline import Feed
 from .records import RayConfig, RayTrial, RayTuning
 from .transport import Failure
-from .waits import Limit
+from .waits import CLOSE, Limit
 from .work import fetch
 
 log = logging.getLogger("autoloader.ray")
@@ -91,7 +91,7 @@ def _to(batch: Any, device: torch.device) -> Any:
 @dataclass(frozen=True)
 class Bench:
     """What every trial runs on: Ray, the payload's reference, the template (the user's plain DataLoader), the step,
-    and the limits on a run's first batch and on each batch after it."""
+    and the limits on a run's first batch and on each batch after it; ``runs``: the runs started on it."""
 
     ray: Any
     payload: Any
@@ -99,6 +99,20 @@ class Bench:
     consumer: Consumer
     startup: Limit
     wait: Limit
+    runs: List[Feed] = field(default_factory=list)
+
+    def feed(self, chunk: Any, config: RayConfig, *, first: Limit) -> Feed:
+        run = Feed(self.ray, self.payload, chunk, config, first=first, wait=self.wait)
+        self.runs.append(run)
+        return run
+
+    def ended(self) -> None:
+        """Wait (within ``waits.CLOSE``) for every run's threads to end, so that none is still in Ray when the
+        caller gets its decision (``Feed.ended``); a warning naming the limit when some did not."""
+        deadline = time.monotonic() + CLOSE.seconds
+        left = [run for run in self.runs if not run.ended(deadline)]
+        if left:
+            log.warning("%s", CLOSE.error(f"{len(left)} trial run(s) still in Ray"))
 
 
 @dataclass
@@ -123,7 +137,7 @@ def warm_up(bench: Bench, config: RayConfig) -> float:
     chunk = chunk_of(private_batches(template, config.tasks, seed=3), start=0,
                      batched=template.batch_sampler is not None)
     started = time.perf_counter()
-    feed = Feed(bench.ray, bench.payload, chunk, config, first=bench.startup, wait=bench.wait)
+    feed = bench.feed(chunk, config, first=bench.startup)
     try:
         while True:
             try:
@@ -155,7 +169,7 @@ def run_trial(bench: Bench, config: RayConfig, *, seconds: float, step_s: float 
     chunk = chunk_of(private_batches(template, MAX_TRIAL_BATCHES, seed=2), start=0,
                      batched=template.batch_sampler is not None)
     start = time.perf_counter()
-    feed = Feed(bench.ray, bench.payload, chunk, config, first=bench.wait, wait=bench.wait)
+    feed = bench.feed(chunk, config, first=bench.wait)
     deadline, drained = start + seconds, drained_after(step_s)  # from the first batch on, below
     first: Optional[float] = None
     size = template.batch_size or 1

@@ -65,9 +65,7 @@ def _prior_pool(search: Search, serial: TrialResult, prior: int) -> Steps[None]:
     while workers:
         fitting, unsized = search.first_pool(workers)
         if fitting != workers:
-            log.info("online: %d workers would not fit the memory budget at %s each; %s", workers,
-                     mib(search.per_worker_estimate() or 0), "one starts, checked at its first batch" if unsized
-                     else f"{fitting} do")
+            search.log_refusal(workers, fitting, unsized=unsized, mode="online: ")
         workers = fitting
         if not workers:
             return
@@ -121,8 +119,7 @@ def _jumps(search: Search, serial: Optional[TrialResult]) -> Steps[None]:
         trials = [t for t in search.found.trials if t.config.same_candidate(search.config(t.config.num_workers))]
         below = _below_a_refusal(search, trials)
         if below is not None:
-            log.info("online: %d workers would not fit the memory budget; %d do", trials[-1].config.num_workers,
-                     below)
+            search.log_refusal(trials[-1].config.num_workers, below, mode="online: ")
             yield from search.run(search.config(below))
             continue
         last = next((t for t in reversed(trials) if t.ok), None)

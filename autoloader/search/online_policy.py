@@ -314,7 +314,7 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
       quarter apart;
     - the loop waited for it: past the knee of the measured curve (``knee``: its rate under one worker's rate times
       its workers beyond ``tolerance``), down to the knee, unless fewer workers measured within ``tolerance`` of the
-      best already; beside a step on the CPU that it keeps waiting for CPUs (saturated), down to the count that fills
+      best already or no pool came within it of serial serving (the knee keeps a pool's rate with fewer workers); beside a step on the CPU that it keeps waiting for CPUs (saturated), down to the count that fills
       the CPUs with the step (``capacity.step_share``); otherwise, with CPUs to spare, up to the
       count that meets the step with ``HEADROOM`` or fills the CPUs at the measured use per worker, when that is more
       than ``tolerance`` above it (and a jump up that gained less than half the ``tolerance`` over fewer workers stops
@@ -335,8 +335,8 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
     if not keeps_up(last):
         at_knee = knee(trials, serial=serial, batch_size=batch_size, tolerance=tolerance)
         good = min((t.config.num_workers for t in ok if t.config.num_workers and rate(t) >= (1.0 - tolerance) * best),
-                   default=n)
-        if at_knee is not None and at_knee < (1.0 - tolerance) * good and at_knee not in measured:
+                   default=None)  # None: no pool came near serial serving, and the knee saves workers at their rate
+        if at_knee is not None and good and at_knee < (1.0 - tolerance) * good and at_knee not in measured:
             return Jump(at_knee, f"{n} workers made {rate(last):,.0f} samples/s, less than {n} times what one worker "
                                  f"makes: the rate stops rising near {at_knee} workers")
         busy = pool_cpus(last)

@@ -114,6 +114,13 @@ class Search:
             private = private_bytes()
         return memory.per_worker_estimate(self.found.per_worker_bytes, main_private_bytes=private)
 
+    def log_refusal(self, workers: int, fitting: int, *, unsized: bool = False, mode: str = "") -> None:
+        """Log that the memory budget refused ``workers`` at the size known, and what starts instead: ``fitting``, or
+        (``unsized``) one worker checked at its first batch."""
+        instead = "one starts, checked at its first batch" if unsized else f"{fitting} do"
+        log.info("%s%d workers would not fit the memory budget at %s each; %s", mode, workers,
+                 mib(self.per_worker_estimate() or 0), instead)
+
     def most_that_fit(self, *, low: int, high: int) -> Optional[int]:
         """The most workers up to ``high`` that the memory budget admits (``guard``, at the size known: it grows with
         the count), ``high`` itself when it fits or is no more than ``low``; None when no count above ``low`` does."""
@@ -258,9 +265,7 @@ class Search:
             return
         fitting, unsized = self.first_pool(first)
         if fitting != first:
-            log.info("%d workers would not fit the memory budget at %s each; %s", first,
-                     mib(self.per_worker_estimate() or 0), "one starts, checked at its first batch" if unsized
-                     else f"{fitting} do")
+            self.log_refusal(first, fitting, unsized=unsized)
         if fitting < 1:
             return
         grow_to, first = first, fitting
@@ -280,8 +285,7 @@ class Search:
             if second is not None and second != first and second <= self.climb_cap():
                 fits = self.most_that_fit(low=first, high=second)  # None: no count above the first pool fits
                 if fits is not None and fits != second:
-                    log.info("%d workers would not fit the memory budget at %s each; %d do", second,
-                             mib(self.per_worker_estimate() or 0), fits)
+                    self.log_refusal(second, fits)
                 if fits is not None:
                     yield from self.run(self.config(fits))
         yield from self.follow(policy.next_worker_count)

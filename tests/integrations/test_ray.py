@@ -21,6 +21,7 @@ import random
 import re
 import sys
 import tempfile
+import threading
 import time
 
 import psutil
@@ -37,9 +38,10 @@ from autoloader import make_loader  # noqa: E402
 from autoloader.ray import make as make_module  # noqa: E402
 from autoloader.ray import session as ray_session_module  # noqa: E402
 from autoloader.ray.records import RayConfig, RayTuning  # noqa: E402
+from autoloader.ray.session import EXECUTOR_PREFIX, ITERATOR_THREAD  # noqa: E402
 from _helpers import strays  # noqa: E402
 from helpers import wait_no_children  # noqa: E402
-from ray_data import Gathered, Indexed, KeyFailing  # noqa: E402
+from ray_data import Gathered, Indexed, KeyFailing, SlowLow  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
@@ -222,6 +224,19 @@ def test_a_batch_that_raises_is_raised_at_its_next_and_the_epoch_goes_on(ray_ses
     got, want = _served(loader), _served(DataLoader(dataset, 10))
     assert want[5] == ("KeyError", "'sample 57 has no label'") and len(want) == 20
     assert got == want
+
+
+def test_no_thread_of_the_trials_is_in_ray_when_make_loader_returns(ray_session):
+    """CI, 1 run in 5: the user shut autoloader's Ray down right after make_loader returned, while the last trial's
+    threads were still cancelling its tasks; one of them called into Ray, which started again on that thread and died
+    with it (Ray's GCS gone, the process ended 60 s later). The trials' reading threads and Ray Data's executions of
+    them have ended when make_loader returns."""
+    before = set(threading.enumerate())
+    make_loader(SlowLow(256, slow=256, seconds=0.02), 4, engine="ray", cache=False, budget=2.0, max_workers=2,
+                step=0.001)
+    left = [t.name for t in set(threading.enumerate()) - before
+            if t.name in ("autoloader-ray-feed", ITERATOR_THREAD) or t.name.startswith(EXECUTOR_PREFIX)]
+    assert not left, left
 
 
 def test_a_second_address_in_one_process_is_refused(ray_session):

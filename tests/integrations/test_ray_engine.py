@@ -95,7 +95,7 @@ def test_preserve_order_and_the_cpu_limit_are_set_on_the_runs_dataset_only(ray_s
     before = ray.data.DataContext.get_current()
     order, limits = before.execution_options.preserve_order, before.execution_options.resource_limits
     chunk = chunk_of([[0, 1], [2, 3]], start=0, batched=True)
-    ds = dataset_for(ray, _payload(Indexed(8)), ray.put(chunk), chunk, RayConfig(3, cpus=0.5))
+    ds = dataset_for(ray, _payload(Indexed(8)), ray.put(chunk), chunk, RayConfig(3, cpus=0.5), name="probe")
     assert ds.context.execution_options.preserve_order is True
     assert ds.context.execution_options.resource_limits.cpu == 1.5 and ds.context.enable_progress_bars is False
     after = ray.data.DataContext.get_current()

@@ -16,6 +16,7 @@ from autoloader.ray import pipeline  # noqa: E402
 from autoloader.ray.order import chunk_of  # noqa: E402
 from autoloader.ray.pipeline import Feed, blocks_of  # noqa: E402
 from autoloader.ray.records import RayConfig  # noqa: E402
+from autoloader.ray.session import ITERATOR_THREAD  # noqa: E402
 from autoloader.ray.transport import Failure, pack  # noqa: E402
 from autoloader.ray.waits import BATCH, PUT, STARTUP  # noqa: E402
 
@@ -58,7 +59,7 @@ class StandInRay:
 def _feed(monkeypatch, blocks, *, count=None, start=0, first=STARTUP, wait=BATCH, ray=None,
           config=RayConfig(1, prefetch=3)):
     made = []
-    monkeypatch.setattr(pipeline, "dataset_for", lambda ray, payload, ref, chunk, config: made.append(
+    monkeypatch.setattr(pipeline, "dataset_for", lambda ray, payload, ref, chunk, config, name: made.append(
         (payload, ref, chunk, config)) or blocks)
     total = count if count is not None else sum(map(len, blocks.blocks))
     chunk = chunk_of([[k] for k in range(start, start + total)], start=start, batched=True)
@@ -161,6 +162,40 @@ def test_closing_a_run_left_early_stops_the_thread_and_the_blocks_iterator(monke
     assert blocks.closed.wait(5), "the blocks' iterator was not closed: Ray Data's execution would run on"
     feed._thread.join(5)
     assert not feed._thread.is_alive()
+
+
+def test_a_closed_run_has_ended_once_its_reading_thread_and_its_execution_have(monkeypatch):
+    """A thread still in Ray when the user shuts Ray down makes Ray start again on it (its processes die with that
+    thread): ``ended`` waits for the reading thread, blocked in Ray until its current block comes, for Ray Data's
+    execution thread of this run (``StreamingExecutor-<run's name>_...``), not for another run's, and for the threads
+    its iterator started."""
+    hold, helper, execution, other = (threading.Event() for _ in range(4))
+
+    class Helped(Blocks):
+        def _iterate(self):  # Ray Data's iterator reads blocks in threads of its own, started as it begins
+            threading.Thread(target=helper.wait, args=(30,), name=ITERATOR_THREAD).start()
+            yield from super()._iterate()
+
+    blocks = Helped([[(0, 0)]], hold=hold)
+    feed, _ = _feed(monkeypatch, blocks)
+    threads = [threading.Thread(target=execution.wait, args=(30,), name=f"StreamingExecutor-{feed.name}_ab12_0"),
+               threading.Thread(target=other.wait, args=(30,), name="StreamingExecutor-autoloader_elsewhere_cd34_0")]
+    try:
+        for thread in threads:
+            thread.start()
+        assert feed.next() == (0, 0)
+        feed.close()
+        assert not feed.ended(time.monotonic() + 0.3), "the reading thread waits in Ray for its block"
+        hold.set()
+        assert not feed.ended(time.monotonic() + 0.3), "Ray Data's execution of the run goes on"
+        execution.set()
+        assert not feed.ended(time.monotonic() + 0.3), "the iterator's thread still asks Ray for its block"
+        helper.set()
+        started = time.monotonic()
+        assert feed.ended(time.monotonic() + 5) and time.monotonic() - started < 2, "another run's is not waited for"
+    finally:
+        for event in (hold, helper, execution, other):
+            event.set()
 
 
 def test_blocks_cover_every_position_once_in_order():

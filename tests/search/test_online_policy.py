@@ -186,6 +186,19 @@ def test_a_first_pool_below_serial_for_its_own_workers_is_not_rolled_back():
     assert op.jump([serial, free, two], serial=None, consumer_s=0.0012, batch_size=19, usable_cpus=2,
                    cap=64) is None, "a second pool below the best: rolled back as before"
 
+def test_a_first_pool_below_serial_is_never_sent_down_to_its_knee():
+    """Drawn seed 331381 (start-cost): serial serving made 6,651/s; the first pool, 2 workers each loading a batch in
+    the serial probe's 2.4 ms, made 5,925/s while the loop waited for them. Their knee (one worker: 2 make less than
+    twice one's rate) saves workers at 5,925/s, below serial serving: the search had measured 1 worker next (4,359/s),
+    then serial serving again. The pool was bound by its own workers, so the CPUs' fill is measured next."""
+    serial = trial(0, 6651.0, stall=0.9, step=0.0003)
+    pool = trial(2, 5925.0, stall=0.6, util=0.3, main=0.15, step=0.0003)
+    probe = TrialResult(config=LoaderConfig(0), fetch_s_per_batch=0.0024, fetch_cpu_s_per_batch=0.0024)
+    move = op.jump([serial, pool], serial=probe, consumer_s=0.0003, batch_size=16, usable_cpus=2, cap=64)
+    assert op.knee([serial, pool], serial=probe, batch_size=16) == 1
+    assert move is not None and move.workers == 5, "0.85 x 2 CPUs / 0.75 busy of 2 workers: 4.5, up to 5"
+
+
 def test_a_jump_up_gains_no_more_than_the_cpus_let_it():
     """Drawn seed 5: 2 CPU-bound workers on 2 CPUs made 618/s with the CPUs 1.5 busy; 3 were predicted to meet the
     step, 50 % faster, which paid a second start of 286 ms a worker in a 1.6 s epoch for 8 %. The CPUs hold at most
