@@ -24,27 +24,27 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 #    its own batches' jitter, or at a bound (``switching.window_bound_s``) of a few per cent of the epoch
 #    (measure/window.py).
 # 3. Find the knee by measurement (``jump``). The probe's regime is a prior, never a ceiling: the rate rises with the
-#    workers at about one worker's rate (the serial probe's, or the steepest count measured) until something the
-#    probe cannot see stops it (the cores; a service admitting K requests at once; the main process handing batches
-#    over; a step on the CPU). A candidate the loop waited for whose rate is below its workers times one worker's
-#    rate, beyond the tolerance, is past that knee: the search goes down to the knee (``knee``: the best rate measured
-#    over one worker's, with twice the tolerance of headroom), and between it and the best while a jump down falls
-#    short. One beside a step on the CPU that keeps every CPU busy goes down to the count that fills the CPUs with it.
-#    Otherwise, with CPUs to spare, it is scaled up to what meets the step or fills the CPUs, in one move; one that
-#    keeps up is cut to the fewest Little's law says still keep up. A window the loop never waited in
-#    (``TrialResult.drained`` False) measured the loop's pace while the prefetched batches lasted, not the workers':
-#    when the workers are only a little slower than the loop their queue drains over hundreds of batches, far past
-#    any window, so such a candidate is weighed at the rate Little's law gives its workers from the serial probe, when
-#    that is lower (``sustained``); and no candidate holds more than ``IN_FLIGHT_SHARE`` of the epoch in flight
-#    (``measurable_cap``): it would serve its window from its queue. A jump up that measures below the best so far
-#    beyond the tolerance is rolled back at once (the selection keeps the best), except the first pool below serial
-#    serving for its own workers (``capacity.worker_bound``: the loop waited for them while the main process was
-#    free; one worker loads and hands over what the main process loaded alone), which is scaled up as above. At most
-#    ``MAX_JUMPS`` jumps per search. Then serial serving is measured
-#    as any candidate when the workers chosen do not beat its most hopeful estimate by ``SERIAL_CHECK``
-#    (``serial_in_doubt``): the probe's first steps are slow while a step warms up, and a step on the CPU loses to
-#    workers that take its cores, which only a window of serial serving in the same loop shows. The choice is the
-#    fewest workers within the tolerance of the best measured.
+#    workers at about one worker's rate (the steepest count measured; the serial probe's while one count alone was)
+#    until something the probe cannot see stops it (the cores; a service admitting K requests at once; the main process
+#    handing batches over; a step on the CPU). A candidate the loop waited for whose rate is below its workers times one
+#    worker's rate, beyond the tolerance, is past that knee: the search goes down to the knee (``knee``: the best rate
+#    measured over one worker's, with twice the tolerance of headroom), and between it and the best while a jump down
+#    falls short; never below a pool when none came near serial serving (the knee keeps a pool's rate). One beside a
+#    step on the CPU that keeps every CPU busy goes down to the count that fills the CPUs with it. Otherwise, with CPUs
+#    to spare, it is scaled up to what meets the step or fills the CPUs, in one move; one that keeps up is cut to the
+#    fewest Little's law says still keep up. A window the loop never waited in (``TrialResult.drained`` False) measured
+#    the loop's pace while the prefetched batches lasted, not the workers': when the workers are only a little slower
+#    than the loop their queue drains over hundreds of batches, far past any window, so such a candidate is weighed at
+#    the rate Little's law gives its workers from the serial probe, when that is lower (``sustained``); and no candidate
+#    holds more than ``IN_FLIGHT_SHARE`` of the epoch in flight (``measurable_cap``): it would serve its window from its
+#    queue. A jump up that measures below the best so far beyond the tolerance is rolled back at once (the selection
+#    keeps the best), except the first pool below serial serving for its own workers (``capacity.worker_bound``: the
+#    loop waited for them while the main process was free; one worker loads and hands over what the main process loaded
+#    alone), which is scaled up as above. At most ``MAX_JUMPS`` jumps per search. Then serial serving is measured as any
+#    candidate when the workers chosen do not beat its most hopeful estimate by ``SERIAL_CHECK`` (``serial_in_doubt``):
+#    the probe's first steps are slow while a step warms up, and a step on the CPU loses to workers that take its cores,
+#    which only a window of serial serving in the same loop shows. The choice is the fewest workers within the tolerance
+#    of the best measured.
 # 4. A switch must repay itself (``switching.repays``): when the rest of the epoch is too short for the gain predicted
 #    over the run in force (``switching.gain_over``: a count that only saves workers is predicted at the best's rate,
 #    so leaving a candidate that fell short of the best gains what it lost) to cover what the switch costs the loop
@@ -256,14 +256,17 @@ def knee(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], batch_
     3.): the rate rises with the workers at one worker's rate, then stops (a core count, a service that admits K
     requests at once, the main process handing batches over), so the knee of that curve is the best rate measured
     over one worker's rate, with twice the ``tolerance`` of headroom. One worker's rate is the
-    steepest measured (a count's rate over its workers; the fewest workers are the least contended) or the serial
-    probe's (a batch per ``fetch_s`` less its run-queue wait), whichever is more; None when no worker count measured
-    a rate. Pure."""
+    steepest measured (a count's rate over its workers; the fewest workers are the least contended), or, while one
+    count alone was measured (it may be past the knee already: 40 workers at a service admitting 16), the serial
+    probe's (a batch per ``fetch_s`` less its run-queue wait) when that is more. Not once two were: a worker also
+    hands its batch over, which the probe does not (5.9 MB batches: one worker in a pool made 605/s where the probe
+    read 730; 5 workers at 2,620/s were taken for past a knee at 4, and 16 made 3,700). None when no worker count
+    measured a rate. Pure."""
     ok = [t for t in trials if t.ok and t.config.num_workers > 0]
     if not ok:
         return None
     slopes = [rate(t) / t.config.num_workers for t in ok]
-    if serial is not None and serial.fetch_s_per_batch:
+    if len({t.config.num_workers for t in ok}) < 2 and serial is not None and serial.fetch_s_per_batch:
         fetch_s = serial.fetch_s_per_batch - (serial.fetch_delay_s_per_batch or 0.0)
         if fetch_s > 0:
             slopes.append(batch_size / fetch_s)
@@ -302,6 +305,17 @@ def serial_in_doubt(chosen: TrialResult, *, serial: Optional[TrialResult], trial
     return estimate is not None and rate(chosen) < SERIAL_CHECK * estimate
 
 
+def _fell_short(ok: Sequence[TrialResult], good: int) -> bool:
+    """Whether a count below ``good`` (the fewest workers within the tolerance of the best) was measured after one of
+    ``good`` or more: a jump down that fell short, after which the search goes between (``_between``)."""
+    reached = False
+    for t in ok:
+        reached = reached or t.config.num_workers >= good
+        if reached and 0 < t.config.num_workers < good:
+            return True
+    return False
+
+
 def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consumer_s: Optional[float],
          batch_size: int, usable_cpus: int, cap: int, tolerance: float = DEFAULT_TOLERANCE,
          busy_cpus: float = 0.0) -> Optional[Jump]:
@@ -313,8 +327,10 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
       then on as below; after a jump down, the (geometric) middle between it and the best, while they are more than a
       quarter apart;
     - the loop waited for it: past the knee of the measured curve (``knee``: its rate under one worker's rate times
-      its workers beyond ``tolerance``), down to the knee, unless fewer workers measured within ``tolerance`` of the
-      best already or no pool came within it of serial serving (the knee keeps a pool's rate with fewer workers); beside a step on the CPU that it keeps waiting for CPUs (saturated), down to the count that fills
+      its workers beyond ``tolerance``), down to the knee, unless a jump down fell short already (what lies between is
+      the middle's, above) or no pool came within it of serial serving (the knee keeps a pool's rate with fewer
+      workers);
+      beside a step on the CPU that it keeps waiting for CPUs (saturated), down to the count that fills
       the CPUs with the step (``capacity.step_share``); otherwise, with CPUs to spare, up to the
       count that meets the step with ``HEADROOM`` or fills the CPUs at the measured use per worker, when that is more
       than ``tolerance`` above it (and a jump up that gained less than half the ``tolerance`` over fewer workers stops
@@ -336,7 +352,8 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
         at_knee = knee(trials, serial=serial, batch_size=batch_size, tolerance=tolerance)
         good = min((t.config.num_workers for t in ok if t.config.num_workers and rate(t) >= (1.0 - tolerance) * best),
                    default=None)  # None: no pool came near serial serving, and the knee saves workers at their rate
-        if at_knee is not None and good and at_knee < (1.0 - tolerance) * good and at_knee not in measured:
+        if at_knee is not None and good and not _fell_short(ok, good) and at_knee < (1.0 - tolerance) * good \
+                and at_knee not in measured:
             return Jump(at_knee, f"{n} workers made {rate(last):,.0f} samples/s, less than {n} times what one worker "
                                  f"makes: the rate stops rising near {at_knee} workers")
         busy = pool_cpus(last)

@@ -121,6 +121,20 @@ def test_a_loading_bound_candidate_past_the_knee_of_its_curve_goes_down_to_the_k
                 step=0.001) == expected, why
 
 
+def test_once_two_counts_were_measured_the_knee_is_theirs_not_the_probes():
+    """Drawn seed 6 (5.9 MB batches waiting 21 ms on storage): the serial probe loads a batch at 730 samples/s; in a
+    pool a worker also hands it over: 2 workers made 1,211/s, 5 made 2,620/s (still rising: 16 made 3,700). Read
+    against the probe's rate, 5 were past a knee at 4, and the search decided 4 workers (0.61x the best)."""
+    probe = TrialResult(config=LoaderConfig(0), fetch_s_per_batch=19 / 730.0, fetch_cpu_s_per_batch=0.001)
+    serial = trial(0, 722.0, stall=0.95, step=0.0001, batch=19)
+    two = trial(2, 1211.0, stall=0.92, util=0.1, main=0.3, step=0.0001, batch=19)
+    five = trial(5, 2620.0, stall=0.9, util=0.1, main=0.5, step=0.0001, batch=19)
+    assert op.knee([serial, two], serial=probe, batch_size=19) == 2, "one count measured: the probe's rate (730) counts"
+    assert op.knee([serial, two, five], serial=probe, batch_size=19) == 5
+    move = op.jump([serial, two, five], serial=probe, consumer_s=0.0001, batch_size=19, usable_cpus=2, cap=64)
+    assert move is None or move.workers > 5, move
+
+
 def test_a_jump_down_that_fell_short_is_followed_by_the_middle():
     # 40 workers at the plateau, 18 predicted at the knee measured 10 % below: 27 between (geometric middle)
     plateau, short = trial(40, 4000.0, stall=0.5, util=0.05), trial(18, 3600.0, stall=0.5, util=0.05)

@@ -128,6 +128,12 @@ def test_a_first_pool_slower_than_serial_for_its_own_workers_is_extrapolated(mai
     ({0: 100, 4: None}, 2),                     # the only worker count failed: try half as many
     ({0: 100, 4: None, 2: None, 1: None}, None),  # every count down to one failed: stay at zero
     ({0: 100, 2: 150, 4: None}, 1),             # a failure above is not climbed into again
+    # drawn seed 0 (a service admitting 12 at once): 8 still rising, 64 contending below them: the peak is between
+    ({0: 133, 8: 1071, 64: 980}, 23),
+    ({0: 133, 8: 1071, 64: 980, 23: 1500}, 38),
+    ({0: 133, 8: 1071, 64: 980, 23: 1500, 38: 1400}, 14),   # 38 is within a doubling of 23: descend
+    ({0: 133, 8: 1071, 64: 980, 23: 900}, 14),               # 23 made less too: the peak is below it
+    ({0: 300, 4: 1000, 8: 1010, 64: 990}, 2),                # 8 gained nothing over 4: a plateau, descend
 ])
 def test_next_worker_count(rates, expected):
     assert policy.next_worker_count(rates, cap=64) == expected
