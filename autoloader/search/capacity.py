@@ -11,13 +11,16 @@ from typing import Optional
 
 from ..results import TrialResult
 
-__all__ = ["DEFAULT_TOLERANCE", "FORK_S", "HEADROOM", "MAIN_FREE", "STEP_CPU_FLOOR", "WAITED",
+__all__ = ["DEFAULT_TOLERANCE", "FILL", "FORK_S", "HEADROOM", "MAIN_FREE", "STEP_CPU_FLOOR", "WAITED",
            "cpu_saturated", "fill_count", "pool_cpus", "step_cpus", "step_share", "worker_bound"]
 
 DEFAULT_TOLERANCE = 0.05
 """Rates within this share of each other are alike: the fewest workers among them are chosen."""
 HEADROOM = 1.2
 """Aim for this much more loading capacity than the consumer eats, so jitter does not stall it."""
+FILL = 0.85
+"""The share of the usable CPUs a pool may keep busy: at it the CPUs are saturated (``cpu_saturated``), and a climb
+predicts no more workers than fill it (``online_policy.jump``)."""
 FORK_S = 0.02
 """What starting one worker costs the loop's thread (the fork), before a pool was started (then measured:
 ``switching.fork_s``, never below this): 15-20 ms with torch imported on the 2-core VM, more for a process holding
@@ -55,7 +58,7 @@ def pool_cpus(trial: TrialResult) -> float:
     return (trial.worker_cpu_util or 0.0) * trial.config.num_workers + (trial.main_cpu_util or 0.0)
 
 
-def cpu_saturated(trial: TrialResult, *, usable_cpus: int, level: float = 0.85) -> bool:
+def cpu_saturated(trial: TrialResult, *, usable_cpus: int, level: float = FILL) -> bool:
     """True when the workers and the main process together keep ``level`` of the usable CPUs busy."""
     return pool_cpus(trial) >= level * usable_cpus
 

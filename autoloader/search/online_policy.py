@@ -64,8 +64,8 @@ from typing import Mapping, Optional, Sequence
 from ..loader.epochs import stall_fraction
 from ..measure.window_rule import DRAIN_WAIT_S
 from ..results import TrialResult
-from .capacity import (DEFAULT_TOLERANCE, FORK_S, HEADROOM, cpu_saturated, fill_count, pool_cpus, step_share,
-                       worker_bound)
+from .capacity import (DEFAULT_TOLERANCE, FILL, FORK_S, HEADROOM, cpu_saturated, fill_count, pool_cpus,
+                       step_share, worker_bound)
 from .threads_policy import rate
 
 __all__ = ["BISECT_RATIO", "EARLY_BATCHES", "EARLY_MIN_FETCH_S", "HANDOVER_S", "IN_FLIGHT_SHARE", "Jump",
@@ -373,7 +373,7 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
             return None  # more workers were measured and made as much: the plateau
         needed = HEADROOM * batch_size / consumer_s
         by_step = n * needed / rate(last)
-        by_cpu = n * 0.85 * usable_cpus / busy if busy > 0 else math.inf
+        by_cpu = n * FILL * usable_cpus / busy if busy > 0 else math.inf
         target = min(cap, ceiling - 1, math.ceil(min(by_step, by_cpu) - 1e-9))
         if above:  # more workers made less (too many for the CPUs): the peak lies between, try the middle
             target = min(target, math.ceil(math.sqrt(n * min(t.config.num_workers for t in above)) - 1e-9))

@@ -197,9 +197,11 @@ def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int, toleran
     did). The climb does not stop at the core count: whether more workers than cores
     pay (they fill the gaps while others hand over batches) or lose to oversubscription is measured, and such gains
     come in small steps (2-5 % a doubling, measured on 2 cores) that a full-tolerance threshold would stop too early.
-    A count more than twice the best that made less (a jump past the peak: a service admitting 12 requests at once,
-    8 workers still rising and 64 contending below them) sends the search to their (geometric) middle while the best
-    was still rising over the counts below it: a doubling that lost leaves no count between unmeasured. Then descend: between the fewest workers within ``tolerance`` of the best and the largest count below it, try the
+    A count more than twice the fewest workers within ``tolerance`` of the best that made no more than they did (a
+    jump past a peak: a service admitting 12 requests at once, 8 workers still rising and 64 contending as slow as
+    them, 12-32 a third faster) sends the search to their (geometric) middle while those fewest still rose over the
+    counts below them: two counts that made as much are a plateau only when nothing between was skipped (a doubling
+    skips nothing that the descent does not measure). Then descend: between the fewest workers within ``tolerance`` of the best and the largest count below it, try the
     (geometric) middle until they are within a factor of 1.5 or adjacent.
     """
     measured = {n: r for n, r in rates.items() if r is not None}
@@ -220,13 +222,14 @@ def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int, toleran
                 candidate = (best + ceiling) // 2
             if candidate > best and candidate not in rates and (ceiling is None or candidate < ceiling):
                 return candidate
-    above = min((n for n in measured if n > best), default=None)
-    if best > 0 and above is not None and above > 2 * best:
-        below = [r for n, r in measured.items() if n < best]
-        middle = round(math.sqrt(best * above))
-        if (not below or best_rate > (1.0 + tolerance / 2) * max(below)) and middle not in rates:
-            return middle
     good = min(n for n, r in measured.items() if r >= (1.0 - tolerance) * best_rate)
+    above = min((n for n in measured if n > good), default=None)
+    if good > 0 and above is not None and above > 2 * good:
+        below = [r for n, r in measured.items() if n < good]
+        middle = round(math.sqrt(good * above))
+        rising = not below or measured[good] > (1.0 + tolerance / 2) * max(below)
+        if rising and middle not in rates and (ceiling is None or middle < ceiling):
+            return middle
     lower = max((n for n in rates if n < good), default=None)
     if lower is None or good - lower <= 1:
         return None

@@ -160,8 +160,8 @@ class OnlineLoader(DataLoaderStandIn, Source):
 
     @property
     def epoch_source(self) -> Optional[EpochSource]:
-        """The redrawn epoch serving this epoch's slices (NOTE [ Exact resume ] in loader/resume/state.py: a checkpoint counts
-        its sampler's pulls there); None between epochs."""
+        """The redrawn epoch serving this epoch's slices (NOTE [ Exact resume ] in loader/resume/state.py: a
+        checkpoint counts its sampler's pulls there); None between epochs."""
         return self._scheduler.source if self._scheduler is not None else self._steady_source
 
     @property

@@ -130,6 +130,8 @@ def test_a_first_pool_slower_than_serial_for_its_own_workers_is_extrapolated(mai
     ({0: 100, 2: 150, 4: None}, 1),             # a failure above is not climbed into again
     # drawn seed 0 (a service admitting 12 at once): 8 still rising, 64 contending below them: the peak is between
     ({0: 133, 8: 1071, 64: 980}, 23),
+    ({0: 132, 8: 1069, 64: 1101}, 23),                       # as much, not more: a peak between may beat both
+    ({0: 132, 8: 1069, 16: None, 64: 1101}, 4),              # but not past a count that failed
     ({0: 133, 8: 1071, 64: 980, 23: 1500}, 38),
     ({0: 133, 8: 1071, 64: 980, 23: 1500, 38: 1400}, 14),   # 38 is within a doubling of 23: descend
     ({0: 133, 8: 1071, 64: 980, 23: 900}, 14),               # 23 made less too: the peak is below it
