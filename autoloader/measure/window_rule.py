@@ -5,10 +5,11 @@ candidate serves the user's own epoch, so every second it measures a slow config
 convergence ] in search/online_policy.py, 2.):
 
 - Opening. The burst a window must skip is the batches the workers prefetched while they started; once the loop got
-  every worker's first batch (the workers start one after the other, so a wait among those says nothing) and then
-  waited for one (``DRAIN_WAIT_S`` inside ``next()``), the queue was empty, so the batches after it come at the
-  workers' own pace (``drained``). A candidate the loop never waits for serves at the step's pace whatever it holds;
-  its window opens after the burst, or once the bound passed since every worker's first batch was handed out.
+  the batches in flight at the start (the workers start one after the other, and a wait among those is for one
+  worker's batch while the others' are ready) and then waited for one (``DRAIN_WAIT_S`` inside ``next()``), the
+  queue was empty, so the batches after it come at the workers' own pace (``drained``). A candidate the loop never
+  waits for serves at the step's pace whatever it holds; its window opens after the burst, or once the bound passed
+  since every worker's first batch was handed out.
 - Closing. The rate is known within half the tolerance from the batches' own jitter (``relative_error``: the spread
   of the time chunks of consecutive batches took, a wave of the workers each when the loop waits for them), or the
   window reached its bound (a few per cent of the epoch: ``switching.window_bound_s``).

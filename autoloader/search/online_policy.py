@@ -20,9 +20,9 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 #    each batch they hand over costs the main process ``HANDOVER_S``. The prior's pool is what fits the memory budget
 #    at the size known (NOTE [ Memory budget ] in memory.py).
 # 2. Measure in time and confidence. A candidate's window opens once the batches its workers prefetched are drained
-#    (the loop waited for one: the queue is empty) and closes when its rate is known within half the tolerance from
-#    its own batches' jitter, or at a bound (``switching.window_bound_s``) of a few per cent of the epoch
-#    (measure/window.py).
+#    (the loop waited for one past those in flight at the start: the queue is empty) and closes when its rate is
+#    known within half the tolerance from its own batches' jitter, or at a bound (``switching.window_bound_s``) of a
+#    few per cent of the epoch (measure/window.py).
 # 3. Find the knee by measurement (``jump``). The probe's regime is a prior, never a ceiling: the rate rises with the
 #    workers at about one worker's rate (the steepest count measured; the serial probe's while one count alone was)
 #    until something the probe cannot see stops it (the cores; a service admitting K requests at once; the main process

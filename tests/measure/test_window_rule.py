@@ -60,6 +60,25 @@ def test_a_candidate_window_opens_at_the_first_wait_and_closes_after_whole_waves
     assert (completed - window.skip) % 4 == 0, "the loop waits for 4 workers: whole waves of 4 batches"
 
 
+def test_a_wait_among_the_batches_in_flight_at_the_start_does_not_open_the_window(monkeypatch):
+    """4 workers, prefetch 2: one worker's batch lags (the loop waits 10 ms for batch 5) while the others' prefetched
+    batches are ready, then every batch takes 20 ms. Opened at that wait, the window counted batches 6 and 7 at memory
+    speed (drawn seed 17: 6 workers read 771 samples/s where they ran 620); it opens at the first wait past the 8 in
+    flight, and reads the workers' pace."""
+    window = Window(LoaderConfig(4, 2), started=0.0, batch_size=8, spec=WindowSpec("candidate", 10.0))
+    times = {"now": 0.0}
+    monkeypatch.setattr("autoloader.measure.window.time.perf_counter", lambda: times["now"])
+    for i in range(40):
+        wait = 0.3 if i == 0 else 0.01 if i == 5 else 0.02 if i >= 8 else 0.0
+        t_ask = times["now"]
+        times["now"] += wait
+        window.add([0] * 8, t_ask=t_ask, c_ask=(0.0, None), t_got=times["now"], c_got=(0.0, None), consumer=_Sync())
+        times["now"] += 0.001
+    window.close()
+    assert window.skip == 9, "opened at batch 8, the first the loop waited for past those in flight"
+    assert window.result(1.0).samples_per_s == pytest.approx(8 / 0.021, rel=0.02)
+
+
 def test_a_probe_window_is_complete_after_probe_marks_batches_and_reports_median_costs(monkeypatch):
     times = {"now": 0.0}
     monkeypatch.setattr("autoloader.measure.window.time.perf_counter", lambda: times["now"])
