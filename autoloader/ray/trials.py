@@ -6,9 +6,10 @@ Before the trials, a warm-up run starts the largest pool the search may try, one
 cluster, its workers start and import torch and the dataset's module on every node, which a trial must not take for
 the pool's rate. It waits within ``waits.STARTUP``, its seconds are kept as ``RayTuning.startup_s``, and it does not
 count in the budget, nor does a trial's wait for its first batch (Ray may still start a worker for it); a warm-up
-that gets no batch within its limit is an error naming it (nothing can be tuned on a pool that does not start). A trial's rate is measured once Ray Data's read-ahead is used up: Ray Data runs its tasks
-ahead of the loop as far as its object store budget lets it, so the first batches of a trial may come from that
-buffer faster than the pool loads (``run_trial``)."""
+that gets no batch within its limit is an error naming it (nothing can be tuned on a pool that does not start). A
+trial's rate is measured once Ray Data's read-ahead is used up: Ray Data runs its tasks ahead of the loop as far as
+its object store budget lets it, so the first batches of a trial may come from that buffer faster than the pool
+loads (``run_trial``)."""
 from __future__ import annotations
 
 import logging

@@ -201,8 +201,9 @@ def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int, toleran
     jump past a peak: a service admitting 12 requests at once, 8 workers still rising and 64 contending as slow as
     them, 12-32 a third faster) sends the search to their (geometric) middle while those fewest still rose over the
     counts below them: two counts that made as much are a plateau only when nothing between was skipped (a doubling
-    skips nothing that the descent does not measure). Then descend: between the fewest workers within ``tolerance`` of the best and the largest count below it, try the
-    (geometric) middle until they are within a factor of 1.5 or adjacent.
+    skips nothing that the descent does not measure). Then descend: between the fewest workers within ``tolerance`` of
+    the best and the largest count below it, try the (geometric) middle until they are within a factor of 1.5 or
+    adjacent.
     """
     measured = {n: r for n, r in rates.items() if r is not None}
     if not measured:
