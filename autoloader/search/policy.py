@@ -184,6 +184,12 @@ def predict_from_workers(trial: TrialResult, *, batch_size: int, consumer_s: flo
     return _clamp(int(estimate), cap)
 
 
+def _still_rising(measured: Mapping[int, float], workers: int, *, tolerance: float) -> bool:
+    """Whether ``workers`` made more than half the ``tolerance`` over every count below it (or none was below)."""
+    below = [r for n, r in measured.items() if n < workers]
+    return not below or measured[workers] > (1.0 + tolerance / 2) * max(below)
+
+
 def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int, tolerance: float = DEFAULT_TOLERANCE,
                       refused: Collection[int] = ()) -> Optional[int]:
     """The next worker count to try, from the rates measured so far (None = failed or skipped); None when done.
@@ -216,8 +222,7 @@ def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int, toleran
     best_rate = max(measured.values())
     best = min(n for n, r in measured.items() if r == best_rate)
     if best > 0 and best == max(measured) and best < cap:
-        below = [r for n, r in measured.items() if n < best]
-        if not below or best_rate > (1.0 + tolerance / 2) * max(below):
+        if _still_rising(measured, best, tolerance=tolerance):
             candidate = min(cap, 2 * best)
             if ceiling is not None and candidate >= ceiling and ceiling in refused:
                 candidate = (best + ceiling) // 2
@@ -226,10 +231,9 @@ def next_worker_count(rates: Mapping[int, Optional[float]], *, cap: int, toleran
     good = min(n for n, r in measured.items() if r >= (1.0 - tolerance) * best_rate)
     above = min((n for n in measured if n > good), default=None)
     if good > 0 and above is not None and above > 2 * good:
-        below = [r for n, r in measured.items() if n < good]
         middle = round(math.sqrt(good * above))
-        rising = not below or measured[good] > (1.0 + tolerance / 2) * max(below)
-        if rising and middle not in rates and (ceiling is None or middle < ceiling):
+        if _still_rising(measured, good, tolerance=tolerance) and middle not in rates and \
+                (ceiling is None or middle < ceiling):
             return middle
     lower = max((n for n in rates if n < good), default=None)
     if lower is None or good - lower <= 1:
