@@ -34,22 +34,35 @@ class Window:
     skip: int = 0
     batch_bytes: Optional[int] = None
     marks: List[int] = field(default_factory=list)
+    drawn_at: Optional[int] = None
+    """As ``measure.window.Window.drawn_at``: marks held when the scheduler said the slice was drawn."""
 
     def opened(self) -> bool:
         return len(self.marks) - self.skip >= 3
+
+    def last_drawn(self) -> None:
+        if self.drawn_at is None:
+            self.drawn_at = len(self.marks)
 
 
 class FakeServing:
     """No process behind it: nothing to signal."""
 
     stopped = False
+    persistent = False
+    """Whether its DataLoader keeps its workers past the epoch (``persistent_workers``)."""
 
     def __init__(self, config: LoaderConfig) -> None:
-        self.loader = f"DataLoader({config.label()})"
+        self.loader = types.SimpleNamespace(label=f"DataLoader({config.label()})", persistent_workers=self.persistent)
         self.processes = types.SimpleNamespace(current=list)
+        self.released = False
 
     def keep_workers(self) -> None:
         pass
+
+    def release(self) -> None:
+        """As ``Serving.release``: the run lets its workers serve on past it."""
+        self.released = True
 
 
 class FakeRun:
@@ -264,4 +277,4 @@ def serve(plan: ScriptedPlan, *, coordinator: Optional[Coordinator] = None, monk
             got.extend(int(i) for i in batch)
     except (RuntimeError, KeyboardInterrupt) as exc:  # the configuration in force failing, as a DataLoader's would
         error = exc
-    return {"got": got, "runs": runs, "moves": moves, "source": source, "error": error}
+    return {"got": got, "runs": runs, "moves": moves, "source": source, "error": error, "kept": epoch.kept}

@@ -133,6 +133,17 @@ class BatchSlice(Sampler):
         return self._pulled if self._source is not None else 0
 
     @property
+    def drawn_all(self) -> bool:
+        """Its DataLoader drew every batch the slice may hand out (False while that is unknown: a sampler without a
+        len())."""
+        if self._source is None:
+            return False
+        try:
+            return self._pulled >= len(self)
+        except TypeError:
+            return False
+
+    @property
     def limit(self) -> Optional[int]:
         """The most batches this slice hands out (None: the rest of the epoch)."""
         return self._limit

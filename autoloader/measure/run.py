@@ -36,6 +36,14 @@ the batch stream. Drivers: ``served()`` (trials, served epochs) and the online e
 #    which ``WorkerTracker`` reads as the new workers' (it must, for workers that exit during a trial). So the window
 #    does not open before the previous run has settled (``Serving.settled``: its workers gone, or ``SETTLE_S`` passed):
 #    the burst is extended by a batch at a time until then.
+# 6. The epoch's end. A pool's batches in flight are loaded together: when the loop gets one, the others are part
+#    made, and the loader draws the next batch for the worker that made it. Once it drew the last batch of the epoch
+#    (its slice: ``BatchSlice.drawn_all``), nothing refills the pipeline, and the batches after that come from work
+#    begun before the window opened: a window that counts them to the epoch's end overstates the pool's rate by as
+#    much as the work in flight is to the window (a quarter and more for pools that hold a third of an epoch). So an
+#    online candidate's window ends at the batch upon which the last was drawn (``Window.last_drawn``), at a whole wave
+#    when one fits; one not opened by then is cut (not steady) and goes on next epoch, and no candidate holds more
+#    batches in flight than a third of the epoch (``online_policy.measurable_cap``: the burst, a window and this tail).
 # Modes. A trial (``mode="trial"``) runs over a sampler that never ends (trial.py) until its window is complete or its
 # soft limit passed; an IterableDataset that runs out ends it early, ``steady=False``. A hard limit (``SignalGuard``:
 # SIGALRM, plus the DataLoader's own ``timeout`` for workers) cuts a batch that never comes, raised only where it

@@ -90,6 +90,10 @@ class Window:
         self.edges = Edges(started, begun=Reading(started, time.process_time(), None, machine_busy_s())
                            if spec.rule == "probe" else None)
         self.exhausted = False
+        self.drawn_at: Optional[int] = None
+        """The index of the mark whose batch the loader got as it drew the last batch of its slice (``last_drawn``):
+        the batches after it come from a pipeline nobody refills, and a candidate's window ends with it (NOTE [ Trial
+        timing ], 6. in run.py)."""
         self.memory_check: Optional[MemoryCheck] = None
         """The memory budget the workers face at their first batch (set by the driver: ``Candidate.memory``)."""
         self.over_budget: Optional[str] = None
@@ -135,6 +139,16 @@ class Window:
         elif self.edges.tracker is not None and t_done - self.edges.tracker.last_sampled >= SAMPLE_EVERY_S:
             self.edges.tracker.sample(memory=False)
 
+    def last_drawn(self) -> None:
+        """The batch just fetched (not yet marked) is the one upon whose arrival the loader drew the last batch of its
+        slice: an online candidate with workers counts no batch after it (NOTE [ Trial timing ], 6. in run.py)."""
+        if self.drawn_at is None and self.rule == "candidate" and self.config.num_workers:
+            self.drawn_at = len(self.marks)
+
+    def _counted(self) -> int:
+        """How many marks a window may count: all, or those up to ``drawn_at``."""
+        return len(self.marks) if self.drawn_at is None else min(len(self.marks), self.drawn_at + 1)
+
     def _open_early(self, t_ask: float, t_got: float) -> None:
         """An online candidate's window opens at the batch being marked, before the whole burst, when the loop waited
         for it past the batches in flight at the start (the queue is drained) or when ``bound_s`` passed since every
@@ -171,6 +185,8 @@ class Window:
         if self.rule == "candidate":
             if not self.opened():
                 return False
+            if self.drawn_at is not None and len(self.marks) > self.drawn_at:
+                return True
             done, chunk = [m.done for m in self.marks[self.skip - 1:]], self._chunk()
             if (len(done) - 1) % chunk:  # mid-wave: the batches of a wave come together, close at a wave's start
                 return False
@@ -188,7 +204,7 @@ class Window:
 
     def opened(self) -> bool:
         """The window holds at least ``MIN_OPENED`` batches past the start-up burst."""
-        return len(self.marks) - self.skip >= MIN_OPENED
+        return self._counted() - self.skip >= MIN_OPENED
 
     def close(self) -> None:
         """Read the counters at the window's end (after the device caught up)."""
@@ -208,16 +224,20 @@ class Window:
             return self._stopped(elapsed)
         if self.rule == "probe":
             return self._probe_result(elapsed)
-        config, marks = self.config, self.marks
+        config, marks = self.config, self.marks[:self._counted()]
         opened = window_open(len(marks), self.skip, self.config.num_workers)
         if opened is None:
             return TrialResult(config=config, status="failed", startup_s=self.startup_s, elapsed_s=elapsed,
                                batch_bytes=self.batch_bytes, steady=False,
                                reason=f"only {len(marks)} batches within the trial's time limit; too few to measure "
                                       f"a rate")
+        if len(marks) < len(self.marks):  # the pipeline drained after it: end at a whole wave, if one fits
+            chunk = self._chunk()
+            marks = marks[:len(marks) - (len(marks) - 1 - opened) % chunk] if len(marks) - 1 - opened >= chunk \
+                else marks
         window_marks = marks[opened + 1:]
         batches = len(window_marks)
-        last = max(self.edges.end, marks[-1].done)
+        last = max(self.edges.end, marks[-1].done) if len(marks) == len(self.marks) else marks[-1].done
         span = last - marks[opened].done
         wait = sum(m.wait_s for m in window_marks)
         rate = sum(m.samples for m in window_marks) / span

@@ -32,7 +32,11 @@ or reads a clock; ``online_plan.py`` feeds them. Tested on tables (tests/search/
 #    falls short; never below a pool when none came near serial serving (the knee keeps a pool's rate). One beside a
 #    step on the CPU that keeps every CPU busy goes down to the count that fills the CPUs with it. Otherwise, with CPUs
 #    to spare, it is scaled up to what meets the step or fills the CPUs, in one move; one that keeps up is cut to the
-#    fewest Little's law says still keep up. A window the loop never waited in (``TrialResult.drained`` False) measured
+#    fewest Little's law says still keep up. The CPUs' fill is a prediction too: workers that each wait on more than
+#    the CPUs (a mix of decoding and reads) overlap those waits with the CPUs' work, and more of them than fill the CPUs
+#    at their measured use can still make more; while the jump up to them gained twice the tolerance and the CPUs have
+#    room, the climb doubles them past the fill (``past_the_fill``), and the next measurement says whether it paid.
+#    A window the loop never waited in (``TrialResult.drained`` False) measured
 #    the loop's pace while the prefetched batches lasted, not the workers': when the workers are only a little slower
 #    than the loop their queue drains over hundreds of batches, far past any window, so such a candidate is weighed at
 #    the rate Little's law gives its workers from the serial probe, when that is lower (``sustained``); and no candidate
@@ -64,14 +68,14 @@ from typing import Mapping, Optional, Sequence
 from ..loader.epochs import stall_fraction
 from ..measure.window_rule import DRAIN_WAIT_S
 from ..results import TrialResult
-from .capacity import (DEFAULT_TOLERANCE, FILL, FORK_S, HEADROOM, cpu_saturated, fill_count, pool_cpus,
+from .capacity import (DEFAULT_TOLERANCE, FILL, FORK_S, HEADROOM, WAITED, cpu_saturated, fill_count, pool_cpus,
                        step_share, worker_bound)
 from .threads_policy import rate
 
 __all__ = ["BISECT_RATIO", "EARLY_BATCHES", "EARLY_MIN_FETCH_S", "HANDOVER_S", "IN_FLIGHT_SHARE", "Jump",
            "KEEPS_UP_STALL", "MAX_JUMPS", "SERIAL_CHECK", "SERIAL_MARGIN", "cpu_share", "fills_cpus", "jump",
-           "keeps_up", "knee", "measurable_cap", "prior_gain", "prior_workers", "serial_competitive", "serial_estimate",
-           "serial_in_doubt", "starts_early", "steal_s", "sustained", "untimed_cap"]
+           "keeps_up", "knee", "measurable_cap", "past_the_fill", "prior_gain", "prior_workers", "serial_competitive",
+           "serial_estimate", "serial_in_doubt", "starts_early", "steal_s", "sustained", "untimed_cap"]
 
 HANDOVER_S = 0.5e-3
 """What the main process pays to receive one batch from a worker (unpickling, mapping its shared memory), before any
@@ -89,8 +93,14 @@ MAX_JUMPS = 3
 SERIAL_CHECK = 1.5
 """Workers that beat the most hopeful estimate of serial serving by less than this are decided only after a window
 of serial serving (``serial_in_doubt``)."""
-IN_FLIGHT_SHARE = 0.5
-"""An online candidate's batches in flight are at most this share of the epoch (``measurable_cap``)."""
+IN_FLIGHT_SHARE = 1 / 3
+"""An online candidate's batches in flight are at most this share of the epoch (``measurable_cap``): its burst, its
+window and the tail drained after the last batch was drawn a third each (NOTE [ Trial timing ], 6. in
+measure/run.py)."""
+PARTLY_BUSY = 0.5
+"""Workers each keeping less of a CPU busy than this wait on something besides the CPUs (``past_the_fill``)."""
+ROOM = 0.95
+"""... and a pool keeping less than this share of the usable CPUs busy leaves them some room."""
 BISECT_RATIO = 1.25
 """A jump down that fell short of the best is followed by the count between them while they are this far apart."""
 
@@ -162,9 +172,9 @@ def prior_gain(*, fetch_s: float, consumer_s: Optional[float], workers: int, han
 def measurable_cap(*, epoch_batches: Optional[int], prefetch_factor: int) -> Optional[int]:
     """The most workers an online candidate may have and still be measured in an epoch of ``epoch_batches``: their
     batches in flight (``prefetch_factor`` each) at most ``IN_FLIGHT_SHARE`` of the epoch. The window opens once the
-    loop drained what they prefetched; a pool that holds most of an epoch in flight serves it from its queue, and
-    measures the loop's pace, not its own (53 workers holding 106 of a 100-batch epoch read 2,404 samples/s where a
-    service admitting 12 requests allowed 1,650). None when the epoch's length is unknown. Pure."""
+    loop drained what they prefetched and closes when the last batch was drawn (NOTE [ Trial timing ], 6. in
+    measure/run.py); a pool that holds most of an epoch in flight serves it from its queue, and measures the loop's
+    pace, not its own. None when the epoch's length is unknown. Pure."""
     if not epoch_batches:
         return None
     return max(1, int(IN_FLIGHT_SHARE * epoch_batches) // max(1, prefetch_factor))
@@ -305,6 +315,25 @@ def serial_in_doubt(chosen: TrialResult, *, serial: Optional[TrialResult], trial
     return estimate is not None and rate(chosen) < SERIAL_CHECK * estimate
 
 
+def past_the_fill(last: TrialResult, fewer: Sequence[TrialResult], *, usable_cpus: int,
+                  tolerance: float = DEFAULT_TOLERANCE) -> Optional[float]:
+    """The gain predicted for doubling ``last``'s workers past the count that fills the CPUs at their measured use (NOTE
+    [ Online convergence ], 3.), or None when that fill bounds the climb: the loop waited for them (``WAITED``), each
+    kept less than ``PARTLY_BUSY`` of a CPU busy (they wait on more than the CPUs), the pool and the main process kept
+    the CPUs busy enough that their fill would stop a doubling (over half of ``FILL``) yet left them room (under
+    ``ROOM``), and the jump up to them from the most of ``fewer`` gained at least twice the ``tolerance``; then half
+    that jump's gain per doubling. A pool that leaves the CPUs idle is bent by something else (a knee). Pure."""
+    below = max(fewer, key=lambda t: t.config.num_workers, default=None)
+    n, busy = last.config.num_workers, pool_cpus(last)
+    if below is None or not last.worker_cpu_util or last.worker_cpu_util >= PARTLY_BUSY or \
+            (last.stall_fraction or 0.0) < WAITED or not FILL / 2 < busy / usable_cpus < ROOM or rate(below) <= 0:
+        return None
+    gained = rate(last) / rate(below) - 1.0
+    if gained < 2 * tolerance:
+        return None
+    return gained / max(1.0, math.log2(n / below.config.num_workers)) / 2
+
+
 def _fell_short(ok: Sequence[TrialResult], good: int) -> bool:
     """Whether a count below ``good`` (the fewest workers within the tolerance of the best) was measured after one of
     ``good`` or more: a jump down that fell short, after which the search goes between (``_between``)."""
@@ -328,13 +357,16 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
       quarter apart;
     - the loop waited for it: past the knee of the measured curve (``knee``: its rate under one worker's rate times
       its workers beyond ``tolerance``), down to the knee, unless a jump down fell short already (what lies between is
-      the middle's, above) or no pool came within it of serial serving (the knee keeps a pool's rate with fewer
-      workers);
+      the middle's, above), no pool came within it of serial serving (the knee keeps a pool's rate with fewer
+      workers) or its workers still pay past the CPUs' fill (``past_the_fill``: the CPUs bend its curve, not a
+      limit the probe cannot see);
       beside a step on the CPU that it keeps waiting for CPUs (saturated), down to the count that fills
       the CPUs with the step (``capacity.step_share``); otherwise, with CPUs to spare, up to the
       count that meets the step with ``HEADROOM`` or fills the CPUs at the measured use per worker, when that is more
-      than ``tolerance`` above it (and a jump up that gained less than half the ``tolerance`` over fewer workers stops
-      the climb, as does a count above it that made as much; one above that made less sends it halfway there);
+      than ``tolerance`` above it, or to twice its workers while they still pay past that fill (``past_the_fill``;
+      saturated CPUs otherwise end the climb); a jump up that gained less than half the ``tolerance`` over fewer
+      workers stops the climb, as does a count above it that made as much; one above that made less sends it halfway
+      there;
     - it kept up: the fewest that still keep up by Little's law (half as many when no batch was timed in the main
       process), when that is more than ``tolerance`` below it.
     A count already measured (or failed: a ceiling) is never proposed again. Pure."""
@@ -352,8 +384,9 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
         at_knee = knee(trials, serial=serial, batch_size=batch_size, tolerance=tolerance)
         good = min((t.config.num_workers for t in ok if t.config.num_workers and rate(t) >= (1.0 - tolerance) * best),
                    default=None)  # None: no pool came near serial serving, and the knee saves workers at their rate
-        if at_knee is not None and good and not _fell_short(ok, good) and at_knee < (1.0 - tolerance) * good \
-                and at_knee not in measured:
+        past = past_the_fill(last, fewer, usable_cpus=usable_cpus, tolerance=tolerance)
+        if at_knee is not None and good and past is None and not _fell_short(ok, good) and \
+                at_knee < (1.0 - tolerance) * good and at_knee not in measured:
             return Jump(at_knee, f"{n} workers made {rate(last):,.0f} samples/s, less than {n} times what one worker "
                                  f"makes: the rate stops rising near {at_knee} workers")
         busy = pool_cpus(last)
@@ -364,7 +397,7 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
             if beside < (1.0 - tolerance) * n and beside not in measured:
                 return Jump(beside, f"the step keeps {busy_cpus:.1f} of {usable_cpus} CPUs busy and {n} workers take "
                                     f"the rest and more: {beside} fill the CPUs with it")
-        if cpu_saturated(last, usable_cpus=usable_cpus) or not consumer_s:
+        if (cpu_saturated(last, usable_cpus=usable_cpus) and past is None) or not consumer_s:
             return None
         if fewer and rate(last) <= (1.0 + tolerance / 2) * max(rate(t) for t in fewer):
             return None  # the last jump up gained nothing: the model's bottleneck is elsewhere
@@ -374,17 +407,30 @@ def jump(trials: Sequence[TrialResult], *, serial: Optional[TrialResult], consum
         needed = HEADROOM * batch_size / consumer_s
         by_step = n * needed / rate(last)
         by_cpu = n * FILL * usable_cpus / busy if busy > 0 else math.inf
+        if past is not None:
+            by_cpu = max(by_cpu, 2.0 * n)
         target = min(cap, ceiling - 1, math.ceil(min(by_step, by_cpu) - 1e-9))
         if above:  # more workers made less (too many for the CPUs): the peak lies between, try the middle
             target = min(target, math.ceil(math.sqrt(n * min(t.config.num_workers for t in above)) - 1e-9))
         if target > (1.0 + tolerance) * n and target not in measured:
             predicted = min(needed, rate(last) * min(target, by_cpu) / n)  # no faster than the CPUs let it
+            if past is not None:
+                predicted = min(needed, rate(last) * (1.0 + past))
             gain = max(0.0, predicted / best - 1.0)
             return Jump(target, f"the loop waited for data {last.stall_fraction or 0:.0%} of {n} workers' window: "
                                 f"{target} workers predicted to meet the step", gain=gain)
         return None
     if not consumer_s:
         return None
+    return _fewest_that_keep_up(n, serial, consumer_s=consumer_s, usable_cpus=usable_cpus, busy_cpus=busy_cpus,
+                                tolerance=tolerance, measured=measured)
+
+
+def _fewest_that_keep_up(n: int, serial: Optional[TrialResult], *, consumer_s: float, usable_cpus: int,
+                         busy_cpus: float, tolerance: float, measured: Mapping[int, Optional[float]]) -> Optional[Jump]:
+    """``jump``'s move from ``n`` workers that kept up with a step of ``consumer_s``: the fewest that still keep up by
+    Little's law from the serial probe's loading (``serial``), no more than fill the CPUs beside the step; half as many
+    when no batch was timed in the main process. None when that is not ``tolerance`` below ``n`` or was measured."""
     fetch_s = (serial.fetch_s_per_batch or 0.0) if serial is not None else 0.0
     if fetch_s > 0 and serial is not None:
         fetch_cpu_s, fetch_delay_s = serial.fetch_cpu_s_per_batch or 0.0, serial.fetch_delay_s_per_batch

@@ -19,7 +19,8 @@ which searches again when the regime changes. ``PrefetchLoader`` wraps it as it 
 #   measured one's when the ranks cannot hide the switch, are re-issued to the next one. What the loop waited for while
 #   candidates started and stopped is ``Decision.switch_s``. When the search ends, the rest of the epoch runs with the
 #   choice. A candidate the epoch's end cuts short counts with what its window measured; one whose window had not
-#   opened yet goes on next epoch (``MAX_ATTEMPTS``).
+#   opened before the loader drew the epoch's last batch (NOTE [ Trial timing ], 6.) goes on next epoch
+#   (``MAX_ATTEMPTS``), on the same persistent workers (kept as the decision's are, below: no second fork).
 # - The decision's workers. Stages are built with persistent workers (unless the user fixed them off), so the stage
 #   that serves the decision to the epoch's end is not stopped: its DataLoader, over a slice the next epochs rebind
 #   (``EpochSource.take(reuse=...)``), serves them on with the same workers (``mode="serve"``; the epoch's index order
@@ -89,7 +90,8 @@ class Searcher(Plan, Protocol):
 @dataclass(frozen=True)
 class KeptPool:
     """The decision's DataLoader with persistent workers, over a slice rebound to each epoch (NOTE [ Online
-    switching ], the decision's workers), and those workers: a search again from the decision measures them."""
+    switching ], the decision's workers), and those workers: a search again from the decision measures them; or a
+    candidate's carried to the next epoch, which measures it on them."""
 
     loader: DataLoader
     batch_slice: BatchSlice

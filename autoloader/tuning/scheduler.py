@@ -41,8 +41,8 @@ class EpochScheduler:
         """The stage a switch started (its workers run while this one serves its tail), until it serves."""
         self.guard = SignalGuard(hold_worker_errors=True)
         self.kept: Optional[Tuple[Run, BatchSlice]] = None
-        """The run (and its closed slice) that served the decision to the epoch's end with persistent workers, left
-        running for the next epochs (NOTE [ Online switching ])."""
+        """The run (and its closed slice) that served the decision, or a candidate carried to the next epoch, to the
+        epoch's end with persistent workers, left running for the next epochs (NOTE [ Online switching ])."""
         self._pace: Optional[float] = None
         """Seconds per batch expected before the loop got two (a probe's estimate over the prior's workers)."""
 
@@ -182,10 +182,13 @@ class EpochScheduler:
 
     def _measured(self, stage: Stage, batch: Any, failure: Optional[BaseException]
                   ) -> Tuple[Optional[str], Optional[BaseException], bool]:
-        """After a measuring stage's batch: the ranks agree (``Coordinator.batch``) whether its window is complete
+        """After a measuring stage's batch (its window told when it was the one upon which the slice's last batch was
+        drawn): the ranks agree (``Coordinator.batch``) whether its window is complete
         everywhere or a candidate failed anywhere; returns the event that follows (None: measure on), the failure to
         raise, and whether the window had not opened on some rank."""
         run, batch_slice = stage.run, stage.batch_slice
+        if failure is None and batch is not END and batch_slice.drawn_all:
+            run.window.last_drawn()  # NOTE [ Trial timing ], 6. in measure/run.py
         verdict = self.coordinator.batch(complete=run.result is not None, failed=failure is not None,
                                          opened=run.window.opened(),
                                          in_flight=batch_slice.pulled - run.record.delivered,
@@ -218,17 +221,19 @@ class EpochScheduler:
         """A stage that handed out its batches: stopped (orderly; under the guard: a worker's death held), unless it
         served the decision to the epoch's end with persistent workers, which serve the next epochs (``kept``). A
         candidate whose window the epoch's end cut short is told first (returned), so that a decision on this very
-        configuration keeps its workers; unless its window never opened (on some rank) and it goes on next epoch."""
-        run, told = stage.run, None
+        configuration keeps its workers; unless its window never opened (on some rank) and it goes on next epoch: its
+        persistent workers are kept for it too (the next epoch measures it without forking them again)."""
+        run, told, carried = stage.run, None, False
         if phase == "done" and stage.candidate is not None and not stage.reported:
             if unopened and self.plan.retry_next_epoch():
                 log.info("the epoch ended before candidate %s was measured: it goes on next epoch",
                          stage.config.label())
+                carried = True
             elif run.result is not None:
                 told = stage.with_pools(run.result)
                 self.plan.tell(told, epoch=self.trace.epoch)
                 stage.reported = True
-        if phase == "done" and self.plan.keeps(stage.config) and \
+        if phase == "done" and (carried or self.plan.keeps(stage.config)) and \
                 getattr(run.serving.loader, "persistent_workers", False):
             run.serving.release()
             self.kept = (run, stage.batch_slice)

@@ -524,3 +524,36 @@ def test_a_reused_slice_is_bound_again_and_its_old_iterator_refused():
 def test_an_unbound_slice_says_where_to_get_one():
     with pytest.raises(RuntimeError, match="get one from EpochSource.take"):
         len(BatchSlice())
+
+
+@pytest.mark.parametrize("limit, start", [(None, 0), (None, 3), (4, 0), (20, 5)])
+def test_a_slice_is_drawn_out_once_its_dataloader_pulled_every_batch_it_may_hand_out(limit, start):
+    """``drawn_all`` (NOTE [ Trial timing ], 6. in measure/run.py): after the last batch the slice may hand out (its
+    limit, or the epoch's end) was pulled, not before; never for a sampler without a len()."""
+    loader = DataLoader(list(range(20)), batch_size=2)
+    source = EpochSlicer(loader).epoch()
+    if start:
+        first = source.take(start)
+        assert len(list(first)) == start
+        first.delivered(start)
+    part = source.take(limit)
+    may = len(part)
+    assert may == min(limit or 10, 10 - start)
+    pulled = []
+    assert not part.drawn_all
+    for batch in part:
+        pulled.append(batch)
+        assert part.drawn_all == (len(pulled) == may), f"{len(pulled)} of {may} pulled"
+    assert len(pulled) == may and part.drawn_all
+    unsized = EpochSlicer(DataLoader(list(range(6)), batch_size=2, sampler=_Unsized(6))).epoch().take(None)
+    assert len(list(unsized)) == 3 and not unsized.drawn_all, "no len(): never known"
+
+
+class _Unsized(torch.utils.data.Sampler):
+    """``range(n)`` without a len()."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))

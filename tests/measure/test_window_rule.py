@@ -79,6 +79,49 @@ def test_a_wait_among_the_batches_in_flight_at_the_start_does_not_open_the_windo
     assert window.result(1.0).samples_per_s == pytest.approx(8 / 0.021, rel=0.02)
 
 
+def _drained_epoch(monkeypatch, *, drawn_at):
+    """4 workers, prefetch 2, each batch 80 ms of work (a batch every 20 ms from the pool), over a 40-batch slice: the
+    loader draws the last batch as it gets batch 31; the 8 batches after it were part made and come every 5 ms. The
+    first batch of each wave waits 0-60 ms more (the rate is never known within the tolerance). Returns the window's
+    result and the marks it held when complete."""
+    window = Window(LoaderConfig(4, 2), started=0.0, batch_size=8, spec=WindowSpec("candidate", 10.0))
+    times = {"now": 0.0}
+    monkeypatch.setattr("autoloader.measure.window.time.perf_counter", lambda: times["now"])
+    completed = None
+    for i in range(40):
+        wait = 0.3 if i == 0 else 0.0 if i < 8 else 0.004 if i >= 32 else 0.019 + (0.03 * (i // 4 % 3) if i % 4 == 0
+                                                                                     else 0.0)
+        t_ask = times["now"]
+        times["now"] += wait
+        if drawn_at is not None and i == drawn_at:
+            window.last_drawn()
+        window.add([0] * 8, t_ask=t_ask, c_ask=(0.0, None), t_got=times["now"], c_got=(0.0, None), consumer=_Sync())
+        times["now"] += 0.001
+        if completed is None and window.complete(deadline=float("inf"), patient=True):
+            completed = len(window.marks)
+    window.close()
+    return window.result(1.0), completed
+
+
+def test_a_candidate_window_ends_where_the_loader_drew_its_last_batch(monkeypatch):
+    """NOTE [ Trial timing ], 6.: the batches after the last was drawn come from work begun before the window opened;
+    counted to the epoch's end they read the pool a quarter faster than it runs (drawn seed 8: 25 workers 2,319
+    samples/s where the service admits 2,040)."""
+    steady = 8 / 0.0275
+    counted, completed = _drained_epoch(monkeypatch, drawn_at=31)
+    assert completed == 32, "complete once the batch upon which the last was drawn is marked"
+    assert counted.samples_per_s == pytest.approx(steady, rel=0.1), "the waves it holds, 0-60 ms each apart"
+    assert counted.batches % 4 == 0, "whole waves of the 4 workers"
+    uncut, _ = _drained_epoch(monkeypatch, drawn_at=None)
+    assert uncut.samples_per_s > 1.25 * steady, "without it the tail is counted (what the cut is for)"
+
+
+def test_a_window_not_opened_when_the_last_batch_was_drawn_is_not_steady(monkeypatch):
+    result, completed = _drained_epoch(monkeypatch, drawn_at=10)
+    assert completed is None, "never complete: the window had not opened by then"
+    assert not result.steady
+
+
 def test_a_probe_window_is_complete_after_probe_marks_batches_and_reports_median_costs(monkeypatch):
     times = {"now": 0.0}
     monkeypatch.setattr("autoloader.measure.window.time.perf_counter", lambda: times["now"])

@@ -213,6 +213,28 @@ def test_a_first_pool_below_serial_is_never_sent_down_to_its_knee():
     assert move is not None and move.workers == 5, "0.85 x 2 CPUs / 0.75 busy of 2 workers: 4.5, up to 5"
 
 
+@pytest.mark.parametrize("util, main, four, expected, why", [
+    (0.37, 0.25, 725.0, 8, "each worker waits on reads half its time: 4 made 33 % more than 2 with the CPUs 1.73 of 2 "
+                           "busy; doubled past the fill, not sent down to the knee (3)"),
+    (0.9, 0.2, 725.0, 3, "CPU-bound workers on saturated CPUs: the fill is the ceiling, the knee trims them"),
+    (0.37, 0.5, 725.0, 3, "the CPUs 1.98 of 2 busy: no room past the fill, the knee"),
+    (0.37, 0.25, 580.0, 3, "4 made 6 % more than 2: not paying, the knee"),
+    (0.05, 0.1, 725.0, 3, "workers leaving the CPUs idle: a limit the probe cannot see bends the curve, the knee"),
+])
+def test_workers_that_wait_on_more_than_the_cpus_are_doubled_past_the_fill_while_it_pays(util, main, four, expected,
+                                                                                          why):
+    """Drawn seed 11 (mix: 1.55 ms of CPU and 1.56 ms of reads a sample, 2 CPUs): 2 workers made 546 samples/s, 4
+    made 725 with the CPUs near the fill; the knee sent the search down to 3 (695/s), where 12-16 workers run the
+    epoch a third faster (the CPUs' last share, kept busy while the other workers read)."""
+    two = trial(2, 546.0, stall=0.98, util=0.52, main=0.2, step=0.0001, batch=18)
+    four_ = trial(4, four, stall=0.97, util=util, main=main, step=0.0001, batch=18)
+    probe = TrialResult(config=LoaderConfig(0), fetch_s_per_batch=0.06, fetch_cpu_s_per_batch=0.03)
+    move = op.jump([two, four_], serial=probe, consumer_s=0.0001, batch_size=18, usable_cpus=2, cap=34)
+    assert (move.workers if move is not None else None) == expected, why
+    if expected == 8:
+        assert move.gain == pytest.approx((725.0 / 546.0 - 1.0) / 2), "half the gain of the doubling before"
+
+
 def test_a_jump_up_gains_no_more_than_the_cpus_let_it():
     """Drawn seed 5: 2 CPU-bound workers on 2 CPUs made 618/s with the CPUs 1.5 busy; 3 were predicted to meet the
     step, 50 % faster, which paid a second start of 286 ms a worker in a 1.6 s epoch for 8 %. The CPUs hold at most

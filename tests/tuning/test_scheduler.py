@@ -20,7 +20,7 @@ from autoloader.search.switching import MAX_WINDOW_BOUND_S, WINDOW_SHARE
 from autoloader.tuning import scheduler as scheduler_module
 from autoloader.tuning.scheduler import EpochScheduler
 from autoloader.tuning.handover import SERIAL_TAIL
-from scheduler_fakes import BATCHES, Agreeing, ScriptedPlan, Step, config_of, serve
+from scheduler_fakes import FakeServing, BATCHES, Agreeing, ScriptedPlan, Step, config_of, serve
 
 
 # -- the table ---------------------------------------------------------------------------------------------------------
@@ -138,6 +138,28 @@ def test_an_epoch_that_ends_before_the_window_opens_asks_the_search_to_carry_the
     plan = ScriptedPlan([Step(3, 100.0, measure_after=None)], 0)
     serve(plan, monkeypatch=monkeypatch)
     assert plan.carried == 1 and plan.told == [], "carried to the next epoch, not told a partial measurement"
+
+
+@pytest.mark.parametrize("carried", [True, False])
+def test_a_candidate_carried_to_the_next_epoch_keeps_its_persistent_workers(carried, monkeypatch):
+    """NOTE [ Online switching ]: a candidate whose window had not opened by the epoch's end goes on next epoch on the
+    same workers (not forked again), as the decision's do; one that is not carried (its attempts spent) is stopped."""
+    monkeypatch.setattr(FakeServing, "persistent", True)
+    plan = ScriptedPlan([Step(3, 100.0, measure_after=None)], 0)
+    monkeypatch.setattr(plan, "retry_next_epoch", lambda: carried)
+    served = serve(plan, monkeypatch=monkeypatch)
+    run = served["runs"][0]
+    assert (served["kept"] is not None) == carried and run.serving.released == carried
+    assert (run.stopped is None) == carried, "kept running for the next epoch, else stopped"
+
+
+def test_a_measuring_window_is_told_at_the_batch_upon_which_its_slice_was_drawn_out(monkeypatch):
+    """NOTE [ Trial timing ], 6.: the fake run holds ``in_flight() + 1`` batches ahead (2 workers: 5), so its slice
+    of the 40-batch epoch is drawn out as it hands out batch 35 (the fake window marks every request, the first one's
+    too: 36 marks then)."""
+    plan = ScriptedPlan([Step(2, 100.0, measure_after=1000)], 2)
+    served = serve(plan, monkeypatch=monkeypatch)
+    assert served["runs"][0].window.drawn_at == BATCHES - 5 + 1
 
 
 def test_the_configuration_in_force_fails_as_a_dataloader_does(monkeypatch):
