@@ -116,7 +116,7 @@ def test_a_next_candidate_that_would_pass_the_memory_budget_beside_the_tail_star
 def test_whether_a_switch_repays_counts_the_fork_cost_the_search_measured(monkeypatch):
     """``switching.repays`` is asked with the plan's ``fork_s`` (the largest pool's start, as measured), not the
     constant, over the rest of the epoch and then over a whole one; said no to both, the candidate goes first next
-    epoch unless the plan settles on the run in force (``Plan.settle``), which then serves on as the decision."""
+    epoch (the plan does not settle: ``ScriptedPlan.settle``)."""
     plan = ScriptedPlan([Step(0, 100.0), Step(2, 300.0)], 2)
     plan.fork_s = 0.07
     asked = []
@@ -126,6 +126,11 @@ def test_whether_a_switch_repays_counts_the_fork_cost_the_search_measured(monkey
     assert "remaining_s" in asked[0] and "epoch_s" in asked[1], "the rest of the epoch, then a whole one"
     assert ("measuring", "defer") in served["moves"] and plan.carried == 0
 
+
+def test_a_switch_that_would_not_repay_over_a_whole_epoch_either_settles_on_the_run_in_force(monkeypatch):
+    """Said no over the rest of the epoch and over a whole one (``switching.repays``, ``repays_next_epoch``), the
+    search settles on the run in force when that is its choice (``Plan.settle``): it serves on, decided."""
+    monkeypatch.setattr(scheduler_module, "repays_next_epoch", lambda **kw: False)
     settling = ScriptedPlan([Step(0, 100.0), Step(2, 300.0)], 2)
     settled = []
     settling.settle = lambda result, *, epoch: settled.append(result.config.num_workers) or True
