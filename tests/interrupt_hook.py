@@ -2,7 +2,7 @@
 life is reached (``arm``, then ``sys.setprofile(hook)``).
 
 The hook is instrumentation, not the program under test: a signal handler that runs while it does must not raise in
-its frames (a retry of a kept Ctrl-C landing in ``should_fire`` raised there and left multiprocessing's ``Finalize``
+its frames (a retry of a kept Ctrl-C landing in ``should_fire`` raised there and left a finalizer of multiprocessing
 half made, which Python then reported as "Exception ignored"). So its frames are marked as a signal handler's are
 (``unsafe.handlers_in``): what lands in them is kept and raised in the program's own frames, where it would have
 landed without the hook (NOTE [ Asynchronous exceptions ] in autoloader/supervise/signals.py).
